@@ -1,0 +1,109 @@
+"""The backend protocol: what a backend gives the runtime, and nothing more.
+
+A backend starts ``world`` ranks and runs each one's tasks in a RankContext;
+it provides symmetric memory (a window heap per rank), INT32 signal cells with
+atomic add/set/load and an efficient, interruptible wait, and a status board
+the driver reads to explain hangs.  ``RankMemory`` is the per-rank face of
+that; ``Backend.run`` the driver's.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+import numpy as np
+
+# Rank states on the status board.
+IDLE, RUNNING, WAITING, DONE, FAILED = 0, 1, 2, 3, 4
+STATE_NAMES = {IDLE: "not started", RUNNING: "running", WAITING: "waiting", DONE: "finished", FAILED: "failed"}
+
+STATUS_DTYPE = np.dtype([
+    ("state", np.int32),
+    ("wait_buffer", np.int32),
+    ("wait_cmp", np.int32),
+    ("wait_peer", np.int32),
+    ("progress", np.int64),
+    ("wait_offset", np.int64),
+    ("wait_expected", np.int64),
+    ("since", np.float64),
+    ("task", "S64"),
+    ("where", "S192"),
+    ("what", "S128"),
+])
+
+
+class StatusBoard:
+    """One row per rank, in memory the driver can read while the ranks run."""
+
+    def __init__(self, array: np.ndarray):
+        self.rows = array  # structured array of STATUS_DTYPE, length world
+
+    @staticmethod
+    def nbytes(world: int) -> int:
+        return STATUS_DTYPE.itemsize * world
+
+    def set_running(self, rank: int, task: str) -> None:
+        row = self.rows[rank]
+        row["task"] = task.encode()[:64]
+        row["state"] = RUNNING
+        row["progress"] += 1
+
+    def set_waiting(self, rank: int, buffer_id: int, offset: int, cmp: int, expected: int, where: str,
+                    what: str) -> None:
+        row = self.rows[rank]
+        row["wait_buffer"] = buffer_id
+        row["wait_offset"] = offset
+        row["wait_cmp"] = cmp
+        row["wait_expected"] = expected
+        row["where"] = where.encode()[:192]
+        row["what"] = what.encode()[:128]
+        row["since"] = time.time()
+        row["state"] = WAITING
+
+    def step(self, rank: int) -> None:
+        self.rows[rank]["progress"] += 1
+
+    def finish(self, rank: int, state: int) -> None:
+        self.rows[rank]["state"] = state
+        self.rows[rank]["progress"] += 1
+
+
+class RankMemory(Protocol):
+    """Symmetric memory and signal cells as one rank sees them."""
+
+    rank: int
+    world: int
+    status: StatusBoard
+
+    def window_bytes(self, buffer_id: int, rank: int) -> np.ndarray:
+        """Return the raw bytes (uint8) of window buffer ``buffer_id`` on ``rank``."""
+
+    def cell_add(self, buffer_id: int, rank: int, offset: int, value: int) -> int:
+        """Atomically add to the INT32 cell at byte ``offset``; return the old value."""
+
+    def cell_set(self, buffer_id: int, rank: int, offset: int, value: int) -> int:
+        """Atomically overwrite the INT32 cell; return the old value."""
+
+    def cell_load(self, buffer_id: int, rank: int, offset: int) -> int:
+        """Return the INT32 cell's current value."""
+
+    def cell_wait(self, buffer_id: int, offset: int, ge: bool, expected: int, timeout_s: float) -> tuple[bool, int]:
+        """Block until the local cell is ``== expected`` (or ``>=`` if ``ge``), at most ``timeout_s``."""
+
+    def locked(self, rank: int) -> AbstractContextManager:
+        """Hold rank ``rank``'s accumulate lock (atomic tile adds into its windows)."""
+
+
+class Backend(Protocol):
+    """Runs a dispatch plan on ``world`` ranks."""
+
+    name: str
+
+    def run(self, plan, host_arrays: list, config) -> None:
+        """Run every rank's tasks; host tensors are read and written in place.
+
+        Raises RankError when a rank fails and HangError when the ranks stop
+        making progress; on any ending no rank is left running.
+        """

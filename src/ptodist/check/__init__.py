@@ -1,0 +1,1 @@
+"""Diagnosis: turning what the ranks were doing into reports that name the cause."""

@@ -1,0 +1,55 @@
+"""``ptodist run SCRIPT [ARGS...]``: run a ptodist or PyPTO script on the local backend."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import sys
+import traceback
+
+from . import compat
+from .errors import PtodistError, PtodistInternalError
+
+
+def _run(args) -> int:
+    script = args.script
+    if not os.path.isfile(script):
+        print(f"ptodist run: no such script: {script}", file=sys.stderr)
+        return 2
+    compat.install()
+    sys.argv = [script, *args.args]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as e:
+        if e.code is None or isinstance(e.code, int):
+            return e.code or 0
+        print(e.code, file=sys.stderr)
+        return 1
+    except PtodistError as e:
+        # A user-facing error: the message names rank, function and line; our frames would be noise.
+        print(f"ptodist: {type(e).__name__}: {e}", file=sys.stderr)
+        return 1
+    except PtodistInternalError:
+        traceback.print_exc()
+        print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
+        return 3
+    return 0
+
+
+def main(argv=None) -> int:
+    """Entry point of the ``ptodist`` command."""
+    parser = argparse.ArgumentParser(prog="ptodist", description="Run PyPTO distributed programs without NPUs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run a script (pypto.* imports resolve to ptodist)")
+    run.add_argument("script", help="the Python script to run")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return _run(args)
+    return 2  # pragma: no cover - argparse enforces the choices
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

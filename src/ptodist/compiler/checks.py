@@ -1,0 +1,169 @@
+"""Static checks: run on signatures and on the finished plan, before any rank starts.
+
+The same shape/type checks are reused by the rank context for kernel calls,
+which only exist once a rank runs the per-device orchestration.
+"""
+
+from __future__ import annotations
+
+import types as pytypes
+
+from ..errors import ProgramError, ProgramTypeError, ShapeError, TaskArgsError
+from ..language.functions import Function, Kind
+from ..language.scalar import Scalar
+from ..language.types import DynDim, ParamSpec, TensorType
+from .plan import DispatchPlan, HostTensorRef, WindowView
+
+
+def check_task_args_order(fn: Function) -> None:
+    """Raise TaskArgsError if a tensor parameter follows a scalar parameter."""
+    first_scalar: ParamSpec | None = None
+    for p in fn.params:
+        if p.kind == "scalar" and first_scalar is None:
+            first_scalar = p
+        elif p.kind == "tensor" and first_scalar is not None:
+            raise TaskArgsError(
+                f"TaskArgs: cannot add tensor after scalar: in {fn.kind.value} '{fn.name}' ({fn.location}), "
+                f"tensor parameter '{p.name}' comes after scalar parameter '{first_scalar.name}'. "
+                "The runtime packs all tensors before all scalars; move the scalar parameters "
+                f"('{first_scalar.name}', ...) after the tensor parameters, and the arguments likewise.")
+
+
+def reachable_functions(root: Function, extra=()) -> list[Function]:
+    """Return ``root`` and every program Function its code refers to (globals, closures, nested code)."""
+    seen: dict[int, Function] = {}
+    todo = [root, *extra]
+    while todo:
+        f = todo.pop()
+        if id(f.fn) in seen:
+            continue
+        seen[id(f.fn)] = f
+        todo.extend(_referenced(f))
+    return list(seen.values())
+
+
+def _referenced(f: Function) -> list[Function]:
+    ns = dict(f.fn.__globals__)
+    if f.fn.__closure__:
+        for name, cell in zip(f.fn.__code__.co_freevars, f.fn.__closure__):
+            try:
+                ns[name] = cell.cell_contents
+            except ValueError:
+                pass
+    out = []
+    codes = [f.fn.__code__]
+    while codes:
+        code = codes.pop()
+        for name in code.co_names + code.co_freevars:
+            v = ns.get(name)
+            if isinstance(v, Function):
+                out.append(v)
+        codes.extend(c for c in code.co_consts if isinstance(c, pytypes.CodeType))
+    if f.bound_self is not None:
+        for v in vars(type(f.bound_self)).values():
+            if isinstance(v, Function) and v.fn.__name__ in _all_names(f.fn.__code__):
+                out.append(v.__get__(f.bound_self))
+    return out
+
+
+def _all_names(code) -> set[str]:
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if isinstance(c, pytypes.CodeType):
+            names |= _all_names(c)
+    return names
+
+
+def check_program_signatures(host: Function, extra=()) -> None:
+    """Check the TaskArgs order of every function the host can reach."""
+    for f in reachable_functions(host, extra):
+        if f.kind in (Kind.KERNEL, Kind.ORCHESTRATION, Kind.SUBWORKER):
+            check_task_args_order(f)
+
+
+def value_kind(v) -> str:
+    """Describe an argument for messages: its ptodist type."""
+    from ..runtime.tensors import RankTensor, WindowTensor
+
+    if isinstance(v, (WindowView, WindowTensor)):
+        return f"a window (pld.DistributedTensor{list(v.shape)} {v.dtype.name})"
+    if isinstance(v, (HostTensorRef, RankTensor)):
+        return f"a tensor (pl.Tensor{list(v.shape)} {v.dtype.name})"
+    if isinstance(v, (Scalar, int, float)):
+        return f"a scalar ({v!r})"
+    return f"a {type(v).__name__}"
+
+
+def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: dict) -> None:
+    """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding)."""
+    from ..runtime.tensors import RankTensor, WindowTensor
+
+    where = f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {fn.location}), called at {loc}"
+    if spec.kind == "scalar":
+        if not isinstance(value, (Scalar, int, float, bool)):
+            raise ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}.")
+        return
+    if spec.kind != "tensor":
+        return
+    ttype: TensorType = spec.ttype
+    is_window = isinstance(value, (WindowView, WindowTensor))
+    is_tensor = is_window or isinstance(value, (HostTensorRef, RankTensor))
+    if not is_tensor:
+        raise ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}.")
+    if ttype.distributed and not is_window:
+        raise ProgramTypeError(
+            f"{where}: expected pld.DistributedTensor (a window-bound tensor) but got {value_kind(value)}. "
+            "RMA, signals and collectives need window memory: pass pld.window(buf, shape, dtype=...) here.")
+    if not ttype.distributed and is_window:
+        raise ProgramTypeError(
+            f"{where}: expected pl.Tensor but got {value_kind(value)}. Annotate the parameter as "
+            "pld.DistributedTensor[...] (wrapped in pl.InOut[...] if written) or pass a plain tensor.")
+    if ttype.dtype is not None and value.dtype is not ttype.dtype and value.dtype.np_dtype != ttype.dtype.np_dtype:
+        raise ProgramTypeError(f"{where}: dtype mismatch: the argument is {value.dtype.name}, "
+                               f"the annotation says {ttype.dtype.name}.")
+    if ttype.shape is not None:
+        bind_shape(where, ttype.shape, tuple(value.shape), bindings, world)
+
+
+def bind_shape(where: str, declared: tuple, actual: tuple, bindings: dict, world: int) -> None:
+    """Match ``actual`` against ``declared`` dims, binding ``pl.dynamic`` names in ``bindings``."""
+    decl = "[" + ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in declared) + "]"
+    if len(declared) != len(actual):
+        raise ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the annotation "
+                         f"{decl} has {len(declared)} dims.")
+    for i, (d, a) in enumerate(zip(declared, actual)):
+        if isinstance(d, DynDim):
+            prev = bindings.setdefault(d.name, (a, where))
+            if prev[0] != a:
+                raise ShapeError(f"{where}: dimension {i} is pl.dynamic('{d.name}') = {a} here, but "
+                                 f"'{d.name}' was bound to {prev[0]} by {prev[1]}; all uses of one name must agree.")
+        elif d != a:
+            hint = ""
+            if a == world:
+                hint = (f" The argument's size {a} is the world size: the annotation hard-codes a rank count. "
+                        f"Use NR = pl.dynamic(\"NR\") for dimension {i} so one program runs at any P.")
+            raise ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl} fixes it at {d}, "
+                             f"the argument has {a} (shape {list(actual)}).{hint}")
+
+
+def check_dispatch_args(fn: Function, values: list, loc, world: int) -> None:
+    """Check one ``f(..., device=r)`` dispatch against the per-device function's signature."""
+    check_task_args_order(fn)
+    bindings: dict = {}
+    for spec, v in zip(fn.params, values):
+        check_arg(fn, spec, v, loc, world, bindings)
+
+
+def check_coverage(plan: DispatchPlan, host: Function) -> None:
+    """Every rank must be dispatched (the loop trip count must equal len(device_ids))."""
+    missing = [r for r in range(plan.world) if not plan.tasks[r]]
+    if not missing:
+        return
+    covered = [r for r in range(plan.world) if plan.tasks[r]]
+    if not covered:
+        raise ProgramError(f"host orchestrator '{host.name}' ({host.location}) dispatched nothing: call the "
+                           "per-device function with device=r for every rank.")
+    raise ProgramError(
+        f"host orchestrator '{host.name}' ({host.location}) dispatched ranks {covered} but never ranks "
+        f"{missing} (devices {[plan.device_ids[r] for r in missing]}); world = len(device_ids) = {plan.world}. "
+        "The dispatch loop must cover [0, world): write `for r in pl.range(pld.world_size()):`.")

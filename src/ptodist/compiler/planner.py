@@ -1,0 +1,167 @@
+"""Run the host orchestrator against a planning context to build a DispatchPlan.
+
+The host function runs once, in the driver.  Instead of doing work it
+records: ``alloc_window_buffer`` reserves a symmetric region, ``window`` makes
+a view descriptor, ``f(..., device=r)`` appends a task to rank r's list.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+
+import numpy as np
+
+from .. import context
+from ..errors import ProgramError, ProgramTypeError, ProgramValueError
+from ..language import dtypes as dt
+from ..language.dtypes import DataType
+from ..language.functions import Function, Kind
+from ..language.scalar import Scalar, as_int
+from ..source import user_location
+from . import checks
+from .plan import WINDOW_ALIGN, DispatchPlan, HostTensorRef, HostTensorSpec, TaskSpec, WindowBuffer, WindowView
+
+_ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=")
+
+
+class PlanningContext(context.Context):
+    """The host orchestrator's view of the world while it is being planned."""
+
+    kind = "planning"
+
+    def __init__(self, program: str, device_ids: list[int], host_tensors: list[HostTensorSpec]):
+        self.world = len(device_ids)
+        self.plan = DispatchPlan(program, self.world, list(device_ids), host_tensors, [], [[] for _ in device_ids])
+        self._heap = 0
+        self._seq = 0
+
+    # -- host operations ------------------------------------------------------
+    def world_size(self):
+        return Scalar(self.world, dt.INT64)
+
+    def alloc_window_buffer(self, size_or_shape, dtype, name):
+        loc = user_location(3)
+        if isinstance(size_or_shape, (list, tuple)):
+            if not isinstance(dtype, DataType):
+                raise ProgramTypeError(
+                    f"pld.alloc_window_buffer({list(size_or_shape)}) at {loc}: the shape form needs dtype=, "
+                    "e.g. pld.alloc_window_buffer([NR, 1], dtype=pl.INT32)")
+            shape = [as_int(d, "a window dimension") for d in size_or_shape]
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.get_byte()
+        else:
+            nbytes = as_int(size_or_shape, "pld.alloc_window_buffer size (bytes)")
+            if dtype is not None:
+                nbytes *= dtype.get_byte()
+            elif nbytes == self.world and nbytes > 0:
+                warnings.warn(
+                    f"pld.alloc_window_buffer({nbytes}) at {loc}: the size is in bytes and equals the world "
+                    f"size ({self.world}); if you meant {nbytes} elements, use the shape form "
+                    f"pld.alloc_window_buffer([{nbytes}, 1], dtype=pl.INT32)",
+                    stacklevel=4,
+                )
+        if nbytes <= 0:
+            raise ProgramValueError(f"pld.alloc_window_buffer at {loc}: size must be positive, got {nbytes} bytes")
+        if not name and loc is not None:
+            m = _ASSIGN.match(loc.text())
+            name = m.group(1) if m else f"window{len(self.plan.windows)}"
+        buf = WindowBuffer(len(self.plan.windows), name or f"window{len(self.plan.windows)}", nbytes, self._heap,
+                           str(loc))
+        self._heap += -(-nbytes // WINDOW_ALIGN) * WINDOW_ALIGN
+        self.plan.windows.append(buf)
+        self.plan.window_heap_bytes = self._heap
+        return buf
+
+    def window(self, buf, shape, dtype):
+        loc = user_location(3)
+        if not isinstance(buf, WindowBuffer):
+            raise ProgramTypeError(f"pld.window at {loc}: the first argument must come from "
+                                   f"pld.alloc_window_buffer, got {type(buf).__name__}")
+        if not isinstance(dtype, DataType):
+            raise ProgramTypeError(f"pld.window at {loc}: dtype= must be a pl dtype, got {dtype!r}")
+        shape = tuple(as_int(d, "a window dimension") for d in shape)
+        view = WindowView(buf, shape, dtype, str(loc))
+        if view.nbytes > buf.nbytes:
+            hint = ""
+            if buf.nbytes == self.world:
+                hint = (f" The buffer's size equals the world size ({self.world}): alloc_window_buffer takes "
+                        "bytes, not a rank count; use pld.alloc_window_buffer(shape, dtype=...).")
+            raise ProgramValueError(
+                f"pld.window at {loc}: a view of shape {list(shape)} {dtype.name} needs {view.nbytes} bytes but "
+                f"window buffer '{buf.name}' (allocated at {buf.location}) has only {buf.nbytes} bytes.{hint}")
+        return view
+
+    # -- dispatch ---------------------------------------------------------------
+    def call_function(self, fn: Function, args, kwargs, device):
+        loc = user_location(3)
+        if fn.kind is Kind.ORCHESTRATION:
+            if device is None:
+                raise ProgramError(
+                    f"{fn.name}() at {loc}: a per-device function called from the host needs device=r "
+                    f"(e.g. {fn.name}(..., device=r) inside `for r in pl.range(pld.world_size())`)")
+            return self._dispatch(fn, args, kwargs, device, loc)
+        if fn.kind is Kind.KERNEL:
+            raise ProgramError(
+                f"{fn.name}() at {loc}: the host dispatches the per-device @pl.jit wrapper with device=r, never a "
+                f"kernel directly. Add a @pl.jit function that calls {fn.name}(...) and dispatch that.")
+        if fn.kind is Kind.SUBWORKER:
+            raise ProgramError(f"{fn.name}() at {loc}: sub-worker functions run as callbacks of a "
+                               "DistributedWorker (compiled.prepare(callbacks={...})), not in a one-shot run")
+        if device is not None:
+            raise ProgramError(f"{fn.name}() at {loc}: device= is only for dispatching a per-device function")
+        return fn.invoke(*args, **kwargs)
+
+    def _dispatch(self, fn, args, kwargs, device, loc):
+        try:
+            r = device.__index__()
+        except (AttributeError, TypeError):
+            raise ProgramTypeError(f"{fn.name}(..., device={device!r}) at {loc}: device= must be an integer "
+                                   "rank index") from None
+        if not 0 <= r < self.world:
+            raise ProgramValueError(
+                f"{fn.name}(..., device={r}) at {loc}: device= is a logical rank index and must be in "
+                f"[0, {self.world}) (world = len(device_ids) = {self.world}); device ids "
+                f"{self.plan.device_ids} are mapped from rank indices. Loop with `for r in "
+                "pl.range(pld.world_size())`.")
+        values = fn.bind_arguments(args, kwargs)
+        checks.check_dispatch_args(fn, values, loc, self.world)
+        self.plan.tasks[r].append(TaskSpec(r, fn, values, str(loc), self._seq))
+        self._seq += 1
+        return None
+
+    def get_comm_ctx(self, tensor):
+        from ..language.distributed.types import CommCtx
+
+        if not isinstance(tensor, WindowView):
+            raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(3)}: needs a window "
+                                   f"(pld.DistributedTensor), got {type(tensor).__name__}")
+        return CommCtx(self.world, -1)
+
+    def comm_rank(self, comm):
+        self._identity_outside_kernel("pld.rank")
+
+    def comm_nranks(self, comm):
+        self._identity_outside_kernel("pld.nranks")
+
+    def _identity_outside_kernel(self, op):
+        raise ProgramError(
+            f"{op}() at {user_location(4)} is called in the host orchestrator: rank identity exists only "
+            "inside a kernel running on a rank. Read it in the kernel with "
+            f"{op}(pld.get_comm_ctx(window)), or pass the host loop variable r as a scalar argument.")
+
+    def memory_op(self, name, *args, **kwargs):
+        raise ProgramError(f"{name}() at {user_location(3)} is called in the host orchestrator; it belongs in "
+                           "a kernel (@pl.jit.incore) dispatched to a rank.")
+
+
+def make_plan(host: Function, program: str, device_ids: list[int], host_specs: list[HostTensorSpec],
+              host_values: list) -> DispatchPlan:
+    """Run ``host`` with planning stand-ins for its tensors and return the checked plan."""
+    ctx = PlanningContext(program, device_ids, host_specs)
+    proxies = list(host_values)
+    for spec in host_specs:
+        proxies[spec.index] = HostTensorRef(spec)
+    with context.using(ctx):
+        host.invoke(*proxies)
+    checks.check_coverage(ctx.plan, host)
+    return ctx.plan

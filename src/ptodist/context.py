@@ -1,0 +1,84 @@
+"""The current execution context: plain Python, a host being planned, or a rank.
+
+``pl``/``pld`` operations are thin: they look up the context of the calling
+thread and let it give the operation its meaning (the planner records, a rank
+executes).  The base class is plain Python, where every distributed operation
+fails with a message saying where it belongs.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+from .errors import ProgramError
+from .source import user_location, where
+
+_local = threading.local()
+
+_KERNEL = "inside a kernel (a @pl.jit.incore function) running on a rank"
+_HOST = "inside the host orchestrator (a @pl.jit.host function)"
+
+
+class Context:
+    """Plain Python: no program is running on this thread."""
+
+    kind = "python"
+
+    def unavailable(self, op: str, where_ok: str):
+        loc = user_location(2)
+        raise ProgramError(
+            f"{op} called outside a program{where(loc)}: it is only available {where_ok}. "
+            "Call the host orchestrator (or a compiled program) and let ptodist run it."
+        )
+
+    # Host-level operations.
+    def world_size(self):
+        self.unavailable("pld.world_size()", _HOST)
+
+    def alloc_window_buffer(self, size_or_shape, dtype):
+        self.unavailable("pld.alloc_window_buffer()", _HOST)
+
+    def window(self, buf, shape, dtype):
+        self.unavailable("pld.window()", _HOST)
+
+    def host_collective(self, name, args, kwargs):
+        self.unavailable(f"pld.tensor.{name}()", f"{_HOST} or {_KERNEL}")
+
+    # Rank-level operations.
+    def call_function(self, fn, args, kwargs, device):
+        self.unavailable(f"{fn.name}()", _HOST)
+
+    def submit(self, fn, args, kwargs, deps):
+        self.unavailable("pl.submit()", "inside a per-device orchestration function")
+
+    def get_comm_ctx(self, tensor):
+        self.unavailable("pld.get_comm_ctx()", _KERNEL)
+
+    def comm_rank(self, comm):
+        self.unavailable("pld.rank()", _KERNEL)
+
+    def comm_nranks(self, comm):
+        self.unavailable("pld.nranks()", _KERNEL)
+
+    def memory_op(self, name, *args, **kwargs):
+        self.unavailable(f"{name}()", _KERNEL)
+
+
+_PYTHON = Context()
+
+
+def current() -> Context:
+    """Return the context of the calling thread."""
+    return getattr(_local, "ctx", _PYTHON)
+
+
+@contextmanager
+def using(ctx: Context):
+    """Make ``ctx`` current for the calling thread while the block runs."""
+    prev = getattr(_local, "ctx", _PYTHON)
+    _local.ctx = ctx
+    try:
+        yield ctx
+    finally:
+        _local.ctx = prev

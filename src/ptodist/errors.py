@@ -1,0 +1,137 @@
+"""The exception hierarchy.
+
+Every error a user can cause derives from :class:`PtodistError` and, where a
+user would naturally catch a builtin (``TypeError``, ``ValueError``), from that
+builtin too.  :class:`PtodistInternalError` is kept apart: it means a bug in
+ptodist itself, never a mistake in the program.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+class PtodistError(Exception):
+    """Base of every error ptodist raises on purpose."""
+
+
+class ProgramError(PtodistError):
+    """The program is wrong, found before any rank starts (types, shapes, plan)."""
+
+
+class ProgramTypeError(ProgramError, TypeError):
+    """A value's kind does not match its annotation (e.g. a window given to a ``pl.Tensor``)."""
+
+
+class ProgramValueError(ProgramError, ValueError):
+    """A value is outside what the program allows (shapes, ranges, sizes)."""
+
+
+class ShapeError(ProgramValueError):
+    """An argument's shape does not match its annotation."""
+
+
+class TaskArgsError(ProgramTypeError):
+    """A function takes a tensor parameter after a scalar one."""
+
+
+class DispatchError(PtodistError):
+    """The arguments given at dispatch cannot be used."""
+
+
+class DispatchTypeError(DispatchError, TypeError):
+    """A dispatch argument has the wrong type (e.g. a host tensor not in shared memory)."""
+
+
+class DispatchValueError(DispatchError, ValueError):
+    """A dispatch argument has the wrong shape, dtype or value."""
+
+
+class ConfigError(PtodistError, ValueError):
+    """A ``RunConfig`` or ``DistributedConfig`` field is invalid."""
+
+
+class KernelError(PtodistError):
+    """An operation inside a rank failed (bounds, peer range, signal misuse)."""
+
+
+class KernelValueError(KernelError, ValueError):
+    """An operation inside a rank got a value outside its range."""
+
+
+class KernelIndexError(KernelError, IndexError):
+    """A tile or RMA region lies outside its tensor or window."""
+
+
+@dataclass
+class RankFailure:
+    """One rank's failure, as reported back to the driver."""
+
+    rank: int
+    device_id: int
+    task: str | None
+    error_type: str
+    message: str
+    traceback: str
+    exception: BaseException | None = field(default=None, repr=False)
+
+
+class RankError(PtodistError):
+    """A rank raised or died; the run was stopped.
+
+    Attributes:
+        rank, device_id, task: where the first failure happened.
+        failures: every rank failure that arrived before the others were stopped.
+        original: the exception raised inside the rank, when it could be carried back.
+    """
+
+    def __init__(self, failures: list[RankFailure]):
+        self.failures = failures
+        first = failures[0]
+        self.rank = first.rank
+        self.device_id = first.device_id
+        self.task = first.task
+        self.original = first.exception
+        super().__init__(_format_failures(failures))
+
+
+def _format_failures(failures: list[RankFailure]) -> str:
+    # Ranks that failed the same way are reported once, as a group.
+    groups: dict[tuple[str, str], list[RankFailure]] = {}
+    for f in failures:
+        groups.setdefault((f.error_type, _strip_rank(f)), []).append(f)
+    parts = []
+    for (etype, _), members in groups.items():
+        f = members[0]
+        who = ", ".join(f"rank {m.rank} (device {m.device_id})" for m in members)
+        where = f" in task '{f.task}'" if f.task else ""
+        parts.append(f"{who} failed{where}: {etype}: {f.message}")
+        if f.traceback:
+            parts.append(f"--- traceback of rank {f.rank} ---\n{f.traceback.rstrip()}")
+    return "\n".join(parts)
+
+
+def _strip_rank(f: RankFailure) -> str:
+    return f.message.replace(f"rank {f.rank}", "rank ?")
+
+
+class HangError(PtodistError):
+    """Ranks stopped making progress; carries every rank's state.
+
+    Attributes:
+        ranks: one dict per rank (state, wait cell, expected/current value, source line).
+        certain: True when every unfinished rank was blocked and no cell could change.
+    """
+
+    def __init__(self, message: str, ranks: list[dict], certain: bool):
+        self.ranks = ranks
+        self.certain = certain
+        super().__init__(message)
+
+
+class CheckError(PtodistError):
+    """The checker found problems in the program."""
+
+
+class PtodistInternalError(Exception):
+    """A bug in ptodist itself (not in the user's program); please report it."""

@@ -1,0 +1,10 @@
+"""``ptodist.ir`` (PyPTO's ``pypto.ir``): compile a program."""
+
+from __future__ import annotations
+
+from ..runtime.config import DistributedConfig
+from ..runtime.program import CompiledProgram, compile
+
+DistributedCompiledProgram = CompiledProgram
+
+__all__ = ["CompiledProgram", "DistributedCompiledProgram", "DistributedConfig", "compile"]

@@ -1,0 +1,119 @@
+"""Control flow: ``pl.range`` (with loop-carried values), ``pl.yield_``, tasks and scopes.
+
+Loops run as Python loops.  Indices are ``Scalar(INDEX)`` so that index
+arithmetic has the device's C semantics.  ``pl.range(..., init_values=(...))``
+yields ``(i, values)`` pairs; ``pl.yield_(...)`` inside the body sets the
+values the next iteration sees, and returns them so that ``acc = pl.yield_(acc2)``
+leaves the final value bound after the loop.
+"""
+
+from __future__ import annotations
+
+import builtins
+import threading
+from contextlib import contextmanager
+
+from .. import context
+from . import dtypes as dt
+from .scalar import Scalar, as_int
+
+_loops = threading.local()
+
+
+def _stack() -> list:
+    st = getattr(_loops, "stack", None)
+    if st is None:
+        st = _loops.stack = []
+    return st
+
+
+class _CarriedLoop:
+    def __init__(self, rng: range, init_values: tuple):
+        self.rng = rng
+        self.values = tuple(init_values)
+        self.yielded = False
+
+    def __iter__(self):
+        stack = _stack()
+        stack.append(self)
+        try:
+            for i in self.rng:
+                self.yielded = False
+                yield Scalar(i, dt.INDEX), self.values
+        finally:
+            stack.remove(self)
+
+
+def range(*args, init_values=None, **_options):
+    """``pl.range(stop)`` / ``pl.range(start, stop, step, init_values=(...))``."""
+    if not 1 <= len(args) <= 3:
+        raise TypeError(f"pl.range takes 1 to 3 positional arguments (start, stop, step), got {len(args)}")
+    bounds = [as_int(a, "a pl.range bound") for a in args]
+    rng = builtins.range(*bounds)
+    if init_values is not None:
+        if not isinstance(init_values, (tuple, list)):
+            init_values = (init_values,)
+        return _CarriedLoop(rng, tuple(init_values))
+    return (Scalar(i, dt.INDEX) for i in rng)
+
+
+parallel = range
+unroll = range
+
+
+def yield_(*values):
+    """Set the loop-carried values of the innermost ``pl.range(..., init_values=...)``; return them."""
+    stack = _stack()
+    if stack:
+        loop = stack[-1]
+        if len(values) != len(loop.values):
+            raise ValueError(
+                f"pl.yield_ got {len(values)} value(s) but the loop carries {len(loop.values)} "
+                "(one per entry of init_values)"
+            )
+        loop.values = tuple(values)
+        loop.yielded = True
+    return values[0] if len(values) == 1 else values
+
+
+def cond(*args, **kwargs):
+    """``pl.cond``: plain Python ``if`` does the work; accepted for compatibility."""
+    return None
+
+
+@contextmanager
+def at(level=None, role=None, **_options):
+    """``with pl.at(level=..., role=...)``: run the block inline at that level."""
+    yield
+
+
+@contextmanager
+def manual_scope():
+    """``with pl.manual_scope()``: tasks in the block order only by explicit ``deps=``."""
+    yield
+
+
+@contextmanager
+def auto_scope():
+    """``with pl.auto_scope()``: tasks order by the regions they touch (the default)."""
+    yield
+
+
+def submit(fn, *args, deps=(), **kwargs):
+    """Launch ``fn`` as a task after the tasks in ``deps``; return ``(result, task_id)``."""
+    return context.current().submit(fn, args, kwargs, list(deps or ()))
+
+
+def spmd(n, *, name=None):
+    """``with pl.spmd(n)``: blocks ``0..n-1``; the body runs once per block index."""
+    return context.current().spmd(as_int(n, "pl.spmd block count"))
+
+
+def get_block_idx():
+    """Return the index of the running block inside ``pl.spmd`` (0 outside)."""
+    return context.current().block_idx()
+
+
+def get_block_num():
+    """Return the number of blocks of the running ``pl.spmd`` (1 outside)."""
+    return context.current().block_num()

@@ -1,0 +1,20 @@
+"""``import ptodist.language.distributed as pld``: symmetric windows, signals, RMA.
+
+Everything is reachable by its full three-part name (``pld.system.notify``,
+``pld.tile.remote_load``, ``pld.tensor.put``); the most common calls also
+have a short form here.
+"""
+
+from __future__ import annotations
+
+from . import system, tensor, tile
+from .system import get_comm_ctx, nranks, rank, world_size
+from .tensor import alloc_window_buffer, window
+from .tile import remote_load, remote_store
+from .types import AtomicType, CommCtx, CommCtxType, DistributedTensor, NotifyOp, ReduceOp, WaitCmp
+
+__all__ = [
+    "AtomicType", "CommCtx", "CommCtxType", "DistributedTensor", "NotifyOp", "ReduceOp", "WaitCmp",
+    "alloc_window_buffer", "get_comm_ctx", "nranks", "rank", "remote_load", "remote_store", "system",
+    "tensor", "tile", "window", "world_size",
+]

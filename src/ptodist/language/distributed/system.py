@@ -1,0 +1,45 @@
+"""``pld.system.*``: rank identity and signals."""
+
+from __future__ import annotations
+
+from ... import context
+from .types import WaitCmp
+
+
+def world_size():
+    """Return the number of ranks (host orchestrator only), a ``Scalar(INT64)``."""
+    return context.current().world_size()
+
+
+def get_comm_ctx(dist_tensor):
+    """Return the communication context of a window-bound tensor."""
+    return context.current().get_comm_ctx(dist_tensor)
+
+
+def rank(ctx):
+    """Return this rank's index in ``ctx`` (kernels only), a ``Scalar(INT32)``."""
+    return context.current().comm_rank(ctx)
+
+
+def nranks(ctx):
+    """Return the number of ranks in ``ctx`` (kernels only), a ``Scalar(INT32)``."""
+    return context.current().comm_nranks(ctx)
+
+
+def notify(target, peer, offsets, value, *, op):
+    """On rank ``peer``'s copy of signal window ``target``, add ``value`` to (or set) cell ``offsets``."""
+    context.current().memory_op("pld.system.notify", target, peer, offsets, value, op)
+
+
+def wait(signal, offsets, expected, *, cmp=WaitCmp.Ge):
+    """Block until this rank's cell ``offsets`` of ``signal`` is ``== expected`` (Eq) or ``>= expected`` (Ge)."""
+    context.current().memory_op("pld.system.wait", signal, offsets, expected, cmp)
+
+
+def defer_wait(signal, offsets, expected, *, cmp=WaitCmp.Ge):
+    """Keep the running task incomplete until the cell reaches ``expected`` (checked at task end)."""
+    context.current().memory_op("pld.system.defer_wait", signal, offsets, expected, cmp)
+
+
+def fence():
+    """Order this rank's earlier remote writes before its later ones (always true here)."""

@@ -1,0 +1,16 @@
+"""``pld.tile.*``: tile-level remote memory access."""
+
+from __future__ import annotations
+
+from ... import context
+from .types import AtomicType
+
+
+def remote_load(target, peer, offsets, shape, valid_shape=None):
+    """Read the region ``offsets``/``shape`` of rank ``peer``'s window ``target`` into a Tile."""
+    return context.current().memory_op("pld.tile.remote_load", target, peer, list(offsets), list(shape), valid_shape)
+
+
+def remote_store(src_tile, target, peer, offsets, *, atomic=AtomicType.None_):
+    """Write (or with ``atomic=AtomicType.Add`` accumulate) a tile into rank ``peer``'s window."""
+    context.current().memory_op("pld.tile.remote_store", src_tile, target, peer, list(offsets), atomic)

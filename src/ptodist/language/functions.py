@@ -1,0 +1,248 @@
+"""Program structure: ``pl.jit`` (and ``.incore``/``.host``/``.inline``), ``pl.program``/``pl.function``.
+
+A :class:`Function` wraps the user's Python function with its kind (kernel,
+per-device orchestration, host orchestrator, ...).  Calling it asks the
+current context what a call means there: the planner records a dispatch, a
+rank runs a task, plain Python compiles and runs a host orchestrator.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from enum import Enum
+
+from .. import context
+from ..errors import ProgramError
+from .types import ParamSpec, spec_from_annotation
+
+
+class Level(Enum):
+    HOST = "HOST"
+    CLUSTER = "CLUSTER"
+    CHIP = "CHIP"
+    CORE_GROUP = "CORE_GROUP"
+    CORE = "CORE"
+
+
+class Role(Enum):
+    Orchestrator = "Orchestrator"
+    Worker = "Worker"
+    SubWorker = "SubWorker"
+
+
+class FunctionType(Enum):
+    InCore = "InCore"
+    Orchestration = "Orchestration"
+    Opaque = "Opaque"
+    Inline = "Inline"
+    AIC = "AIC"
+    AIV = "AIV"
+
+
+class Kind(Enum):
+    KERNEL = "kernel"
+    ORCHESTRATION = "orchestration"
+    HOST = "host"
+    INLINE = "inline"
+    SUBWORKER = "subworker"
+
+
+class Function:
+    """A program function of a given kind; call it like the Python function it wraps."""
+
+    def __init__(self, fn, kind: Kind, bound_self=None, options: dict | None = None):
+        if not callable(fn):
+            raise TypeError(f"a program function must wrap a Python function, got {fn!r}")
+        self.fn = fn
+        self.kind = kind
+        self.bound_self = bound_self
+        self.options = dict(options or {})
+        functools.update_wrapper(self, fn)
+        self._params: list[ParamSpec] | None = None
+
+    # -- identity -----------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    @property
+    def file(self) -> str:
+        return inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
+
+    @property
+    def line(self) -> int:
+        return self.fn.__code__.co_firstlineno
+
+    @property
+    def location(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def __repr__(self) -> str:
+        return f"<ptodist {self.kind.value} '{self.name}'>"
+
+    def __get__(self, instance, owner=None):
+        # Class form: `self.kernel(...)` binds the program instance like a method.
+        if instance is None or self.bound_self is not None:
+            return self
+        return Function(self.fn, self.kind, instance, self.options)
+
+    # -- signature ------------------------------------------------------------
+    @property
+    def params(self) -> list[ParamSpec]:
+        """Return the parameter specs, from annotations evaluated with closure constants."""
+        if self._params is None:
+            self._params = _param_specs(self.fn, skip_self=self._takes_self())
+        return self._params
+
+    def _takes_self(self) -> bool:
+        return self.bound_self is not None
+
+    def invoke(self, *args, **kwargs):
+        """Run the wrapped Python function itself (the context has decided to)."""
+        if self.bound_self is not None:
+            return self.fn(self.bound_self, *args, **kwargs)
+        return self.fn(*args, **kwargs)
+
+    def bind_arguments(self, args: tuple, kwargs: dict) -> list:
+        """Return the arguments in parameter order (keywords resolved), or raise a clear TypeError."""
+        sig = inspect.signature(self.fn)
+        try:
+            if self._takes_self():
+                ba = sig.bind(self.bound_self, *args, **kwargs)
+                values = list(ba.arguments.values())[1:]
+            else:
+                ba = sig.bind(*args, **kwargs)
+                values = list(ba.arguments.values())
+        except TypeError as e:
+            raise ProgramError(f"{self.name}() at {self.location}: {e}") from None
+        ba.apply_defaults()
+        return values
+
+    # -- calls ----------------------------------------------------------------
+    def __call__(self, *args, device=None, config=None, **kwargs):
+        if config is not None:
+            if self.kind is not Kind.HOST:
+                raise ProgramError(f"config= is accepted only by a host orchestrator; '{self.name}' is a {self.kind.value}")
+            return self.compile(*args, config=config)(*args)
+        if self.kind is Kind.INLINE:
+            return self.invoke(*args, **kwargs)
+        return context.current().call_function(self, args, kwargs, device)
+
+    def compile(self, *args, config=None):
+        """Compile this host orchestrator for ``config`` (args, if given, fix the shapes)."""
+        from ..runtime.program import CompiledProgram
+
+        if self.kind is not Kind.HOST:
+            raise ProgramError(
+                f"'{self.name}' is a {self.kind.value}; compile the host orchestrator "
+                "(the @pl.jit.host function that dispatches it with device=r)"
+            )
+        return CompiledProgram.build(self, config=config, example_args=args)
+
+
+def _closure_namespace(fn) -> dict:
+    ns = {}
+    if fn.__closure__:
+        for name, cell in zip(fn.__code__.co_freevars, fn.__closure__):
+            try:
+                ns[name] = cell.cell_contents
+            except ValueError:
+                pass
+    return ns
+
+
+def _param_specs(fn, skip_self: bool) -> list[ParamSpec]:
+    try:
+        anns = inspect.get_annotations(fn, eval_str=True, locals=_closure_namespace(fn))
+    except NameError as e:
+        raise ProgramError(
+            f"cannot evaluate the annotations of {fn.__name__}() at "
+            f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}: {e}"
+        ) from None
+    specs = []
+    for i, (name, p) in enumerate(inspect.signature(fn).parameters.items()):
+        if i == 0 and skip_self:
+            continue
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            continue
+        specs.append(spec_from_annotation(name, anns.get(name, inspect.Parameter.empty)))
+    return specs
+
+
+def _decorator(kind: Kind, fn=None, **options):
+    if fn is None:
+        return lambda f: Function(f, kind, options=options)
+    return Function(fn, kind, options=options)
+
+
+class _Jit:
+    """``@pl.jit`` (per-device orchestration), ``@pl.jit.incore``, ``@pl.jit.host``, ``@pl.jit.inline``."""
+
+    def __call__(self, fn=None, **options):
+        return _decorator(Kind.ORCHESTRATION, fn, **options)
+
+    def incore(self, fn=None, **options):
+        return _decorator(Kind.KERNEL, fn, **options)
+
+    def host(self, fn=None, **options):
+        if "level" in options:
+            raise TypeError("@pl.jit.host does not take level=: HOST is implied")
+        return _decorator(Kind.HOST, fn, **options)
+
+    def inline(self, fn=None, **options):
+        return _decorator(Kind.INLINE, fn, **options)
+
+
+jit = _Jit()
+
+
+def function(fn=None, *, type: FunctionType | None = None, level: Level | None = None,
+             role: Role | None = None, **options):
+    """Mark a method of a ``@pl.program`` class with its kind."""
+    if role is Role.SubWorker:
+        kind = Kind.SUBWORKER
+    elif level is Level.HOST:
+        kind = Kind.HOST
+    elif type in (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV):
+        kind = Kind.KERNEL
+    elif type is FunctionType.Orchestration or level is Level.CHIP:
+        kind = Kind.ORCHESTRATION
+    else:
+        kind = Kind.INLINE
+    return _decorator(kind, fn, type=type, level=level, role=role, **options)
+
+
+class Program:
+    """A ``@pl.program`` class: its functions bound to one instance of the class."""
+
+    def __init__(self, cls):
+        self.cls = cls
+        self.name = cls.__name__
+        self.instance = cls.__new__(cls)
+        self.functions: dict[str, Function] = {}
+        for name, value in vars(cls).items():
+            if isinstance(value, Function):
+                self.functions[name] = value.__get__(self.instance, cls)
+        hosts = [f for f in self.functions.values() if f.kind is Kind.HOST]
+        if len(hosts) != 1:
+            found = ", ".join(f.name for f in hosts) or "none"
+            raise ProgramError(
+                f"@pl.program class {self.name} needs exactly one host orchestrator "
+                f"(@pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)); found {found}"
+            )
+        self.host = hosts[0]
+
+    def __getattr__(self, name: str):
+        try:
+            return self.__dict__["functions"][name]
+        except KeyError:
+            raise AttributeError(f"program {self.__dict__.get('name')} has no function {name!r}") from None
+
+    def __repr__(self) -> str:
+        return f"<ptodist program {self.name}>"
+
+
+def program(cls):
+    """Class decorator: a program whose methods are ``@pl.function``s."""
+    return Program(cls)

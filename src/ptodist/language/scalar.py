@@ -1,0 +1,205 @@
+"""Scalars with the device's C semantics.
+
+Integer ``/``, ``//`` and ``%`` truncate toward zero, as C does on the device,
+so ``(0 - 1) % 4 == -1`` (a documented pitfall: a negative neighbour index).
+Integer results wrap to the type's width.  A Scalar is usable wherever Python
+wants an int (indexing, ``range``, shapes) through ``__index__``.
+"""
+
+from __future__ import annotations
+
+import operator
+
+from . import dtypes as dt
+from .dtypes import DataType
+
+
+def _wrap(value: int, dtype: DataType) -> int:
+    if dtype is dt.BOOL:
+        return int(bool(value))
+    bits = dtype.bits
+    value &= (1 << bits) - 1
+    if dtype.is_signed and value >= 1 << (bits - 1):
+        value -= 1 << bits
+    return value
+
+
+def _c_div(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError("integer division by zero in a Scalar expression")
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+def _c_mod(a: int, b: int) -> int:
+    return a - b * _c_div(a, b)
+
+
+def _rank_of(dtype: DataType) -> tuple[int, int]:
+    return (1 if dtype.is_float else 0, dtype.bits)
+
+
+class Scalar:
+    """A typed scalar value (``pl.Scalar[pl.INT32]`` parameters, ``pld.rank()``, loop indices)."""
+
+    __slots__ = ("value", "dtype")
+
+    def __init__(self, value, dtype: DataType = dt.INDEX):
+        if isinstance(value, Scalar):
+            value = value.value
+        self.dtype = dtype
+        self.value = float(value) if dtype.is_float else _wrap(int(value), dtype)
+
+    # -- conversions -------------------------------------------------------
+    def __index__(self) -> int:
+        if self.dtype.is_float:
+            raise TypeError(f"a {self.dtype.name} Scalar cannot be used as an index; cast it first")
+        return self.value
+
+    def __int__(self) -> int:
+        return int(self.value)
+
+    def __float__(self) -> float:
+        return float(self.value)
+
+    def __bool__(self) -> bool:
+        return bool(self.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"Scalar({self.value}, {self.dtype.name})"
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    # -- arithmetic ---------------------------------------------------------
+    def _binary(self, other, fn, reverse: bool = False):
+        if isinstance(other, Scalar):
+            odt, ov = other.dtype, other.value
+        elif isinstance(other, bool):
+            odt, ov = self.dtype, int(other)
+        elif isinstance(other, int):
+            odt, ov = self.dtype, other
+        elif isinstance(other, float):
+            odt, ov = (self.dtype if self.dtype.is_float else dt.FP32), other
+        else:
+            return NotImplemented
+        rdt = max(self.dtype, odt, key=_rank_of)
+        a, b = (ov, self.value) if reverse else (self.value, ov)
+        return Scalar(fn(a, b, rdt.is_float), rdt)
+
+    def __add__(self, o):
+        return self._binary(o, lambda a, b, f: a + b)
+
+    def __radd__(self, o):
+        return self._binary(o, lambda a, b, f: a + b, True)
+
+    def __sub__(self, o):
+        return self._binary(o, lambda a, b, f: a - b)
+
+    def __rsub__(self, o):
+        return self._binary(o, lambda a, b, f: a - b, True)
+
+    def __mul__(self, o):
+        return self._binary(o, lambda a, b, f: a * b)
+
+    def __rmul__(self, o):
+        return self._binary(o, lambda a, b, f: a * b, True)
+
+    def __truediv__(self, o):
+        return self._binary(o, lambda a, b, f: a / b if f else _c_div(a, b))
+
+    def __rtruediv__(self, o):
+        return self._binary(o, lambda a, b, f: a / b if f else _c_div(a, b), True)
+
+    def __floordiv__(self, o):
+        return self._binary(o, lambda a, b, f: a // b if f else _c_div(a, b))
+
+    def __rfloordiv__(self, o):
+        return self._binary(o, lambda a, b, f: a // b if f else _c_div(a, b), True)
+
+    def __mod__(self, o):
+        return self._binary(o, lambda a, b, f: a % b if f else _c_mod(a, b))
+
+    def __rmod__(self, o):
+        return self._binary(o, lambda a, b, f: a % b if f else _c_mod(a, b), True)
+
+    def __lshift__(self, o):
+        return self._binary(o, lambda a, b, f: a << b)
+
+    def __rshift__(self, o):
+        return self._binary(o, lambda a, b, f: a >> b)
+
+    def __and__(self, o):
+        return self._binary(o, lambda a, b, f: a & b)
+
+    def __or__(self, o):
+        return self._binary(o, lambda a, b, f: a | b)
+
+    def __xor__(self, o):
+        return self._binary(o, lambda a, b, f: a ^ b)
+
+    def __neg__(self):
+        return Scalar(-self.value, self.dtype)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return Scalar(abs(self.value), self.dtype)
+
+    # -- comparisons give Python bools: they steer Python control flow ------
+    def _cmp(self, other, op):
+        if isinstance(other, Scalar):
+            other = other.value
+        if not isinstance(other, (int, float)):
+            return NotImplemented
+        return op(self.value, other)
+
+    def __eq__(self, o):
+        return self._cmp(o, operator.eq)
+
+    def __ne__(self, o):
+        return self._cmp(o, operator.ne)
+
+    def __lt__(self, o):
+        return self._cmp(o, operator.lt)
+
+    def __le__(self, o):
+        return self._cmp(o, operator.le)
+
+    def __gt__(self, o):
+        return self._cmp(o, operator.gt)
+
+    def __ge__(self, o):
+        return self._cmp(o, operator.ge)
+
+
+def const(value, dtype: DataType = dt.INT32) -> Scalar:
+    """Return a typed constant (``pl.const(v, dtype)``)."""
+    return Scalar(value, dtype)
+
+
+def as_int(value, what: str = "value") -> int:
+    """Return a plain int from an int or integer Scalar; TypeError otherwise."""
+    if isinstance(value, bool):
+        return int(value)
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None
+
+
+def scalar_min(a, b):
+    """``pl.min`` on scalars."""
+    return a if a <= b else b
+
+
+def scalar_max(a, b):
+    """``pl.max`` on scalars."""
+    return a if a >= b else b

@@ -1,0 +1,130 @@
+"""``RunConfig`` and ``DistributedConfig``, validated when made."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+
+from ..errors import ConfigError
+
+PLATFORMS = ("a2a3sim", "a2a3", "a5sim", "a5")
+BACKENDS = ("shm",)
+DEFAULT_HANG_TIMEOUT_S = 60.0
+_announced: set[str] = set()
+
+
+@dataclass
+class DistributedConfig:
+    """Which devices the program runs on: rank r runs on ``device_ids[r]``."""
+
+    device_ids: list[int] = field(default_factory=lambda: [0])
+    num_sub_workers: int = 0
+    runtime: str = "tensormap_and_ringbuffer"
+    block_dim: int | None = None
+    aicpu_thread_num: int = 4
+
+    def __post_init__(self):
+        ids = self.device_ids
+        if isinstance(ids, (str, bytes)) or not hasattr(ids, "__iter__"):
+            raise ConfigError(f"DistributedConfig(device_ids={ids!r}): device_ids must be a list of ints, "
+                              "e.g. [0, 1] (parse '-d 0,1' with [int(d) for d in s.split(',')])")
+        ids = list(ids)
+        if not ids:
+            raise ConfigError("DistributedConfig(device_ids=[]): at least one device id is needed")
+        for d in ids:
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise ConfigError(f"DistributedConfig(device_ids={ids!r}): {d!r} is not an int")
+            if d < 0:
+                raise ConfigError(f"DistributedConfig(device_ids={ids!r}): device ids must be non-negative, got {d}")
+        dup = sorted({d for d in ids if ids.count(d) > 1})
+        if dup:
+            raise ConfigError(f"DistributedConfig(device_ids={ids!r}): device ids must be distinct; "
+                              f"{dup} appear more than once")
+        if not isinstance(self.num_sub_workers, int) or self.num_sub_workers < 0:
+            raise ConfigError(f"DistributedConfig(num_sub_workers={self.num_sub_workers!r}): must be an int >= 0")
+        self.device_ids = ids
+
+    @property
+    def world_size(self) -> int:
+        return len(self.device_ids)
+
+
+@dataclass
+class RunConfig:
+    """How to run: the platform name, the devices, diagnostics, and ptodist's own settings.
+
+    ``backend`` picks ptodist's backend (default: env ``PTODIST_BACKEND``, else
+    ``"shm"``); ``hang_timeout_s`` how long ranks may make no progress before the
+    run ends with HangError (default: env ``PTODIST_HANG_TIMEOUT``, else 60 s).
+    """
+
+    platform: str = "a2a3sim"
+    device_id: int = 0
+    distributed_config: DistributedConfig | None = None
+    enable_chip_swimlane: bool = False
+    enable_scope_stats: bool = False
+    enable_dep_gen: bool = False
+    enable_profiling: bool = False
+    rtol: float = 1e-5
+    atol: float = 1e-5
+    output_dir: str | None = None
+    backend: str | None = None
+    hang_timeout_s: float | None = None
+    strategy: object = None
+    backend_type: object = None
+    dump_passes: bool = False
+    save_kernels: bool = False
+    save_kernels_dir: str | None = None
+    codegen_only: bool = False
+    pto_isa_commit: str | None = None
+    block_dim: int | None = None
+    aicpu_thread_num: int | None = None
+    ring_task_window: int | None = None
+    ring_heap: int | None = None
+    ring_dep_pool: int | None = None
+    analyze_auto_scopes_for_deps: bool = False
+
+    def __post_init__(self):
+        if self.platform not in PLATFORMS:
+            raise ConfigError(f"RunConfig(platform={self.platform!r}): must be one of {', '.join(PLATFORMS)}")
+        if self.distributed_config is not None and not isinstance(self.distributed_config, DistributedConfig):
+            raise ConfigError("RunConfig(distributed_config=...): expects a DistributedConfig, "
+                              f"got {type(self.distributed_config).__name__}")
+        if self.backend is not None and self.backend not in BACKENDS:
+            raise ConfigError(f"RunConfig(backend={self.backend!r}): available backends are {', '.join(BACKENDS)}")
+        if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
+            raise ConfigError(f"RunConfig(hang_timeout_s={self.hang_timeout_s!r}): must be a positive number of "
+                              "seconds")
+
+    @property
+    def devices(self) -> DistributedConfig:
+        return self.distributed_config or DistributedConfig(device_ids=[self.device_id])
+
+    def resolved_backend(self) -> str:
+        name = self.backend or os.environ.get("PTODIST_BACKEND") or "shm"
+        if name not in BACKENDS:
+            raise ConfigError(f"PTODIST_BACKEND={name!r}: available backends are {', '.join(BACKENDS)}")
+        return name
+
+    def resolved_hang_timeout(self) -> float:
+        if self.hang_timeout_s is not None:
+            return float(self.hang_timeout_s)
+        env = os.environ.get("PTODIST_HANG_TIMEOUT")
+        if env:
+            try:
+                value = float(env)
+            except ValueError:
+                raise ConfigError(f"PTODIST_HANG_TIMEOUT={env!r}: must be a number of seconds") from None
+            if value <= 0:
+                raise ConfigError(f"PTODIST_HANG_TIMEOUT={env!r}: must be positive")
+            return value
+        return DEFAULT_HANG_TIMEOUT_S
+
+    def announce_platform(self) -> None:
+        """Say once per process that the upstream platform runs on the local backend."""
+        key = f"{self.platform}->{self.resolved_backend()}"
+        if key not in _announced:
+            _announced.add(key)
+            print(f"ptodist: platform '{self.platform}' runs on the local '{self.resolved_backend()}' backend "
+                  "(no NPU needed)", file=sys.stderr)

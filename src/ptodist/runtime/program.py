@@ -1,0 +1,227 @@
+"""CompiledProgram: a host orchestrator bound to a RunConfig; call it to run.
+
+One-shot ``compiled(*args)`` takes host tensors (torch or numpy), either
+every parameter (outputs filled in place) or the inputs only (outputs are
+created and returned).  It plans (once per argument signature), runs the
+static checks, writes the plan to ``output_dir`` and hands it to the backend.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ..backends import get_backend
+from ..compiler import checks, planner
+from ..compiler.plan import DispatchPlan, HostTensorSpec
+from ..errors import DispatchTypeError, DispatchValueError, ShapeError
+from ..language import dtypes as dt
+from ..language.functions import Function, Kind, Program
+from ..language.scalar import Scalar
+from ..language.types import Direction, DynDim, ParamSpec
+from .config import RunConfig
+
+
+class HostTensor:
+    """A host tensor argument as a numpy array, with what it takes to write results back."""
+
+    def __init__(self, value, name: str):
+        self.value = value
+        self.is_torch = type(value).__module__.startswith("torch")
+        if self.is_torch:
+            self.dtype = dt.from_torch(value.dtype)
+            if self.dtype is None:
+                raise DispatchTypeError(f"host tensor '{name}' has torch dtype {value.dtype}, which ptodist "
+                                        "does not support")
+            if value.device.type != "cpu":
+                raise DispatchTypeError(f"host tensor '{name}' is on {value.device}; pass a CPU tensor")
+            t = value.detach()
+            self.shared = t.is_contiguous()
+            t = t if self.shared else t.contiguous()
+            if self.dtype is dt.BF16:
+                import torch
+
+                self.array = t.view(torch.int16).numpy().view(dt.BF16.np_dtype)
+            else:
+                self.array = t.numpy()
+        elif isinstance(value, np.ndarray):
+            self.dtype = dt.from_numpy(value.dtype)
+            if self.dtype is None:
+                raise DispatchTypeError(f"host tensor '{name}' has numpy dtype {value.dtype}, which ptodist "
+                                        "does not support")
+            self.shared = value.flags.c_contiguous and value.flags.writeable
+            self.array = value if self.shared else np.ascontiguousarray(value)
+        else:
+            raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. "
+                                    "Pass a torch tensor or a numpy array.")
+
+    def write_back(self) -> None:
+        """Copy results into the caller's tensor when we had to work on a copy."""
+        if self.shared:
+            return
+        if self.is_torch:
+            import torch
+
+            src = torch.from_numpy(self.array.view(np.int16)).view(torch.bfloat16) if self.dtype is dt.BF16 \
+                else torch.from_numpy(self.array)
+            self.value.copy_(src)
+        else:
+            self.value[...] = self.array
+
+
+class CompiledProgram:
+    """A compiled distributed program: call it (one shot); ``output_dir`` holds the dispatch plan."""
+
+    def __init__(self, host: Function, name: str, config: RunConfig, extra_functions=()):
+        self.host = host
+        self.name = name
+        self.config = config
+        self.device_ids = list(config.devices.device_ids)
+        self.world = len(self.device_ids)
+        self._extra = list(extra_functions)
+        self._plans: dict = {}
+        self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
+        checks.check_program_signatures(host, self._extra)
+
+    @classmethod
+    def build(cls, target, config: RunConfig | None = None, example_args=()) -> CompiledProgram:
+        """Compile a host Function or a ``@pl.program``; plan now if shapes are known."""
+        config = config or RunConfig()
+        if isinstance(target, Program):
+            prog = cls(target.host, target.name, config, target.functions.values())
+        elif isinstance(target, Function) and target.kind is Kind.HOST:
+            prog = cls(target, target.name, config)
+        else:
+            raise DispatchTypeError(f"compile() takes a @pl.program class or a @pl.jit.host function, got {target!r}")
+        if example_args:
+            prog._plan_for(example_args)
+        return prog
+
+    @property
+    def output_dir(self) -> Path:
+        if self._output_dir is None:
+            stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
+            root = os.environ.get("PTODIST_OUTPUT_ROOT", "build_output")
+            self._output_dir = Path(root) / f"{self.name}_{stamp}"
+        self._output_dir.mkdir(parents=True, exist_ok=True)
+        return self._output_dir
+
+    # -- arguments ----------------------------------------------------------------
+    def _bind(self, args: tuple) -> tuple[list, list[HostTensor | None], bool]:
+        params = self.host.params
+        n_in = sum(1 for p in params if p.direction is not Direction.OUT)
+        if len(args) == len(params):
+            created = False
+        elif len(args) == n_in and n_in < len(params):
+            created = True
+        else:
+            names = ", ".join(p.name for p in params)
+            raise DispatchTypeError(
+                f"{self.name}: got {len(args)} arguments; pass all {len(params)} ({names}) or the {n_in} inputs "
+                "(outputs are then created and returned)")
+        it = iter(args)
+        values: list = []
+        hosts: list[HostTensor | None] = []
+        bindings: dict = {}
+        pending_out = []
+        for i, p in enumerate(params):
+            if created and p.direction is Direction.OUT:
+                values.append(None)
+                hosts.append(None)
+                pending_out.append(i)
+                continue
+            v = next(it)
+            if p.kind == "tensor" or (p.kind == "any" and not isinstance(v, (int, float, Scalar))):
+                h = HostTensor(v, p.name)
+                self._check_host(p, h, bindings)
+                values.append(h.array)
+                hosts.append(h)
+            else:
+                values.append(v)
+                hosts.append(None)
+        like_torch = any(h is not None and h.is_torch for h in hosts)
+        for i in pending_out:
+            hosts[i] = HostTensor(self._new_output(params[i], bindings, like_torch), params[i].name)
+            values[i] = hosts[i].array
+        return values, hosts, created
+
+    def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
+        where = f"{self.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})"
+        if p.ttype is None or p.ttype.shape is None:
+            return
+        if p.ttype.dtype is not None and h.dtype.np_dtype != p.ttype.dtype.np_dtype:
+            raise DispatchTypeError(f"{where}: the host tensor is {h.dtype.name}, the annotation says "
+                                    f"{p.ttype.dtype.name}")
+        checks.bind_shape(where, p.ttype.shape, tuple(h.array.shape), bindings, self.world)
+
+    def _new_output(self, p: ParamSpec, bindings: dict, like_torch: bool):
+        if p.ttype is None or p.ttype.shape is None or p.ttype.dtype is None:
+            raise DispatchTypeError(f"{self.name}: cannot create output '{p.name}' without a shape and dtype in its "
+                                    "annotation; pass it explicitly")
+        shape = []
+        for d in p.ttype.shape:
+            if isinstance(d, DynDim):
+                if d.name not in bindings:
+                    raise ShapeError(f"{self.name}: output '{p.name}' uses pl.dynamic('{d.name}'), which no input "
+                                     "binds; pass the output explicitly")
+                shape.append(bindings[d.name][0])
+            else:
+                shape.append(d)
+        if like_torch:
+            import torch
+
+            return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype))
+        return np.zeros(shape, dtype=p.ttype.dtype.np_dtype)
+
+    # -- planning -----------------------------------------------------------------
+    def _plan_for(self, args: tuple) -> tuple[DispatchPlan, list, list, bool]:
+        values, hosts, created = self._bind(args)
+        specs = [HostTensorSpec(i, p.name, tuple(h.array.shape), h.dtype, p.direction)
+                 for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
+        key = tuple((tuple(h.array.shape), h.dtype.name) if h is not None else _scalar_key(v)
+                    for h, v in zip(hosts, values))
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = planner.make_plan(self.host, self.name, self.device_ids, specs, values)
+            self._plans[key] = plan
+            path = self.output_dir / "dispatch_plan.json"
+            path.write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+        return plan, values, hosts, created
+
+    # -- running ------------------------------------------------------------------
+    def __call__(self, *args, config: RunConfig | None = None):
+        """Run once on every rank; return the outputs (created ones in the inputs-only form)."""
+        cfg = config or self.config
+        if config is not None and config.distributed_config is not None and \
+                list(config.distributed_config.device_ids) != self.device_ids:
+            raise DispatchValueError(f"{self.name}: called with device_ids {config.distributed_config.device_ids} but "
+                                     f"compiled for {self.device_ids}; compile again for other devices")
+        cfg.announce_platform()
+        plan, values, hosts, created = self._plan_for(args)
+        arrays = [h.array if h is not None else None for h in hosts]
+        get_backend(cfg.resolved_backend()).run(plan, arrays, cfg)
+        outs = []
+        for p, h in zip(self.host.params, hosts):
+            if h is not None:
+                h.write_back()
+                if p.direction is not Direction.IN:
+                    outs.append(h.value)
+        if not outs:
+            return None
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _scalar_key(v):
+    return ("scalar", v.value if isinstance(v, Scalar) else v)
+
+
+def compile(program, platform: str = "a2a3sim", distributed_config=None, *, output_dir=None, config=None,
+            **options) -> CompiledProgram:
+    """Compile a ``@pl.program`` (or host function) for ``platform`` and ``distributed_config``."""
+    cfg = config or RunConfig(platform=platform, distributed_config=distributed_config,
+                              output_dir=str(output_dir) if output_dir else None)
+    return CompiledProgram.build(program, cfg)

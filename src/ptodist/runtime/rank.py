@@ -1,0 +1,463 @@
+"""RankContext: runs one rank's tasks and gives every memory, RMA and signal operation its meaning.
+
+This is the one place where the semantics of ``pl.load``/``pl.store``/...
+and ``pld.system.notify``/``wait``/``remote_load``/``put``/... live.  Data
+moves with numpy; signals and cross-rank atomics go through the backend's
+``RankMemory``; the status board records what the rank is doing so the
+driver can explain a hang.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import context
+from ..compiler import checks
+from ..compiler.plan import DispatchPlan, HostTensorRef, WindowView
+from ..errors import KernelIndexError, KernelValueError, ProgramError, ProgramTypeError
+from ..language import dtypes as dt
+from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
+from ..language.functions import Function, Kind
+from ..language.scalar import Scalar, as_int
+from ..language.tile_ops import Tile
+from ..language.types import Direction
+from ..source import user_location
+from .tensors import RankTensor, WindowTensor
+
+ATOMIC_ADD_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32, dt.INT16, dt.INT8)
+
+
+class RankContext(context.Context):
+    """The context of one running rank."""
+
+    kind = "rank"
+
+    def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2):
+        self.plan = plan
+        self.rank = rank
+        self.world = plan.world
+        self.device_id = plan.device_ids[rank]
+        self.memory = memory
+        self.status = memory.status
+        self.host_arrays = host_arrays
+        self.wait_slice_s = wait_slice_s
+        self.task: str | None = None
+        self.failed_task: str | None = None  # the innermost task an exception escaped from
+        self._kernel_depth = 0
+        self._deferred: list | None = None
+        self._tasks_started = 0
+        self._checked: set[int] = set()
+        self._spmd_blocks = 0
+        self._block_idx = 0
+        self._ops = {
+            "pl.load": self._load, "pl.store": self._store, "pl.read": self._read, "pl.write": self._write,
+            "pl.slice": self._slice, "pl.create_tensor": self._create_tensor,
+            "pld.system.notify": self._notify, "pld.system.wait": self._wait,
+            "pld.system.defer_wait": self._defer_wait,
+            "pld.tile.remote_load": self._remote_load, "pld.tile.remote_store": self._remote_store,
+            "pld.tensor.remote_store": self._remote_store,
+            "pld.tensor.put": self._put, "pld.tensor.get": self._get,
+        }
+
+    # -- running the plan -------------------------------------------------------
+    def run_all(self) -> None:
+        """Run this rank's dispatched tasks in order."""
+        with context.using(self):
+            for task in self.plan.tasks[self.rank]:
+                fn: Function = task.function
+                args = [self._materialize(a, spec) for a, spec in zip(task.args, fn.params)]
+                self.task = fn.name
+                self.status.set_running(self.rank, fn.name)
+                fn.invoke(*args)
+                self.task = None
+
+    def _materialize(self, arg, spec):
+        if isinstance(arg, HostTensorRef):
+            spec_t = arg.tensor
+            array = self.host_arrays[spec_t.index][arg.index] if arg.index else self.host_arrays[spec_t.index]
+            return RankTensor(arg.name, array, spec_t.dtype, writable=spec_t.direction is not Direction.IN)
+        if isinstance(arg, WindowView):
+            buf = arg.buffer
+            return WindowTensor(spec.name if spec.kind == "tensor" else buf.name, buf, arg.shape, arg.dtype,
+                                self.rank, self.world, lambda r, b=buf.id: self.memory.window_bytes(b, r))
+        return self._scalar_for(spec, arg)
+
+    @staticmethod
+    def _scalar_for(spec, value):
+        if spec.kind == "scalar" and isinstance(value, (int, float, bool)) and spec.ttype and spec.ttype.dtype:
+            return Scalar(value, spec.ttype.dtype)
+        return value
+
+    # -- functions and tasks ----------------------------------------------------------
+    def call_function(self, fn: Function, args, kwargs, device):
+        if device is not None:
+            raise ProgramError(f"{fn.name}(..., device=...) at {user_location(3)}: device= is only for the host "
+                               "orchestrator's dispatch; inside a rank call the function without it.")
+        if fn.kind is Kind.KERNEL:
+            return self._run_kernel(fn, args, kwargs)
+        if fn.kind is Kind.SUBWORKER:
+            raise ProgramError(f"{fn.name}() at {user_location(3)}: sub-worker functions run on the host "
+                               "as DistributedWorker callbacks, not inside a rank.")
+        return fn.invoke(*args, **kwargs)
+
+    def _run_kernel(self, fn: Function, args, kwargs):
+        loc = user_location(4)
+        values = fn.bind_arguments(args, kwargs)
+        if id(fn.fn) not in self._checked:
+            checks.check_task_args_order(fn)
+            self._checked.add(id(fn.fn))
+        bindings: dict = {}
+        for i, (spec, v) in enumerate(zip(fn.params, values)):
+            checks.check_arg(fn, spec, v, loc, self.world, bindings)
+            values[i] = self._scalar_for(spec, v)
+        blocks = self._spmd_blocks or 1
+        result = None
+        for b in range(blocks):
+            self._block_idx = b
+            result = self._task_body(fn, values)
+        self._block_idx = 0
+        return result
+
+    def _task_body(self, fn: Function, values):
+        outer_task, outer_deferred = self.task, self._deferred
+        self.task, self._deferred = fn.name, []
+        self._kernel_depth += 1
+        self._tasks_started += 1
+        self.status.set_running(self.rank, fn.name)
+        try:
+            result = fn.invoke(*values)
+            for cond in self._deferred:
+                self._block_until(*cond)
+            return result
+        except BaseException:
+            self.failed_task = self.failed_task or fn.name
+            raise
+        finally:
+            self._kernel_depth -= 1
+            self.task, self._deferred = outer_task, outer_deferred
+
+    def submit(self, fn, args, kwargs, deps):
+        for d in deps:
+            if not isinstance(d, int) or not 0 <= d < self._tasks_started:
+                raise ProgramError(f"pl.submit at {user_location(3)}: deps= must hold task ids returned by earlier "
+                                   f"pl.submit calls, got {d!r}")
+        if not isinstance(fn, Function) or fn.kind is not Kind.KERNEL:
+            raise ProgramTypeError(f"pl.submit at {user_location(3)}: the first argument must be a kernel "
+                                   f"(@pl.jit.incore), got {fn!r}")
+        tid = self._tasks_started
+        result = self._run_kernel(fn, args, kwargs)
+        if isinstance(result, tuple):
+            return (*result, tid)
+        return result, tid
+
+    def spmd(self, n: int):
+        return _Spmd(self, n)
+
+    def block_idx(self):
+        return Scalar(self._block_idx, dt.INDEX)
+
+    def block_num(self):
+        return Scalar(self._spmd_blocks or 1, dt.INDEX)
+
+    # -- identity ---------------------------------------------------------------
+    def world_size(self):
+        raise ProgramError(f"pld.world_size() at {user_location(3)} is host-only. Inside a kernel use "
+                           "pld.nranks(pld.get_comm_ctx(window)).")
+
+    def get_comm_ctx(self, tensor):
+        if not isinstance(tensor, WindowTensor):
+            raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(3)}: needs a pld.DistributedTensor "
+                                   f"(a window), got {checks.value_kind(tensor)}")
+        return CommCtx(self.world, self.rank)
+
+    def comm_rank(self, comm):
+        return Scalar(self._identity("pld.rank", comm).rank_index, dt.INT32)
+
+    def comm_nranks(self, comm):
+        return Scalar(self._identity("pld.nranks", comm).world, dt.INT32)
+
+    def _identity(self, op, comm) -> CommCtx:
+        if self._kernel_depth == 0:
+            raise ProgramError(
+                f"{op}() at {user_location(4)} is called outside a kernel (in the per-device orchestration). "
+                "Rank identity is read inside a kernel; or pass the host loop variable r as a scalar argument.")
+        if not isinstance(comm, CommCtx):
+            raise ProgramTypeError(f"{op}() at {user_location(4)}: takes pld.get_comm_ctx(window), got {comm!r}")
+        return comm
+
+    # -- memory operations ----------------------------------------------------------
+    def memory_op(self, name, *args):
+        self.status.step(self.rank)
+        return self._ops[name](name, *args)
+
+    def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
+        if isinstance(t, RankTensor):
+            return t
+        if isinstance(t, Tile):
+            raise ProgramTypeError(f"{op} at {user_location(4)}: the {what} argument is a Tile (on-chip data); "
+                                   "it needs a tensor in memory")
+        raise ProgramTypeError(f"{op} at {user_location(4)}: the {what} argument must be a tensor, "
+                               f"got {checks.value_kind(t)}")
+
+    def _window(self, op: str, t, what: str) -> WindowTensor:
+        if isinstance(t, WindowTensor):
+            return t
+        raise ProgramTypeError(
+            f"{op} at {user_location(4)}: '{what}' must be a pld.DistributedTensor (window) — remote memory "
+            f"exists only in windows — got {checks.value_kind(t)}. Pass pld.window(buf, shape, dtype=...).")
+
+    def _region(self, op: str, t: RankTensor, offsets, shape) -> tuple:
+        offsets = [as_int(o, f"{op} offset") for o in (offsets if isinstance(offsets, (list, tuple)) else [offsets])]
+        shape = [as_int(s, f"{op} shape") for s in shape]
+        bounds = t.shape
+        if len(offsets) != len(bounds) or len(shape) != len(bounds):
+            raise KernelIndexError(f"{op} at {user_location(4)}: {t.describe()} has {len(bounds)} dimensions but "
+                                   f"offsets {offsets} and shape {shape} have {len(offsets)} and {len(shape)}")
+        for i, (o, s, b) in enumerate(zip(offsets, shape, bounds)):
+            if o < 0 or s < 0 or o + s > b:
+                raise KernelIndexError(
+                    f"{op} at {user_location(4)}: out of bounds on {t.describe()}: offsets {offsets} with shape "
+                    f"{shape} reach [{o}, {o + s}) in dimension {i}, whose bounds are [0, {b}).")
+        return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
+
+    def _peer(self, op: str, peer) -> int:
+        p = as_int(peer, f"{op} peer")
+        if not 0 <= p < self.world:
+            hint = ""
+            if p < 0:
+                hint = (" A negative neighbour index: integer % truncates toward zero on the device, so "
+                        "(r - 1) % n is -1 for r = 0. Write (r - 1 + n) % n.")
+            else:
+                hint = " peer is a rank index (0 .. world-1), not a device id."
+            raise KernelValueError(f"{op} at {user_location(4)}: peer {p} is outside [0, {self.world}) "
+                                   f"(rank {self.rank}, world {self.world}).{hint}")
+        return p
+
+    @staticmethod
+    def _valid_mask(data: np.ndarray, valid_shape) -> np.ndarray:
+        if valid_shape is None:
+            return data
+        v = [as_int(d, "valid_shape") for d in valid_shape]
+        if len(v) != data.ndim or any(a < 0 or a > b for a, b in zip(v, data.shape)):
+            raise KernelValueError(f"valid_shape {v} must lie within the tile shape {list(data.shape)}")
+        out = np.zeros_like(data)
+        sl = tuple(slice(0, a) for a in v)
+        out[sl] = data[sl]
+        return out
+
+    def _load(self, op, tensor, offsets, shapes, valid_shape):
+        t = self._tensor(op, tensor)
+        data = t.array[self._region(op, t, offsets, shapes)].copy()
+        return Tile(self._valid_mask(data, valid_shape), t.dtype, valid_shape)
+
+    def _tile_data(self, op: str, tile, t: RankTensor) -> np.ndarray:
+        if isinstance(tile, RankTensor):
+            tile = Tile(tile.array, tile.dtype)
+        if not isinstance(tile, Tile):
+            raise ProgramTypeError(f"{op} at {user_location(5)}: expected a Tile, got {checks.value_kind(tile)}")
+        if tile.dtype.np_dtype != t.dtype.np_dtype:
+            raise ProgramTypeError(f"{op} at {user_location(5)}: the tile is {tile.dtype.name} but {t.describe()} "
+                                   f"is {t.dtype.name}; convert with pl.cast(tile, target_type=pl.{t.dtype.name})")
+        valid = tuple(slice(0, v) for v in tile.valid_shape)
+        return tile.data[valid]
+
+    def _writable(self, op: str, t: RankTensor) -> None:
+        if not t.writable:
+            raise ProgramTypeError(
+                f"{op} at {user_location(5)}: {t.describe()} is an input (pl.Tensor) of the host orchestrator and "
+                "is read-only. Annotate it pl.Out[...] or pl.InOut[...] where it is declared.")
+
+    def _store(self, op, tile, offsets, tensor, atomic):
+        t = self._tensor(op, tensor, "output_tensor")
+        data = self._tile_data(op, tile, t)
+        self._writable(op, t)
+        sl = self._region(op, t, offsets, data.shape)
+        if atomic is AtomicType.Add:
+            self._accumulate(op, t, t.array, sl, data, t.rank if isinstance(t, WindowTensor) else None)
+        else:
+            t.array[sl] = data
+        return tensor
+
+    def _flat_index(self, op, t: RankTensor, offset) -> tuple:
+        if isinstance(offset, (list, tuple)):
+            idx = tuple(as_int(o, f"{op} offset") for o in offset)
+            if len(idx) != len(t.shape) or any(not 0 <= i < b for i, b in zip(idx, t.shape)):
+                raise KernelIndexError(f"{op} at {user_location(4)}: index {list(idx)} is outside {t.describe()}")
+            return idx
+        flat = as_int(offset, f"{op} offset")
+        size = int(np.prod(t.shape, dtype=np.int64))
+        if not 0 <= flat < size:
+            raise KernelIndexError(f"{op} at {user_location(4)}: flat index {flat} is outside {t.describe()} "
+                                   f"({size} elements)")
+        return tuple(int(i) for i in np.unravel_index(flat, t.shape))
+
+    def _read(self, op, tensor, offset):
+        t = self._tensor(op, tensor)
+        idx = self._flat_index(op, t, offset)
+        return Scalar(t.array[idx].item(), t.dtype)
+
+    def _write(self, op, tensor, offset, value):
+        t = self._tensor(op, tensor)
+        self._writable(op, t)
+        idx = self._flat_index(op, t, offset)
+        t.array[idx] = value.value if isinstance(value, Scalar) else value
+
+    def _slice(self, op, tensor, shape, offset):
+        t = self._tensor(op, tensor)
+        sl = self._region(op, t, offset, shape)
+        return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable)
+
+    def _create_tensor(self, op, shape, dtype):
+        return RankTensor("pl.create_tensor", np.zeros(shape, dtype=dtype.np_dtype), dtype)
+
+    # -- signals ------------------------------------------------------------------
+    def _cell(self, op: str, w: WindowTensor, offsets) -> tuple[int, list[int]]:
+        if w.dtype is not dt.INT32:
+            raise ProgramTypeError(f"{op} at {user_location(5)}: signal cells are INT32, but {w.describe()} is "
+                                   f"{w.dtype.name}. Use a separate INT32 window for signals.")
+        idx = list(self._flat_index(op, w, offsets if isinstance(offsets, (list, tuple)) else [offsets]))
+        flat = int(np.ravel_multi_index(idx, w.shape))
+        return flat * 4, idx
+
+    def _notify(self, op, target, peer, offsets, value, notify_op):
+        w = self._window(op, target, "target")
+        p = self._peer(op, peer)
+        byte, _ = self._cell(op, w, offsets)
+        v = as_int(value, f"{op} value")
+        if notify_op is NotifyOp.AtomicAdd:
+            self.memory.cell_add(w.buffer.id, p, byte, v)
+        elif notify_op is NotifyOp.Set:
+            self.memory.cell_set(w.buffer.id, p, byte, v)
+        else:
+            raise ProgramTypeError(f"{op} at {user_location(4)}: op= must be pld.NotifyOp.AtomicAdd or "
+                                   f"pld.NotifyOp.Set, got {notify_op!r}")
+
+    def _wait_args(self, op, signal, offsets, expected, cmp):
+        w = self._window(op, signal, "signal")
+        byte, idx = self._cell(op, w, offsets)
+        if not isinstance(cmp, WaitCmp):
+            raise ProgramTypeError(f"{op} at {user_location(5)}: cmp= must be pld.WaitCmp.Eq or pld.WaitCmp.Ge, "
+                                   f"got {cmp!r}")
+        return w, byte, idx, as_int(expected, f"{op} expected"), cmp
+
+    def _wait(self, op, signal, offsets, expected, cmp):
+        self._block_until(*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
+
+    def _defer_wait(self, op, signal, offsets, expected, cmp):
+        cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
+        if self._deferred is None:
+            self._block_until(*cond)
+        elif len(self._deferred) >= 64:
+            raise KernelValueError(f"{op} at {cond[-1]}: a task may register at most 64 deferred waits")
+        else:
+            self._deferred.append(cond)
+
+    def _block_until(self, w: WindowTensor, byte: int, idx, expected: int, cmp: WaitCmp, loc) -> None:
+        sym = "==" if cmp is WaitCmp.Eq else ">="
+        what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {idx}"
+        self.status.set_waiting(self.rank, w.buffer.id, byte, int(cmp is WaitCmp.Ge), expected, str(loc), what)
+        while True:
+            ok, _ = self.memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, self.wait_slice_s)
+            if ok:
+                break
+        self.status.set_running(self.rank, self.task or "")
+
+    # -- remote memory access ---------------------------------------------------------
+    def _accumulate(self, op, t, dst: np.ndarray, sl, data, owner: int | None):
+        if t.dtype not in ATOMIC_ADD_DTYPES:
+            raise ProgramTypeError(f"{op} at {user_location(5)}: atomic add supports "
+                                   f"{', '.join(d.name for d in ATOMIC_ADD_DTYPES)}; {t.describe()} is {t.dtype.name}")
+        if owner is None:
+            dst[sl] += data
+            return
+        with self.memory.locked(owner):
+            dst[sl] += data
+
+    def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
+        w = self._window(op, target, "target")
+        p = self._peer(op, peer)
+        data = w.peer_array(p)[self._region(op, w, offsets, shape)].copy()
+        return Tile(self._valid_mask(data, valid_shape), w.dtype, valid_shape)
+
+    def _remote_store(self, op, tile, target, peer, offsets, atomic):
+        w = self._window(op, target, "target")
+        p = self._peer(op, peer)
+        data = self._tile_data(op, tile, w)
+        sl = self._region(op, w, offsets, data.shape)
+        if atomic is AtomicType.Add:
+            self._accumulate(op, w, w.peer_array(p), sl, data, p)
+        else:
+            w.peer_array(p)[sl] = data
+
+    def _transfer_regions(self, op, dst: RankTensor, src: RankTensor, dst_offsets, src_offsets, shape, chunk_rows,
+                          chunk_cols, pipeline):
+        if pipeline and (as_int(chunk_rows, "chunk_rows") <= 0 or as_int(chunk_cols, "chunk_cols") <= 0):
+            raise KernelValueError(f"{op} at {user_location(5)}: pipeline=True needs chunk_rows > 0 and "
+                                   f"chunk_cols > 0 (got chunk_rows={chunk_rows}, chunk_cols={chunk_cols})")
+        given = {"dst_offsets": dst_offsets, "src_offsets": src_offsets, "shape": shape}
+        missing = [k for k, v in given.items() if v is None]
+        if missing and len(missing) < 3:
+            raise KernelValueError(f"{op} at {user_location(5)}: dst_offsets, src_offsets and shape go together; "
+                                   f"{', '.join(missing)} missing")
+        if missing:
+            if dst.shape != src.shape:
+                raise KernelValueError(f"{op} at {user_location(5)}: without a region, src and dst must have the "
+                                       f"same shape; {src.describe()} vs {dst.describe()}. Give dst_offsets, "
+                                       "src_offsets and shape.")
+            whole = tuple(slice(None) for _ in dst.shape)
+            return whole, whole
+        return self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)
+
+    def _put(self, op, dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline):
+        w = self._window(op, dst, "dst")
+        p = self._peer(op, peer)
+        s = self._tensor(op, src, "src")
+        if s.dtype.np_dtype != w.dtype.np_dtype:
+            raise ProgramTypeError(f"{op} at {user_location(4)}: src {s.describe()} and dst {w.describe()} "
+                                   "have different dtypes")
+        dsl, ssl = self._transfer_regions(op, w, s, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
+                                          pipeline)
+        data = s.array[ssl]
+        if atomic is AtomicType.Add:
+            self._accumulate(op, w, w.peer_array(p), dsl, data, p)
+        else:
+            w.peer_array(p)[dsl] = data
+
+    def _get(self, op, dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline):
+        w = self._window(op, src, "src")
+        p = self._peer(op, peer)
+        d = self._tensor(op, dst, "dst")
+        if d.dtype.np_dtype != w.dtype.np_dtype:
+            raise ProgramTypeError(f"{op} at {user_location(4)}: dst {d.describe()} and src {w.describe()} "
+                                   "have different dtypes")
+        if not d.writable:
+            raise ProgramTypeError(f"{op} at {user_location(4)}: dst {d.describe()} is a read-only input; "
+                                   "annotate it pl.Out[...] or pl.InOut[...]")
+        dsl, ssl = self._transfer_regions(op, d, w, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
+                                          pipeline)
+        data = w.peer_array(p)[ssl]
+        if atomic is AtomicType.Add:
+            self._accumulate(op, d, d.array, dsl, data, d.rank if isinstance(d, WindowTensor) else None)
+        else:
+            d.array[dsl] = data
+
+
+class _Spmd:
+    """``pl.spmd(n)``: iterate block indices, or as a ``with`` block run each kernel call n times."""
+
+    def __init__(self, ctx: RankContext, n: int):
+        self.ctx, self.n = ctx, n
+
+    def __iter__(self):
+        for b in range(self.n):
+            self.ctx._block_idx = b
+            yield Scalar(b, dt.INDEX)
+        self.ctx._block_idx = 0
+
+    def __enter__(self):
+        self.ctx._spmd_blocks = self.n
+        return self.ctx._tasks_started
+
+    def __exit__(self, *exc):
+        self.ctx._spmd_blocks = 0
+        return False

@@ -1,0 +1,63 @@
+"""Tensors as a rank sees them: host tensor slices, private tensors, and windows.
+
+A :class:`RankTensor` is a typed numpy view plus a name for messages.  A
+:class:`WindowTensor` is a view of a symmetric window buffer: its ``array`` is
+the local rank's copy, ``peer_array(r)`` any other rank's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..language.dtypes import DataType
+
+
+class RankTensor:
+    """A tensor inside a rank (``.shape``, ``.dtype``; index it to drop leading dims)."""
+
+    def __init__(self, name: str, array: np.ndarray, dtype: DataType, writable: bool = True):
+        self.name = name
+        self.array = array
+        self.dtype = dtype
+        self.writable = writable
+
+    @property
+    def shape(self) -> list[int]:
+        return list(self.array.shape)
+
+    def describe(self) -> str:
+        return f"tensor '{self.name}' {self.shape} {self.dtype.name}"
+
+    def __getitem__(self, idx) -> RankTensor:
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        idx = tuple(i.__index__() if hasattr(i, "__index__") else i for i in idx)
+        return RankTensor(f"{self.name}[{', '.join(map(str, idx))}]", self.array[idx], self.dtype, self.writable)
+
+    def bind_dynamic(self, dim, dyn) -> None:
+        """Accepted for compatibility: dims bind from the actual shapes anyway."""
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+
+class WindowTensor(RankTensor):
+    """A window-bound tensor (``pld.DistributedTensor``) inside a rank."""
+
+    def __init__(self, name: str, buffer, shape: tuple, dtype: DataType, rank: int, world: int, peer_bytes):
+        self.buffer = buffer
+        self.rank = rank
+        self.world = world
+        self._peer_bytes = peer_bytes  # peer rank -> the buffer's raw bytes on that rank
+        self._shape = tuple(shape)
+        self._nbytes = int(np.prod(self._shape, dtype=np.int64)) * dtype.get_byte()
+        super().__init__(name, self._typed(peer_bytes(rank), dtype), dtype, True)
+
+    def _typed(self, raw: np.ndarray, dtype: DataType) -> np.ndarray:
+        return raw[:self._nbytes].view(dtype.np_dtype).reshape(self._shape)
+
+    def peer_array(self, peer: int) -> np.ndarray:
+        """Return this view's typed array on rank ``peer``."""
+        return self._typed(self._peer_bytes(peer), self.dtype)
+
+    def describe(self) -> str:
+        return f"window '{self.name}' {self.shape} {self.dtype.name} (buffer '{self.buffer.name}')"

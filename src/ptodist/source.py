@@ -1,0 +1,53 @@
+"""Locate the user's source line for an error or a status report.
+
+ptodist's own frames are skipped so that every message points at the line of
+the program that made the call, not at the library.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+@dataclass(frozen=True)
+class Location:
+    file: str
+    line: int
+    function: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    @property
+    def short(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+    def text(self) -> str:
+        """Return the stripped source text of the line, or '' when unavailable."""
+        import linecache
+
+        return linecache.getline(self.file, self.line).strip()
+
+
+def is_internal(filename: str) -> bool:
+    """Return True for a file of ptodist itself."""
+    return os.path.abspath(filename).startswith(_PKG_DIR) or filename.startswith("<frozen")
+
+
+def user_location(skip: int = 1) -> Location | None:
+    """Return the innermost calling frame that is not inside ptodist."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        fname = frame.f_code.co_filename
+        if not is_internal(fname):
+            return Location(fname, frame.f_lineno, frame.f_code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def where(loc: Location | None) -> str:
+    return f" at {loc}" if loc else ""
