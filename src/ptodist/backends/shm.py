@@ -27,13 +27,13 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import _atomics
+from ..check.hang import hang_report
 from ..compiler.plan import DispatchPlan
 from ..errors import HangError, PtodistError, RankError, RankFailure
 from ..language.types import Direction
 from ..runtime.rank import RankContext
 from ..source import is_internal
 from .base import DONE, FAILED, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
-from ..check.hang import hang_report
 
 ALIGN = 64
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
@@ -80,7 +80,7 @@ class ShmMemory:
         self.sleepers_addr = self.base + layout.sleepers
         self.status = StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)].view(STATUS_DTYPE))
         # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they sleep at once.
-        self.spin_s = 50e-6 if world < (os.cpu_count() or 1) else 2e-6
+        self.spin_s = 50e-6 if world <= (os.cpu_count() or 1) else 2e-6
 
     def _buffer_off(self, buffer_id: int, rank: int) -> int:
         return self.layout.windows + rank * self.layout.heap + self.layout.offsets[buffer_id]

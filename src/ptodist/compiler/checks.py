@@ -6,9 +6,12 @@ which only exist once a rank runs the per-device orchestration.
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 import types as pytypes
 
-from ..errors import ProgramError, ProgramTypeError, ShapeError, TaskArgsError
+from ..errors import ProgramError, ProgramTypeError, ProgramValueError, ShapeError, TaskArgsError
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar
 from ..language.types import DynDim, ParamSpec, TensorType
@@ -75,10 +78,51 @@ def _all_names(code) -> set[str]:
 
 
 def check_program_signatures(host: Function, extra=()) -> None:
-    """Check the TaskArgs order of every function the host can reach."""
+    """Check every function the host can reach: TaskArgs order, and put/get arguments in kernels."""
     for f in reachable_functions(host, extra):
         if f.kind in (Kind.KERNEL, Kind.ORCHESTRATION, Kind.SUBWORKER):
             check_task_args_order(f)
+        if f.kind is Kind.KERNEL:
+            lint_transfers(f)
+
+
+_REGION = ("dst_offsets", "src_offsets", "shape")
+
+
+def lint_transfers(fn: Function) -> None:
+    """Reject ``pld.tensor.put``/``get`` calls whose literal arguments can never be valid.
+
+    ``pipeline=True`` needs ``chunk_rows > 0`` and ``chunk_cols > 0``; the three region
+    arguments go together.  Only what the source states literally is judged here; the
+    rank context checks the computed values again when the call runs.
+    """
+    try:
+        source = textwrap.dedent(inspect.getsource(fn.fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                and node.func.attr in ("put", "get") and isinstance(node.func.value, ast.Attribute)
+                and node.func.value.attr == "tensor"):
+            continue
+        op = f"pld.tensor.{node.func.attr}"
+        where = f"{op} in {fn.kind.value} '{fn.name}' at {fn.file}:{fn.line + node.lineno - 1}"
+        kw = {k.arg: k.value for k in node.keywords if k.arg}
+        given = [name for i, name in enumerate(_REGION) if len(node.args) > 3 + i or name in kw]
+        if 0 < len(given) < 3:
+            missing = [n for n in _REGION if n not in given]
+            raise ProgramValueError(f"{where}: dst_offsets, src_offsets and shape go together; "
+                                    f"{', '.join(given)} given without {', '.join(missing)}.")
+        pipeline = kw.get("pipeline")
+        if isinstance(pipeline, ast.Constant) and pipeline.value is True:
+            for name in ("chunk_rows", "chunk_cols"):
+                value = kw.get(name)
+                if value is None or (isinstance(value, ast.Constant) and isinstance(value.value, int)
+                                     and value.value <= 0):
+                    shown = "not given" if value is None else f"{value.value}"
+                    raise ProgramValueError(f"{where}: pipeline=True needs chunk_rows > 0 and chunk_cols > 0; "
+                                            f"{name} is {shown}.")
 
 
 def value_kind(v) -> str:

@@ -20,7 +20,15 @@ from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
 from ..source import user_location
 from . import checks
-from .plan import WINDOW_ALIGN, DispatchPlan, HostTensorRef, HostTensorSpec, TaskSpec, WindowBuffer, WindowView
+from .plan import (
+    WINDOW_ALIGN,
+    DispatchPlan,
+    HostTensorRef,
+    HostTensorSpec,
+    TaskSpec,
+    WindowBuffer,
+    WindowView,
+)
 
 _ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=")
 
@@ -54,12 +62,14 @@ class PlanningContext(context.Context):
             if dtype is not None:
                 nbytes *= dtype.get_byte()
             elif nbytes == self.world and nbytes > 0:
-                warnings.warn(
-                    f"pld.alloc_window_buffer({nbytes}) at {loc}: the size is in bytes and equals the world "
-                    f"size ({self.world}); if you meant {nbytes} elements, use the shape form "
-                    f"pld.alloc_window_buffer([{nbytes}, 1], dtype=pl.INT32)",
-                    stacklevel=4,
-                )
+                message = (f"pld.alloc_window_buffer({nbytes}) at {loc}: the size is in bytes and equals the world "
+                           f"size ({self.world}); if you meant {nbytes} elements, use the shape form "
+                           f"pld.alloc_window_buffer([{nbytes}, 1], dtype=pl.INT32)")
+                # Attribute the warning to the user's line, not to ptodist's frames.
+                if loc is not None:
+                    warnings.warn_explicit(message, UserWarning, loc.file, loc.line)
+                else:
+                    warnings.warn(message, stacklevel=2)
         if nbytes <= 0:
             raise ProgramValueError(f"pld.alloc_window_buffer at {loc}: size must be positive, got {nbytes} bytes")
         if not name and loc is not None:

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 from enum import Enum
 
 from .. import context
 from ..errors import ProgramError
+from ..source import is_internal
 from .types import ParamSpec, spec_from_annotation
 
 
@@ -51,13 +53,16 @@ class Kind(Enum):
 class Function:
     """A program function of a given kind; call it like the Python function it wraps."""
 
-    def __init__(self, fn, kind: Kind, bound_self=None, options: dict | None = None):
+    def __init__(self, fn, kind: Kind, bound_self=None, options: dict | None = None, scope: dict | None = None):
         if not callable(fn):
             raise TypeError(f"a program function must wrap a Python function, got {fn!r}")
         self.fn = fn
         self.kind = kind
         self.bound_self = bound_self
         self.options = dict(options or {})
+        # Names visible where the function was defined (a factory's locals such as `nr`), for
+        # string annotations (`from __future__ import annotations`) that closures do not capture.
+        self.scope = scope if scope is not None else {}
         functools.update_wrapper(self, fn)
         self._params: list[ParamSpec] | None = None
 
@@ -85,14 +90,14 @@ class Function:
         # Class form: `self.kernel(...)` binds the program instance like a method.
         if instance is None or self.bound_self is not None:
             return self
-        return Function(self.fn, self.kind, instance, self.options)
+        return Function(self.fn, self.kind, instance, self.options, self.scope)
 
     # -- signature ------------------------------------------------------------
     @property
     def params(self) -> list[ParamSpec]:
         """Return the parameter specs, from annotations evaluated with closure constants."""
         if self._params is None:
-            self._params = _param_specs(self.fn, skip_self=self._takes_self())
+            self._params = _param_specs(self.fn, self._takes_self(), self.scope)
         return self._params
 
     def _takes_self(self) -> bool:
@@ -123,7 +128,8 @@ class Function:
     def __call__(self, *args, device=None, config=None, **kwargs):
         if config is not None:
             if self.kind is not Kind.HOST:
-                raise ProgramError(f"config= is accepted only by a host orchestrator; '{self.name}' is a {self.kind.value}")
+                raise ProgramError(f"config= is accepted only by a host orchestrator; '{self.name}' "
+                                   f"({self.location}) is not one (its kind: {self.kind.value})")
             return self.compile(*args, config=config)(*args)
         if self.kind is Kind.INLINE:
             return self.invoke(*args, **kwargs)
@@ -135,8 +141,8 @@ class Function:
 
         if self.kind is not Kind.HOST:
             raise ProgramError(
-                f"'{self.name}' is a {self.kind.value}; compile the host orchestrator "
-                "(the @pl.jit.host function that dispatches it with device=r)"
+                f"'{self.name}' ({self.location}) is not a host orchestrator (its kind: {self.kind.value}); "
+                "compile the host orchestrator (the @pl.jit.host function that dispatches it with device=r)"
             )
         return CompiledProgram.build(self, config=config, example_args=args)
 
@@ -152,9 +158,24 @@ def _closure_namespace(fn) -> dict:
     return ns
 
 
-def _param_specs(fn, skip_self: bool) -> list[ParamSpec]:
+def _defining_scope(depth: int = 2) -> dict:
+    """Return the locals of the user frames a function is being defined in (class body, then factory)."""
+    scope: dict = {}
+    frame = sys._getframe(depth)
+    for _ in range(2):
+        while frame is not None and is_internal(frame.f_code.co_filename):
+            frame = frame.f_back
+        if frame is None or frame.f_globals is frame.f_locals:
+            break  # module level: its names are the function's globals already
+        for k, v in frame.f_locals.items():
+            scope.setdefault(k, v)
+        frame = frame.f_back
+    return scope
+
+
+def _param_specs(fn, skip_self: bool, scope: dict) -> list[ParamSpec]:
     try:
-        anns = inspect.get_annotations(fn, eval_str=True, locals=_closure_namespace(fn))
+        anns = inspect.get_annotations(fn, eval_str=True, locals={**scope, **_closure_namespace(fn)})
     except NameError as e:
         raise ProgramError(
             f"cannot evaluate the annotations of {fn.__name__}() at "
@@ -172,8 +193,8 @@ def _param_specs(fn, skip_self: bool) -> list[ParamSpec]:
 
 def _decorator(kind: Kind, fn=None, **options):
     if fn is None:
-        return lambda f: Function(f, kind, options=options)
-    return Function(fn, kind, options=options)
+        return lambda f: Function(f, kind, options=options, scope=_defining_scope())
+    return Function(fn, kind, options=options, scope=_defining_scope())
 
 
 class _Jit:
@@ -221,8 +242,11 @@ class Program:
         self.name = cls.__name__
         self.instance = cls.__new__(cls)
         self.functions: dict[str, Function] = {}
+        outer = _defining_scope(3)
         for name, value in vars(cls).items():
             if isinstance(value, Function):
+                for k, v in outer.items():
+                    value.scope.setdefault(k, v)
                 self.functions[name] = value.__get__(self.instance, cls)
         hosts = [f for f in self.functions.values() if f.kind is Kind.HOST]
         if len(hosts) != 1:

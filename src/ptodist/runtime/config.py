@@ -93,7 +93,8 @@ class RunConfig:
                               f"got {type(self.distributed_config).__name__}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(f"RunConfig(backend={self.backend!r}): available backends are {', '.join(BACKENDS)}")
-        if self.hang_timeout_s is not None and not self.hang_timeout_s > 0:
+        t = self.hang_timeout_s
+        if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
             raise ConfigError(f"RunConfig(hang_timeout_s={self.hang_timeout_s!r}): must be a positive number of "
                               "seconds")
 
@@ -116,8 +117,8 @@ class RunConfig:
                 value = float(env)
             except ValueError:
                 raise ConfigError(f"PTODIST_HANG_TIMEOUT={env!r}: must be a number of seconds") from None
-            if value <= 0:
-                raise ConfigError(f"PTODIST_HANG_TIMEOUT={env!r}: must be positive")
+            if not value > 0:  # also refuses nan, which would disable hang detection
+                raise ConfigError(f"PTODIST_HANG_TIMEOUT={env!r}: must be a positive number of seconds")
             return value
         return DEFAULT_HANG_TIMEOUT_S
 

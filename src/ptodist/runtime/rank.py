@@ -39,6 +39,7 @@ class RankContext(context.Context):
         self.device_id = plan.device_ids[rank]
         self.memory = memory
         self.status = memory.status
+        self._progress = memory.status.progress_counter(rank)
         self.host_arrays = host_arrays
         self.wait_slice_s = wait_slice_s
         self.task: str | None = None
@@ -75,7 +76,10 @@ class RankContext(context.Context):
         if isinstance(arg, HostTensorRef):
             spec_t = arg.tensor
             array = self.host_arrays[spec_t.index][arg.index] if arg.index else self.host_arrays[spec_t.index]
-            return RankTensor(arg.name, array, spec_t.dtype, writable=spec_t.direction is not Direction.IN)
+            if spec_t.direction is Direction.IN:
+                return RankTensor(arg.name, array, spec_t.dtype, False,
+                                  f"it is an input (pl.Tensor) of the host orchestrator (parameter '{spec_t.name}')")
+            return RankTensor(arg.name, array, spec_t.dtype)
         if isinstance(arg, WindowView):
             buf = arg.buffer
             return WindowTensor(spec.name if spec.kind == "tensor" else buf.name, buf, arg.shape, arg.dtype,
@@ -109,6 +113,11 @@ class RankContext(context.Context):
         bindings: dict = {}
         for i, (spec, v) in enumerate(zip(fn.params, values)):
             checks.check_arg(fn, spec, v, loc, self.world, bindings)
+            if spec.kind == "tensor" and spec.direction is Direction.IN and v.writable \
+                    and not isinstance(v, WindowTensor):
+                # A pl.Tensor parameter is an input of this kernel: a store into it is a bug, not an output.
+                v = v.read_only(f"it is parameter '{spec.name}' of {fn.kind.value} '{fn.name}' ({fn.location}), "
+                                f"declared {spec.type_name}, an input")
             values[i] = self._scalar_for(spec, v)
         blocks = self._spmd_blocks or 1
         result = None
@@ -187,7 +196,7 @@ class RankContext(context.Context):
 
     # -- memory operations ----------------------------------------------------------
     def memory_op(self, name, *args):
-        self.status.step(self.rank)
+        self._progress.value += 1  # the driver's hang detector watches this word
         return self._ops[name](name, *args)
 
     def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
@@ -263,9 +272,10 @@ class RankContext(context.Context):
 
     def _writable(self, op: str, t: RankTensor) -> None:
         if not t.writable:
+            why = t.readonly_why or "it is an input (pl.Tensor)"
             raise ProgramTypeError(
-                f"{op} at {user_location(5)}: {t.describe()} is an input (pl.Tensor) of the host orchestrator and "
-                "is read-only. Annotate it pl.Out[...] or pl.InOut[...] where it is declared.")
+                f"{op} at {user_location(4)}: {t.describe()} is read-only: {why}. If it is written, annotate "
+                "it pl.Out[...] or pl.InOut[...] where it is declared; otherwise write to an output instead.")
 
     def _store(self, op, tile, offsets, tensor, atomic):
         t = self._tensor(op, tensor, "output_tensor")
@@ -305,7 +315,7 @@ class RankContext(context.Context):
     def _slice(self, op, tensor, shape, offset):
         t = self._tensor(op, tensor)
         sl = self._region(op, t, offset, shape)
-        return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable)
+        return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable, t.readonly_why)
 
     def _create_tensor(self, op, shape, dtype):
         return RankTensor("pl.create_tensor", np.zeros(shape, dtype=dtype.np_dtype), dtype)
@@ -315,9 +325,21 @@ class RankContext(context.Context):
         if w.dtype is not dt.INT32:
             raise ProgramTypeError(f"{op} at {user_location(5)}: signal cells are INT32, but {w.describe()} is "
                                    f"{w.dtype.name}. Use a separate INT32 window for signals.")
-        idx = list(self._flat_index(op, w, offsets if isinstance(offsets, (list, tuple)) else [offsets]))
-        flat = int(np.ravel_multi_index(idx, w.shape))
-        return flat * 4, idx
+        if not isinstance(offsets, (list, tuple)):
+            offsets = [offsets]
+        shape = w.array.shape
+        flat = 0
+        try:
+            # Hot path of every notify/wait: plain integer arithmetic, no numpy calls.
+            for o, b in zip(offsets, shape, strict=True):
+                i = o.__index__()
+                if not 0 <= i < b:
+                    raise IndexError
+                flat = flat * b + i
+        except (ValueError, IndexError, AttributeError, TypeError):
+            self._flat_index(op, w, offsets)  # raises the full, explained error
+            raise
+        return flat * 4, offsets
 
     def _notify(self, op, target, peer, offsets, value, notify_op):
         w = self._window(op, target, "target")
@@ -341,7 +363,7 @@ class RankContext(context.Context):
         return w, byte, idx, as_int(expected, f"{op} expected"), cmp
 
     def _wait(self, op, signal, offsets, expected, cmp):
-        self._block_until(*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
+        self._block_until(*self._wait_args(op, signal, offsets, expected, cmp), None)
 
     def _defer_wait(self, op, signal, offsets, expected, cmp):
         cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
@@ -353,13 +375,15 @@ class RankContext(context.Context):
             self._deferred.append(cond)
 
     def _block_until(self, w: WindowTensor, byte: int, idx, expected: int, cmp: WaitCmp, loc) -> None:
-        sym = "==" if cmp is WaitCmp.Eq else ">="
-        what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {idx}"
-        self.status.set_waiting(self.rank, w.buffer.id, byte, int(cmp is WaitCmp.Ge), expected, str(loc), what)
-        while True:
-            ok, _ = self.memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, self.wait_slice_s)
-            if ok:
-                break
+        ge = cmp is WaitCmp.Ge
+        # Fast path: satisfied at once or within the backend's spin; nothing to publish.
+        if self.memory.cell_wait(w.buffer.id, byte, ge, expected, 0.0)[0]:
+            return
+        loc = loc or user_location(4)
+        what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
+        self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what)
+        while not self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)[0]:
+            pass
         self.status.set_running(self.rank, self.task or "")
 
     # -- remote memory access ---------------------------------------------------------
@@ -430,9 +454,7 @@ class RankContext(context.Context):
         if d.dtype.np_dtype != w.dtype.np_dtype:
             raise ProgramTypeError(f"{op} at {user_location(4)}: dst {d.describe()} and src {w.describe()} "
                                    "have different dtypes")
-        if not d.writable:
-            raise ProgramTypeError(f"{op} at {user_location(4)}: dst {d.describe()} is a read-only input; "
-                                   "annotate it pl.Out[...] or pl.InOut[...]")
+        self._writable(op, d)
         dsl, ssl = self._transfer_regions(op, d, w, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
                                           pipeline)
         data = w.peer_array(p)[ssl]

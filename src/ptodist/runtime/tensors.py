@@ -15,11 +15,17 @@ from ..language.dtypes import DataType
 class RankTensor:
     """A tensor inside a rank (``.shape``, ``.dtype``; index it to drop leading dims)."""
 
-    def __init__(self, name: str, array: np.ndarray, dtype: DataType, writable: bool = True):
+    def __init__(self, name: str, array: np.ndarray, dtype: DataType, writable: bool = True,
+                 readonly_why: str = ""):
         self.name = name
         self.array = array
         self.dtype = dtype
         self.writable = writable
+        self.readonly_why = readonly_why  # for messages: which declaration made it read-only
+
+    def read_only(self, why: str) -> RankTensor:
+        """Return a read-only view of this tensor; ``why`` names the declaration that makes it so."""
+        return RankTensor(self.name, self.array, self.dtype, False, why)
 
     @property
     def shape(self) -> list[int]:
@@ -31,7 +37,8 @@ class RankTensor:
     def __getitem__(self, idx) -> RankTensor:
         idx = idx if isinstance(idx, tuple) else (idx,)
         idx = tuple(i.__index__() if hasattr(i, "__index__") else i for i in idx)
-        return RankTensor(f"{self.name}[{', '.join(map(str, idx))}]", self.array[idx], self.dtype, self.writable)
+        return RankTensor(f"{self.name}[{', '.join(map(str, idx))}]", self.array[idx], self.dtype, self.writable,
+                          self.readonly_why)
 
     def bind_dynamic(self, dim, dyn) -> None:
         """Accepted for compatibility: dims bind from the actual shapes anyway."""

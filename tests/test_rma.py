@@ -1,0 +1,193 @@
+"""Remote memory access and signals: regions, atomics, and the errors a user sees for misuse."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RankError, ir
+from ptodist.errors import KernelIndexError, ProgramTypeError, ProgramValueError
+
+N = 8
+
+
+def compile_body(body, nr: int = 2, dtype=pl.FP32):
+    """Compile a program whose kernel is `body(x, y, win, sig, me, n)` on windows [nr, N] and signals [nr, 1]."""
+
+    @pl.program
+    class Prog:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, x: pl.Tensor[[nr, N], dtype], y: pl.Out[pl.Tensor[[nr, N], dtype]],
+              win: pl.InOut[pld.DistributedTensor[[nr, N], dtype]],
+              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            ctx = pld.get_comm_ctx(win)
+            body(x, y, win, sig, pld.rank(ctx), pld.nranks(ctx))
+            return y
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[nr, N], dtype], y: pl.Out[pl.Tensor[[nr, N], dtype]],
+                 win: pl.InOut[pld.DistributedTensor[[nr, N], dtype]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            return self.k(x, y, win, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, nr, N], dtype], y: pl.Out[pl.Tensor[[nr, nr, N], dtype]]):
+            wbuf = pld.alloc_window_buffer([nr, N], dtype=dtype)
+            sbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], y[r], pld.window(wbuf, [nr, N], dtype=dtype),
+                          pld.window(sbuf, [nr, 1], dtype=pl.INT32), device=r)
+            return y
+
+    return ir.compile(Prog, distributed_config=DistributedConfig(device_ids=list(range(nr))))
+
+
+def barrier(sig, me, n):
+    for p in pl.range(n):
+        pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    for p in pl.range(n):
+        pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
+
+
+def test_put_and_get_with_regions():
+    # Rank r puts its row r into row r of every peer's window, then gets the peers' rows back.
+    def body(x, y, win, sig, me, n):
+        for p in pl.range(n):
+            pld.tensor.put(win, p, x, [me, 0], [me, 0], [1, N])
+        barrier(sig, me, n)
+        for p in pl.range(n):
+            pld.tensor.get(y, p, win, [p, 0], [p, 0], [1, N])
+
+    x = np.random.default_rng(0).standard_normal((3, 3, N)).astype(np.float32)
+    y = compile_body(body, 3)(x)
+    for r in range(3):
+        for p in range(3):
+            np.testing.assert_array_equal(y[r, p], x[p, p])
+
+
+def test_atomic_put_accumulates_from_every_rank():
+    def body(x, y, win, sig, me, n):
+        for p in pl.range(n):
+            pld.tensor.put(win, p, x, atomic=pld.AtomicType.Add)
+        barrier(sig, me, n)
+        pl.store(pl.load(win, [0, 0], [n, N]), [0, 0], y)
+
+    x = np.arange(4 * 4 * N, dtype=np.int32).reshape(4, 4, N)
+    y = compile_body(body, 4, pl.INT32)(x)
+    for r in range(4):
+        np.testing.assert_array_equal(y[r], x.sum(axis=0))
+
+
+def test_atomic_add_rejects_unsupported_dtypes():
+    def body(x, y, win, sig, me, n):
+        pld.tensor.put(win, 0, x, atomic=pld.AtomicType.Add)
+
+    x = np.zeros((2, 2, N), np.int64)
+    with pytest.raises(RankError) as info:
+        compile_body(body, 2, pl.INT64)(x)
+    assert isinstance(info.value.original, ProgramTypeError)
+    assert "atomic add supports FP32, FP16, BF16, INT32, INT16, INT8" in str(info.value)
+    assert "is INT64" in str(info.value)
+
+
+def test_partial_region_is_rejected_before_running():
+    def make():
+        @pl.program
+        class Bad:
+            @pl.function(type=pl.FunctionType.InCore)
+            def k(self, x: pl.Tensor[[1, N], pl.FP32], win: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+                pld.tensor.put(win, 0, x, [0, 0], shape=[1, N])
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def chip(self, x: pl.Tensor[[1, N], pl.FP32], win: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+                self.k(x, win)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[2, 1, N], pl.FP32]):
+                b = pld.alloc_window_buffer([1, N], dtype=pl.FP32)
+                for r in pl.range(pld.world_size()):
+                    self.chip(x[r], pld.window(b, [1, N], dtype=pl.FP32), device=r)
+
+        return Bad
+
+    with pytest.raises(ProgramValueError) as info:
+        ir.compile(make(), distributed_config=DistributedConfig(device_ids=[0, 1]))
+    msg = str(info.value)
+    assert "pld.tensor.put in kernel 'k' at" in msg and "test_rma.py" in msg
+    assert "dst_offsets, src_offsets and shape go together; dst_offsets, shape given without src_offsets" in msg
+
+
+def test_pipeline_without_chunks_is_rejected_before_running():
+    @pl.jit.incore
+    def k(x: pl.Tensor[[1, N], pl.FP32], win: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+        pld.tensor.put(win, 0, x, pipeline=True, chunk_rows=1)
+
+    @pl.jit
+    def chip(x: pl.Tensor[[1, N], pl.FP32], win: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+        k(x, win)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[2, 1, N], pl.FP32]):
+        b = pld.alloc_window_buffer([1, N], dtype=pl.FP32)
+        for r in pl.range(pld.world_size()):
+            chip(x[r], pld.window(b, [1, N], dtype=pl.FP32), device=r)
+
+    with pytest.raises(ValueError, match=r"pipeline=True needs chunk_rows > 0 and chunk_cols > 0; chunk_cols is "
+                                         r"not given"):
+        host.compile(config=None)
+
+
+def test_remote_load_out_of_bounds_names_everything():
+    def body(x, y, win, sig, me, n):
+        pld.tile.remote_load(win, 0, [1, 4], [1, N])
+
+    with pytest.raises(RankError) as info:
+        compile_body(body, 2)(np.zeros((2, 2, N), np.float32))
+    assert isinstance(info.value.original, KernelIndexError)
+    msg = str(info.value)
+    assert "pld.tile.remote_load at" in msg and "test_rma.py" in msg
+    assert "out of bounds on window 'win' [2, 8] FP32" in msg
+    assert "offsets [1, 4] with shape [1, 8] reach [4, 12) in dimension 1, whose bounds are [0, 8)" in msg
+
+
+def test_notify_on_a_data_window_is_a_type_error():
+    def body(x, y, win, sig, me, n):
+        pld.system.notify(win, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+    with pytest.raises(RankError) as info:
+        compile_body(body, 2)(np.zeros((2, 2, N), np.float32))
+    assert "signal cells are INT32, but window 'win' [2, 8] FP32" in str(info.value)
+
+
+def test_notify_peer_out_of_range_gives_the_modulo_hint():
+    def body(x, y, win, sig, me, n):
+        pld.system.notify(sig, (me - 1) % n, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+    with pytest.raises(RankError) as info:
+        compile_body(body, 2)(np.zeros((2, 2, N), np.float32))
+    assert info.value.rank == 0
+    assert "peer -1 is outside [0, 2)" in str(info.value)
+    assert "(r - 1 + n) % n" in str(info.value)
+
+
+def test_set_overwrites_and_eq_waits_for_an_exact_value():
+    # Rank 1 sets rank 0's cell to 7; rank 0 waits for == 7 and records what it saw.
+    def body(x, y, win, sig, me, n):
+        if me == 1:
+            pld.system.notify(sig, 0, [1, 0], 7, op=pld.NotifyOp.Set)
+        else:
+            pld.system.wait(sig, [1, 0], 7, cmp=pld.WaitCmp.Eq)
+            pl.write(y, [0, 0], pl.read(sig, [1, 0]))
+
+    y = compile_body(body, 2, pl.INT32)(np.zeros((2, 2, N), np.int32))
+    assert y[0, 0, 0] == 7
+
+
+def test_windows_start_zeroed():
+    def body(x, y, win, sig, me, n):
+        pl.store(pl.load(win, [0, 0], [n, N]), [0, 0], y)
+
+    y = compile_body(body, 2)(np.ones((2, 2, N), np.float32))
+    assert not y.any()

@@ -1,0 +1,679 @@
+"""Static pitfalls (SPEC §8.2 and the static rows of §8.1/§8.3) are reported before any rank starts.
+
+An autouse fixture replaces the backend's ``run`` with one that fails the
+test, so every error asserted here provably comes from the compiler's checks,
+never from a rank.  Messages are checked for what went wrong, where (function,
+parameter, file:line), why, and the fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+import warnings
+
+import numpy as np
+import pytest
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig, ir
+from ptodist.backends.shm import ShmBackend
+from ptodist.errors import (
+    ConfigError,
+    ProgramError,
+    ProgramTypeError,
+    ProgramValueError,
+    ShapeError,
+    TaskArgsError,
+)
+
+NR = pl.dynamic("NR")
+FILE = __file__
+
+
+@pytest.fixture(autouse=True)
+def no_rank_may_start(monkeypatch):
+    def refuse(self, plan, host_arrays, config):
+        raise AssertionError("the backend was asked to start ranks: the check must fire before that")
+
+    monkeypatch.setattr(ShmBackend, "run", refuse)
+
+
+def cfg(*device_ids: int) -> RunConfig:
+    return RunConfig(distributed_config=DistributedConfig(device_ids=list(device_ids)))
+
+
+def zeros(*shape, dtype=np.float32):
+    return np.zeros(shape, dtype=dtype)
+
+
+def line_of(fn, text: str) -> int:
+    lines, start = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)
+    for i, line in enumerate(lines):
+        if text in line:
+            return start + i
+    raise AssertionError(f"{text!r} not in {fn}")
+
+
+# ---------------------------------------------------------------------------
+# §8.2: a scalar parameter before a tensor parameter
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.incore
+def good_kernel(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], r: pl.Scalar[pl.INT32]):
+    pass
+
+
+@pl.jit
+def scalar_first_rank(r: pl.Scalar[pl.INT32], x: pl.Tensor[[1, 8], pl.FP32],
+                      y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+    good_kernel(x, y, r)
+
+
+@pl.jit.host
+def scalar_first_host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        scalar_first_rank(r, x[r], y[r], device=r)
+
+
+def test_scalar_before_tensor_in_the_dispatched_function_decorator_form():
+    with pytest.raises(TaskArgsError) as info:
+        scalar_first_host.compile(config=cfg(0, 1))
+    msg = str(info.value)
+    assert isinstance(info.value, TypeError)
+    assert msg.startswith("TaskArgs: cannot add tensor after scalar: ")
+    assert f"in orchestration 'scalar_first_rank' ({FILE}:{scalar_first_rank.line})" in msg
+    assert "tensor parameter 'x' comes after scalar parameter 'r'" in msg
+    assert "The runtime packs all tensors before all scalars" in msg
+    assert "move the scalar parameters ('r', ...) after the tensor parameters, and the arguments likewise" in msg
+
+
+def test_scalar_before_tensor_is_found_when_calling_the_host_directly():
+    with pytest.raises(TaskArgsError, match=r"^TaskArgs: cannot add tensor after scalar: in orchestration "
+                                            r"'scalar_first_rank'"):
+        scalar_first_host(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+@pl.jit.incore
+def scalar_first_kernel(x: pl.Tensor[[1, 8], pl.FP32], n: pl.Scalar[pl.INDEX],
+                        y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit
+def calls_scalar_first_kernel(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+    scalar_first_kernel(x, 3, y)
+
+
+@pl.jit.host
+def reaches_scalar_first_kernel(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        calls_scalar_first_kernel(x[r], y[r], device=r)
+
+
+def test_scalar_before_tensor_in_a_kernel_reached_only_from_the_orchestration():
+    with pytest.raises(TaskArgsError) as info:
+        reaches_scalar_first_kernel.compile(config=cfg(0, 1))
+    msg = str(info.value)
+    assert f"in kernel 'scalar_first_kernel' ({FILE}:{scalar_first_kernel.line})" in msg
+    assert "tensor parameter 'y' comes after scalar parameter 'n'" in msg
+
+
+def make_scalar_first_in_a_factory(nr):
+    @pl.jit.incore
+    def inner_kernel(r: pl.Scalar[pl.INT32], y: pl.Out[pl.Tensor[[1, nr], pl.FP32]]):
+        pass
+
+    @pl.jit
+    def inner_rank(y: pl.Out[pl.Tensor[[1, nr], pl.FP32]], r: pl.Scalar[pl.INT32]):
+        inner_kernel(r, y)
+
+    @pl.jit.host
+    def inner_host(y: pl.Out[pl.Tensor[[nr, 1, nr], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            inner_rank(y[r], r, device=r)
+
+    return inner_host
+
+
+def test_scalar_before_tensor_in_a_kernel_held_in_a_closure():
+    with pytest.raises(TaskArgsError, match=r"in kernel 'inner_kernel' \(.*\), tensor parameter 'y' comes after "
+                                            r"scalar parameter 'r'"):
+        make_scalar_first_in_a_factory(2).compile(config=cfg(0, 1))
+
+
+def make_class_program(kernel_scalar_first: bool):
+    if kernel_scalar_first:
+        @pl.program
+        class ScalarFirst:
+            @pl.function(type=pl.FunctionType.InCore)
+            def kernel(self, r: pl.Scalar[pl.INT32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                pass
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def chip(self, y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], r: pl.Scalar[pl.INT32]):
+                self.kernel(r, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.chip(y[r], r, device=r)
+
+        return ScalarFirst
+
+    @pl.program
+    class ScalarFirstChip:
+        @pl.function(type=pl.FunctionType.InCore)
+        def kernel(self, y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], r: pl.Scalar[pl.INT32]):
+            pass
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, r: pl.Scalar[pl.INT32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+            self.kernel(y, r)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+            for r in pl.range(pld.world_size()):
+                self.chip(r, y[r], device=r)
+
+    return ScalarFirstChip
+
+
+@pytest.mark.parametrize("in_kernel, fn_desc", [(True, "kernel 'kernel'"), (False, "orchestration 'chip'")])
+def test_scalar_before_tensor_class_form(in_kernel, fn_desc):
+    prog = make_class_program(in_kernel)
+    with pytest.raises(TaskArgsError) as info:
+        ir.compile(prog, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=[0, 1]))
+    msg = str(info.value)
+    assert msg.startswith("TaskArgs: cannot add tensor after scalar: ")
+    assert re.search(rf"in {fn_desc} \({re.escape(FILE)}:\d+\), tensor parameter 'y' comes after scalar "
+                     r"parameter 'r'", msg), msg
+
+
+# ---------------------------------------------------------------------------
+# §8.2: dispatch coverage and device= range
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def copy_rank(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit.host
+def dispatches_two(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(2):
+        copy_rank(x[r], y[r], device=r)
+
+
+def test_dispatch_loop_shorter_than_the_world_names_the_missing_ranks():
+    with pytest.raises(ProgramError) as info:
+        dispatches_two(zeros(4, 1, 8), config=cfg(0, 1, 4, 5))
+    msg = str(info.value)
+    assert f"host orchestrator 'dispatches_two' ({FILE}:{dispatches_two.line})" in msg
+    assert "dispatched ranks [0, 1] but never ranks [2, 3] (devices [4, 5])" in msg
+    assert "world = len(device_ids) = 4" in msg
+    assert "write `for r in pl.range(pld.world_size()):`" in msg
+
+
+@pl.jit.host
+def dispatches_nothing(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    pass
+
+
+def test_host_that_dispatches_nothing():
+    with pytest.raises(ProgramError, match=r"host orchestrator 'dispatches_nothing' \(.*\) dispatched nothing: "
+                                           r"call the per-device function with device=r for every rank"):
+        dispatches_nothing(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+@pl.jit.host
+def dispatches_past_the_end(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[r], y[r], device=r + 1)
+
+
+def test_device_out_of_range_names_value_range_and_line():
+    with pytest.raises(ProgramValueError) as info:
+        dispatches_past_the_end(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    line = line_of(dispatches_past_the_end, "device=r + 1")
+    assert msg.startswith(f"copy_rank(..., device=2) at {FILE}:{line}: ")
+    assert "device= is a logical rank index and must be in [0, 2) (world = len(device_ids) = 2)" in msg
+    assert "Loop with `for r in pl.range(pld.world_size())`" in msg
+
+
+@pl.jit.host
+def dispatches_by_device_id(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r, dev in enumerate([4, 5]):
+        copy_rank(x[r], y[r], device=dev)
+
+
+def test_device_given_as_a_device_id_is_explained():
+    with pytest.raises(ProgramValueError, match=r"device=4\) at .*must be in \[0, 2\).*device ids \[4, 5\] are "
+                                                r"mapped from rank indices"):
+        dispatches_by_device_id(zeros(2, 1, 8), config=cfg(4, 5))
+
+
+@pl.jit.host
+def dispatches_without_device(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[r], y[r])
+
+
+def test_dispatch_without_device_says_to_add_it():
+    with pytest.raises(ProgramError, match=r"copy_rank\(\) at .*test_static_checks.py:\d+: a per-device function "
+                                           r"called from the host needs device=r"):
+        dispatches_without_device(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+# ---------------------------------------------------------------------------
+# §8.3 step 03: DistributedTensor vs Tensor
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def wants_plain(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit.host
+def gives_window_to_plain(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        w = pld.window(buf, [1, 8], dtype=pl.FP32)
+        wants_plain(w, y[r], device=r)
+
+
+def test_window_given_to_a_tensor_parameter():
+    with pytest.raises(ProgramTypeError) as info:
+        gives_window_to_plain(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    call_line = line_of(gives_window_to_plain, "wants_plain(w")
+    assert msg.startswith(f"wants_plain() parameter 'x' (declared pl.Tensor[[1, 8], pl.FP32] at "
+                          f"{FILE}:{wants_plain.line}), called at {FILE}:{call_line}: ")
+    assert "expected pl.Tensor but got a window (pld.DistributedTensor[1, 8] FP32)" in msg
+    assert "Annotate the parameter as pld.DistributedTensor[...]" in msg
+
+
+@pl.jit
+def wants_window(x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit.host
+def gives_plain_to_window(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        wants_window(x[r], y[r], device=r)
+
+
+def test_tensor_given_to_a_distributed_tensor_parameter():
+    with pytest.raises(ProgramTypeError) as info:
+        gives_plain_to_window(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    assert msg.startswith("wants_window() parameter 'data' (declared pl.InOut[pld.DistributedTensor[[1, 8], "
+                          "pl.FP32]]")
+    assert "expected pld.DistributedTensor (a window-bound tensor) but got a tensor (pl.Tensor[1, 8] FP32)" in msg
+    assert "pass pld.window(buf, shape, dtype=...) here" in msg
+
+
+@pl.jit.host
+def gives_scalar_to_tensor(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        wants_plain(r, y[r], device=r)
+
+
+def test_scalar_given_to_a_tensor_parameter():
+    with pytest.raises(ProgramTypeError, match=r"wants_plain\(\) parameter 'x' .*: expected a tensor, got a scalar "
+                                               r"\(Scalar\(0, INDEX\)\)"):
+        gives_scalar_to_tensor(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+@pl.jit.host
+def gives_wrong_dtype(x: pl.Tensor[[NR, 1, 8], pl.INT32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        wants_plain(x[r], y[r], device=r)
+
+
+def test_dtype_mismatch_at_dispatch():
+    with pytest.raises(ProgramTypeError, match=r"wants_plain\(\) parameter 'x' .*: dtype mismatch: the argument is "
+                                               r"INT32, the annotation says FP32"):
+        gives_wrong_dtype(zeros(2, 1, 8, dtype=np.int32), config=cfg(0, 1))
+
+
+# ---------------------------------------------------------------------------
+# §8.1 / §8.3 step 07: hard-coded rank counts and pl.dynamic binding
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.host
+def hard_coded_four(x: pl.Tensor[[4, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[r], y[r], device=r)
+
+
+def test_host_shape_hard_coding_the_rank_count_suggests_pl_dynamic():
+    with pytest.raises(ShapeError) as info:
+        hard_coded_four(zeros(2, 1, 8), config=cfg(0, 1))
+    e = info.value
+    assert isinstance(e, ValueError)
+    msg = str(e)
+    assert msg.startswith(f"hard_coded_four() parameter 'x' (declared pl.Tensor[[4, 1, 8], pl.FP32] at "
+                          f"{FILE}:{hard_coded_four.line})")
+    assert "shape mismatch in dimension 0: the annotation [4, 1, 8] fixes it at 4, the argument has 2 " \
+           "(shape [2, 1, 8])" in msg
+    assert "The argument's size 2 is the world size: the annotation hard-codes a rank count" in msg
+    assert 'Use NR = pl.dynamic("NR") for dimension 0 so one program runs at any P' in msg
+
+
+def test_shape_mismatch_not_at_the_world_size_has_no_rank_hint():
+    with pytest.raises(ShapeError) as info:
+        hard_coded_four(zeros(4, 1, 6), config=cfg(0, 1, 2, 3))
+    msg = str(info.value)
+    assert "shape mismatch in dimension 2: the annotation [4, 1, 8] fixes it at 8, the argument has 6" in msg
+    assert "pl.dynamic" not in msg
+
+
+def test_shape_rank_count_mismatch_names_dims():
+    with pytest.raises(ShapeError, match=r"parameter 'x' .*: the argument has shape \[4, 8\] \(2 dims\) but the "
+                                         r"annotation \[4, 1, 8\] has 3 dims"):
+        hard_coded_four(zeros(4, 8), config=cfg(0, 1, 2, 3))
+
+
+def test_dynamic_name_bound_inconsistently_on_the_host():
+    with pytest.raises(ShapeError) as info:
+        dispatches_two(zeros(2, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    assert msg.startswith("dispatches_two() parameter 'y' (declared pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]")
+    assert "dimension 0 is pl.dynamic('NR') = 3 here, but 'NR' was bound to 2 by dispatches_two() parameter 'x'" \
+        in msg
+    assert "all uses of one name must agree" in msg
+
+
+M = pl.dynamic("M")
+
+
+@pl.jit
+def two_windows(a: pl.InOut[pld.DistributedTensor[[M, 1], pl.INT32]],
+                b: pl.InOut[pld.DistributedTensor[[M, 1], pl.INT32]]):
+    pass
+
+
+@pl.jit.host
+def binds_m_twice(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer([8, 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        two_windows(pld.window(buf, [2, 1], dtype=pl.INT32), pld.window(buf, [3, 1], dtype=pl.INT32), device=r)
+
+
+def test_dynamic_name_bound_inconsistently_at_dispatch():
+    with pytest.raises(ShapeError) as info:
+        binds_m_twice(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    assert msg.startswith("two_windows() parameter 'b' (declared pl.InOut[pld.DistributedTensor[[M, 1], pl.INT32]]")
+    assert "dimension 0 is pl.dynamic('M') = 3 here, but 'M' was bound to 2 by two_windows() parameter 'a'" in msg
+
+
+# ---------------------------------------------------------------------------
+# §5.2 / §8.2: window sizes
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def takes_signal(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    pass
+
+
+@pl.jit.host
+def view_too_large(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer(16)
+    for r in pl.range(pld.world_size()):
+        big = pld.window(buf, [4, 8], dtype=pl.FP32)
+        takes_signal(big, device=r)
+
+
+def test_window_view_larger_than_its_buffer_names_both_sizes():
+    with pytest.raises(ProgramValueError) as info:
+        view_too_large(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    line = line_of(view_too_large, "big = pld.window")
+    alloc_line = line_of(view_too_large, "alloc_window_buffer")
+    assert msg.startswith(f"pld.window at {FILE}:{line}: ")
+    assert "a view of shape [4, 8] FP32 needs 128 bytes but window buffer 'buf' " \
+           f"(allocated at {FILE}:{alloc_line}) has only 16 bytes." in msg
+    assert "world size" not in msg  # 16 bytes is not a rank count here
+
+
+@pl.jit.host
+def rank_count_as_bytes(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    sig_buf = pld.alloc_window_buffer(pld.world_size())
+    for r in pl.range(pld.world_size()):
+        sig = pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32)
+        takes_signal(sig, device=r)
+
+
+def test_alloc_window_buffer_given_the_rank_count():
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(ProgramValueError) as info:
+            rank_count_as_bytes(zeros(3, 1, 8), config=cfg(0, 1, 2))
+    msg = str(info.value)
+    assert "a view of shape [3, 1] INT32 needs 12 bytes but window buffer 'sig_buf'" in msg
+    assert "has only 3 bytes." in msg
+    assert "The buffer's size equals the world size (3): alloc_window_buffer takes bytes, not a rank count; use " \
+           "pld.alloc_window_buffer(shape, dtype=...)." in msg
+
+    # The allocation itself already deserved a warning, attributed to the user's line.
+    (w,) = [w for w in caught if "alloc_window_buffer" in str(w.message)]
+    alloc_line = line_of(rank_count_as_bytes, "alloc_window_buffer")
+    assert issubclass(w.category, UserWarning)
+    assert (w.filename, w.lineno) == (FILE, alloc_line)
+    assert str(w.message) == (
+        f"pld.alloc_window_buffer(3) at {FILE}:{alloc_line}: the size is in bytes and equals the world size (3); "
+        "if you meant 3 elements, use the shape form pld.alloc_window_buffer([3, 1], dtype=pl.INT32)")
+
+
+@pl.jit
+def takes_bytes(data: pl.InOut[pld.DistributedTensor[[2], pl.INT8]]):
+    pass
+
+
+@pl.jit.host
+def bytes_equal_to_world(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer(2)
+    for r in pl.range(pld.world_size()):
+        takes_bytes(pld.window(buf, [2], dtype=pl.INT8), device=r)
+
+
+def test_byte_size_equal_to_world_size_only_warns():
+    # The view fits (2 INT8 = 2 bytes), so planning succeeds and only the warning is left; the run itself
+    # is the fixture's refusal, proving planning finished first.
+    with pytest.warns(UserWarning, match=r"pld.alloc_window_buffer\(2\) at .*: the size is in bytes and equals "
+                                         r"the world size \(2\)"):
+        with pytest.raises(AssertionError, match="the backend was asked to start ranks"):
+            bytes_equal_to_world(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+@pl.jit.host
+def shape_form_needs_dtype(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    pld.alloc_window_buffer([2, 1])
+
+
+def test_alloc_window_buffer_shape_form_needs_dtype():
+    with pytest.raises(ProgramTypeError, match=r"pld.alloc_window_buffer\(\[2, 1\]\) at .*test_static_checks.py:\d+: "
+                                               r"the shape form needs dtype="):
+        shape_form_needs_dtype(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+# ---------------------------------------------------------------------------
+# §8.3 step 02 and the program structure rules
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.host
+def rank_on_host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+    me = pld.rank(pld.get_comm_ctx(pld.window(buf, [1, 8], dtype=pl.FP32)))
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[me], y[r], device=r)
+
+
+@pl.jit.host
+def nranks_on_host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+    n = pld.nranks(pld.get_comm_ctx(pld.window(buf, [1, 8], dtype=pl.FP32)))
+    for r in pl.range(n):
+        copy_rank(x[r], y[r], device=r)
+
+
+@pytest.mark.parametrize("host, op, text", [
+    (rank_on_host, "pld.rank", "me = pld.rank"), (nranks_on_host, "pld.nranks", "n = pld.nranks"),
+])
+def test_rank_identity_in_the_host_orchestrator_is_an_error(host, op, text):
+    with pytest.raises(ProgramError) as info:
+        host(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    assert msg.startswith(f"{op}() at {FILE}:{line_of(host, text)} is called in the host orchestrator: ")
+    assert "rank identity exists only inside a kernel running on a rank" in msg
+    assert f"Read it in the kernel with {op}(pld.get_comm_ctx(window))" in msg
+    assert "or pass the host loop variable r as a scalar argument" in msg
+
+
+@pl.jit.host
+def dispatches_a_kernel(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        good_kernel(x[r], y[r], r, device=r)
+
+
+def test_dispatching_a_kernel_directly_from_the_host():
+    with pytest.raises(ProgramError) as info:
+        dispatches_a_kernel(zeros(2, 1, 8), config=cfg(0, 1))
+    msg = str(info.value)
+    line = line_of(dispatches_a_kernel, "good_kernel(")
+    assert msg.startswith(f"good_kernel() at {FILE}:{line}: the host dispatches the per-device @pl.jit wrapper "
+                          "with device=r, never a kernel directly.")
+    assert "Add a @pl.jit function that calls good_kernel(...) and dispatch that." in msg
+
+
+@pl.jit.host
+def loads_on_host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    pl.load(x, [0, 0, 0], [1, 1, 8])
+
+
+def test_memory_op_on_the_host_is_an_error():
+    with pytest.raises(ProgramError, match=r"pl.load\(\) at .*test_static_checks.py:\d+ is called in the host "
+                                           r"orchestrator; it belongs in a kernel \(@pl.jit.incore\)"):
+        loads_on_host(zeros(2, 1, 8), config=cfg(0, 1))
+
+
+def test_compiling_a_non_host_function_is_refused():
+    with pytest.raises(ProgramError) as info:
+        copy_rank.compile(config=cfg(0, 1))
+    assert str(info.value) == (
+        f"'copy_rank' ({FILE}:{copy_rank.line}) is not a host orchestrator (its kind: orchestration); compile the "
+        "host orchestrator (the @pl.jit.host function that dispatches it with device=r)")
+    with pytest.raises(ProgramError) as info:
+        good_kernel(zeros(1, 8), zeros(1, 8), 0, config=cfg(0))
+    assert str(info.value) == (f"config= is accepted only by a host orchestrator; 'good_kernel' "
+                               f"({FILE}:{good_kernel.line}) is not one (its kind: kernel)")
+
+
+def test_class_program_needs_exactly_one_host():
+    with pytest.raises(ProgramError, match=r"@pl.program class NoHost needs exactly one host orchestrator "
+                                           r"\(@pl.function\(level=pl.Level.HOST, role=pl.Role.Orchestrator\)\); "
+                                           r"found none"):
+        @pl.program
+        class NoHost:
+            @pl.function(type=pl.FunctionType.InCore)
+            def kernel(self, x: pl.Tensor[[1, 8], pl.FP32]):
+                pass
+
+
+def test_language_ops_outside_a_program_say_where_they_belong():
+    with pytest.raises(ProgramError, match=r"pld.world_size\(\) called outside a program at .*: it is only "
+                                           r"available inside the host orchestrator"):
+        pld.world_size()
+    with pytest.raises(ProgramError, match=r"pl.load\(\) called outside a program .*inside a kernel"):
+        pl.load(zeros(1, 8), [0, 0], [1, 8])
+
+
+# ---------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("ids, text", [
+    ([], "DistributedConfig(device_ids=[]): at least one device id is needed"),
+    ([0, 1, 1, 2, 2], "DistributedConfig(device_ids=[0, 1, 1, 2, 2]): device ids must be distinct; [1, 2] appear "
+                      "more than once"),
+    ([0, -1], "DistributedConfig(device_ids=[0, -1]): device ids must be non-negative, got -1"),
+    ([0, 1.0], "DistributedConfig(device_ids=[0, 1.0]): 1.0 is not an int"),
+    ([True], "DistributedConfig(device_ids=[True]): True is not an int"),
+    ("0,1", "DistributedConfig(device_ids='0,1'): device_ids must be a list of ints, e.g. [0, 1]"),
+    (3, "DistributedConfig(device_ids=3): device_ids must be a list of ints"),
+])
+def test_distributed_config_validation(ids, text):
+    with pytest.raises(ConfigError) as info:
+        DistributedConfig(device_ids=ids)
+    assert isinstance(info.value, ValueError)
+    assert str(info.value).startswith(text)
+
+
+def test_distributed_config_accepts_any_distinct_ids():
+    dc = DistributedConfig(device_ids=(7, 2, 5))
+    assert dc.device_ids == [7, 2, 5] and dc.world_size == 3
+    assert DistributedConfig().device_ids == [0]
+    with pytest.raises(ConfigError, match=r"DistributedConfig\(num_sub_workers=-1\): must be an int >= 0"):
+        DistributedConfig(device_ids=[0], num_sub_workers=-1)
+
+
+@pytest.mark.parametrize("platform", ["a2a3sim", "a2a3", "a5sim", "a5"])
+def test_run_config_accepts_the_upstream_platforms(platform):
+    assert RunConfig(platform=platform).platform == platform
+
+
+@pytest.mark.parametrize("kwargs, text", [
+    ({"platform": "a3"}, "RunConfig(platform='a3'): must be one of a2a3sim, a2a3, a5sim, a5"),
+    ({"backend": "mpi"}, "RunConfig(backend='mpi'): available backends are shm"),
+    ({"hang_timeout_s": 0}, "RunConfig(hang_timeout_s=0): must be a positive number of seconds"),
+    ({"hang_timeout_s": -5.0}, "RunConfig(hang_timeout_s=-5.0): must be a positive number of seconds"),
+    ({"hang_timeout_s": float("nan")}, "RunConfig(hang_timeout_s=nan): must be a positive number of seconds"),
+    ({"hang_timeout_s": "10"}, "RunConfig(hang_timeout_s='10'): must be a positive number of seconds"),
+    ({"distributed_config": [0, 1]}, "RunConfig(distributed_config=...): expects a DistributedConfig, got list"),
+])
+def test_run_config_validation(kwargs, text):
+    with pytest.raises(ConfigError) as info:
+        RunConfig(**kwargs)
+    assert str(info.value) == text
+
+
+@pytest.mark.parametrize("value, text", [
+    ("soon", "PTODIST_HANG_TIMEOUT='soon': must be a number of seconds"),
+    ("0", "PTODIST_HANG_TIMEOUT='0': must be a positive number of seconds"),
+    ("-1", "PTODIST_HANG_TIMEOUT='-1': must be a positive number of seconds"),
+    ("nan", "PTODIST_HANG_TIMEOUT='nan': must be a positive number of seconds"),
+])
+def test_bad_hang_timeout_env(monkeypatch, value, text):
+    monkeypatch.setenv("PTODIST_HANG_TIMEOUT", value)
+    with pytest.raises(ConfigError) as info:
+        RunConfig().resolved_hang_timeout()
+    assert str(info.value) == text
+    # An explicit setting wins over the environment.
+    assert RunConfig(hang_timeout_s=3).resolved_hang_timeout() == 3.0
+
+
+def test_hang_timeout_env_and_default(monkeypatch):
+    monkeypatch.setenv("PTODIST_HANG_TIMEOUT", "2.5")
+    assert RunConfig().resolved_hang_timeout() == 2.5
+    monkeypatch.delenv("PTODIST_HANG_TIMEOUT")
+    assert RunConfig().resolved_hang_timeout() == 60.0
+
+
+def test_bad_backend_env_is_refused_before_running(monkeypatch):
+    monkeypatch.setenv("PTODIST_BACKEND", "mpi")
+    with pytest.raises(ConfigError, match=r"^PTODIST_BACKEND='mpi': available backends are shm$"):
+        dispatches_two(zeros(2, 1, 8), config=cfg(0, 1))
+    monkeypatch.setenv("PTODIST_BACKEND", "shm")
+    assert RunConfig().resolved_backend() == "shm"
