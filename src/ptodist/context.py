@@ -42,7 +42,7 @@ class Context:
     def window(self, buf, shape, dtype):
         self.unavailable("pld.window()", _HOST)
 
-    def host_collective(self, name, args, kwargs):
+    def collective(self, name, args, kwargs):
         self.unavailable(f"pld.tensor.{name}()", f"{_HOST} or {_KERNEL}")
 
     # Rank-level operations.

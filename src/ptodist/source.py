@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -38,15 +40,33 @@ def is_internal(filename: str) -> bool:
     return os.path.abspath(filename).startswith(_PKG_DIR) or filename.startswith("<frozen")
 
 
+_fallback = threading.local()
+
+
 def user_location(skip: int = 1) -> Location | None:
-    """Return the innermost calling frame that is not inside ptodist."""
+    """Return the innermost calling frame that is not inside ptodist.
+
+    Code with no user frame on its stack (a builtin collective task that the host
+    orchestrator dispatched) reports the call site set by :func:`call_site`.
+    """
     frame = sys._getframe(skip)
     while frame is not None:
         fname = frame.f_code.co_filename
         if not is_internal(fname):
             return Location(fname, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
-    return None
+    return getattr(_fallback, "loc", None)
+
+
+@contextmanager
+def call_site(loc: Location | None):
+    """Attribute the operations run in this block to ``loc`` when no user frame is on the stack."""
+    prev = getattr(_fallback, "loc", None)
+    _fallback.loc = loc
+    try:
+        yield
+    finally:
+        _fallback.loc = prev
 
 
 def where(loc: Location | None) -> str:

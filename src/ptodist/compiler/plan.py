@@ -8,6 +8,7 @@ holds as ``dispatch_plan.json``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
@@ -106,6 +107,19 @@ class HostTensorRef:
         """Accepted for compatibility: dims bind from the actual shapes anyway."""
 
 
+@dataclass(eq=False)
+class BuiltinCall:
+    """A collective the host orchestrator called: it runs as a builtin task on every rank."""
+
+    name: str
+    args: tuple
+    kwargs: dict
+    loc: object  # source.Location of the host call
+
+    def describe(self) -> str:
+        return f"pld.tensor.{self.name}"
+
+
 @dataclass
 class TaskSpec:
     """One dispatch to a rank: a per-device function and its arguments."""
@@ -148,8 +162,11 @@ class DispatchPlan:
                     "rank": r,
                     "device_id": self.device_ids[r],
                     "tasks": [
-                        {"seq": t.seq, "function": t.function.name, "dispatched_at": t.location,
-                         "args": [_arg_json(a) for a in t.args]}
+                        {"seq": t.seq, "function": t.function.describe() if isinstance(t.function, BuiltinCall)
+                         else t.function.name, "builtin": isinstance(t.function, BuiltinCall),
+                         "dispatched_at": t.location, "args": [_arg_json(a) for a in t.args],
+                         **({"options": {k: _option_json(v) for k, v in t.function.kwargs.items()}}
+                            if isinstance(t.function, BuiltinCall) else {})}
                         for t in self.tasks[r]
                     ],
                 }
@@ -157,6 +174,14 @@ class DispatchPlan:
             ],
             "notes": list(self.notes),
         }
+
+
+def _option_json(v):
+    if isinstance(v, Enum):
+        return v.name
+    if isinstance(v, (int, float, bool, str)) or v is None:
+        return v
+    return repr(v)
 
 
 def _arg_json(a) -> dict:

@@ -7,12 +7,16 @@ a view descriptor, ``f(..., device=r)`` appends a task to rank r's list.
 
 from __future__ import annotations
 
+import ast
+import inspect
 import re
+import textwrap
 import warnings
 
 import numpy as np
 
 from .. import context
+from ..collectives import spec as coll_spec
 from ..errors import ProgramError, ProgramTypeError, ProgramValueError
 from ..language import dtypes as dt
 from ..language.dtypes import DataType
@@ -22,6 +26,7 @@ from ..source import user_location
 from . import checks
 from .plan import (
     WINDOW_ALIGN,
+    BuiltinCall,
     DispatchPlan,
     HostTensorRef,
     HostTensorSpec,
@@ -38,7 +43,9 @@ class PlanningContext(context.Context):
 
     kind = "planning"
 
-    def __init__(self, program: str, device_ids: list[int], host_tensors: list[HostTensorSpec]):
+    def __init__(self, program: str, device_ids: list[int], host_tensors: list[HostTensorSpec], host: Function):
+        self.host = host
+        self.layouts: dict = {}  # signal buffer id -> the collective layout it serves
         self.world = len(device_ids)
         self.plan = DispatchPlan(program, self.world, list(device_ids), host_tensors, [], [[] for _ in device_ids])
         self._heap = 0
@@ -75,8 +82,10 @@ class PlanningContext(context.Context):
         if not name and loc is not None:
             m = _ASSIGN.match(loc.text())
             name = m.group(1) if m else f"window{len(self.plan.windows)}"
-        buf = WindowBuffer(len(self.plan.windows), name or f"window{len(self.plan.windows)}", nbytes, self._heap,
-                           str(loc))
+        return self._reserve(name or f"window{len(self.plan.windows)}", nbytes, str(loc))
+
+    def _reserve(self, name: str, nbytes: int, where: str) -> WindowBuffer:
+        buf = WindowBuffer(len(self.plan.windows), name, nbytes, self._heap, where)
         self._heap += -(-nbytes // WINDOW_ALIGN) * WINDOW_ALIGN
         self.plan.windows.append(buf)
         self.plan.window_heap_bytes = self._heap
@@ -139,6 +148,46 @@ class PlanningContext(context.Context):
         self._seq += 1
         return None
 
+    def collective(self, name, args, kwargs):
+        loc = user_location(3)
+        args = list(args)
+        if name == "allreduce" and args[1] is None:
+            self._reject_in_loop(loc)
+            lanes = kwargs.get("core_num", 1) if isinstance(kwargs.get("core_num", 1), int) else 1
+            buf = self._reserve(f"allreduce_signal@{loc.short if loc else '?'}", self.world * max(lanes, 1) * 4,
+                                str(loc))
+            args[1] = WindowView(buf, (self.world, max(lanes, 1)), dt.INT32, str(loc))
+        if name == "allgather" and not isinstance(args[0], WindowView):
+            raise ProgramTypeError(f"pld.tensor.allgather at {loc}: in the host orchestrator the local data must be "
+                                   "a window (each rank contributes its own copy), got "
+                                   f"{checks.value_kind(args[0])}")
+        call = coll_spec.check(name, tuple(args), kwargs, self.world, str(loc), host=True)
+        if call.signal is not None:
+            coll_spec.check_layout(self.layouts, call)
+        builtin = BuiltinCall(name, tuple(args), dict(kwargs), loc)
+        for r in range(self.world):
+            self.plan.tasks[r].append(TaskSpec(r, builtin, list(args), str(loc), self._seq))
+        self._seq += 1
+        return call.signal if name == "barrier" else call.target
+
+    def _reject_in_loop(self, loc) -> None:
+        """A host allreduce without a signal synthesises one per call site: not allowed inside a loop."""
+        if loc is None or loc.file != self.host.file:
+            return
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(self.host.fn)))
+        except (OSError, TypeError, SyntaxError):
+            return
+        line = loc.line - self.host.line + 1
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.For, ast.While)) and node.lineno < line <= (node.end_lineno or node.lineno):
+                raise ProgramError(
+                    f"pld.tensor.allreduce at {loc}: called without a signal inside a loop (the loop at host "
+                    f"line {self.host.line + node.lineno - 1}). The synthesised signal would serve every iteration "
+                    "of the loop at once. Pass an explicit signal window "
+                    "(pld.window(pld.alloc_window_buffer([NR, 1], dtype=pl.INT32), ...)) or hoist the allreduce "
+                    "out of the loop.")
+
     def get_comm_ctx(self, tensor):
         from ..language.distributed.types import CommCtx
 
@@ -167,7 +216,7 @@ class PlanningContext(context.Context):
 def make_plan(host: Function, program: str, device_ids: list[int], host_specs: list[HostTensorSpec],
               host_values: list) -> DispatchPlan:
     """Run ``host`` with planning stand-ins for its tensors and return the checked plan."""
-    ctx = PlanningContext(program, device_ids, host_specs)
+    ctx = PlanningContext(program, device_ids, host_specs, host)
     proxies = list(host_values)
     for spec in host_specs:
         proxies[spec.index] = HostTensorRef(spec)

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import context
+from .. import collectives, context
+from ..collectives import spec as coll_spec
 from ..compiler import checks
-from ..compiler.plan import DispatchPlan, HostTensorRef, WindowView
+from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
 from ..errors import KernelIndexError, KernelValueError, ProgramError, ProgramTypeError
 from ..language import dtypes as dt
 from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
@@ -21,7 +22,7 @@ from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction
-from ..source import user_location
+from ..source import call_site, user_location
 from .tensors import RankTensor, WindowTensor
 
 ATOMIC_ADD_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32, dt.INT16, dt.INT8)
@@ -49,6 +50,7 @@ class RankContext(context.Context):
         self._tasks_started = 0
         self._checked: set[int] = set()
         self._spmd_blocks = 0
+        self.signal_layouts: dict = {}  # window buffer id -> the collective layout it serves
         self._block_idx = 0
         self._ops = {
             "pl.load": self._load, "pl.store": self._store, "pl.read": self._read, "pl.write": self._write,
@@ -65,12 +67,23 @@ class RankContext(context.Context):
         """Run this rank's dispatched tasks in order."""
         with context.using(self):
             for task in self.plan.tasks[self.rank]:
+                if isinstance(task.function, BuiltinCall):
+                    self._run_builtin(task.function)
+                    continue
                 fn: Function = task.function
                 args = [self._materialize(a, spec) for a, spec in zip(task.args, fn.params)]
                 self.task = fn.name
                 self.status.set_running(self.rank, fn.name)
                 fn.invoke(*args)
                 self.task = None
+
+    def _run_builtin(self, b: BuiltinCall) -> None:
+        """Run a collective the host orchestrator called, as a task of this rank."""
+        args = tuple(self._materialize(a, None) for a in b.args)
+        call = coll_spec.check(b.name, args, b.kwargs, self.world, str(b.loc), host=True)
+        coll_spec.check_layout(self.signal_layouts, call)
+        with call_site(b.loc):
+            self._task_body(b.describe(), lambda: collectives.run(call, self.rank, self.world, host=True))
 
     def _materialize(self, arg, spec):
         if isinstance(arg, HostTensorRef):
@@ -82,13 +95,14 @@ class RankContext(context.Context):
             return RankTensor(arg.name, array, spec_t.dtype)
         if isinstance(arg, WindowView):
             buf = arg.buffer
-            return WindowTensor(spec.name if spec.kind == "tensor" else buf.name, buf, arg.shape, arg.dtype,
+            return WindowTensor(spec.name if spec is not None and spec.kind == "tensor" else buf.name, buf,
+                                arg.shape, arg.dtype,
                                 self.rank, self.world, lambda r, b=buf.id: self.memory.window_bytes(b, r))
         return self._scalar_for(spec, arg)
 
     @staticmethod
     def _scalar_for(spec, value):
-        if spec.kind == "scalar" and isinstance(value, (int, float, bool)) and spec.ttype and spec.ttype.dtype:
+        if spec is not None and spec.kind == "scalar" and isinstance(value, (int, float, bool)) and spec.ttype and spec.ttype.dtype:
             return Scalar(value, spec.ttype.dtype)
         return value
 
@@ -123,27 +137,37 @@ class RankContext(context.Context):
         result = None
         for b in range(blocks):
             self._block_idx = b
-            result = self._task_body(fn, values)
+            result = self._task_body(fn.name, lambda: fn.invoke(*values))
         self._block_idx = 0
         return result
 
-    def _task_body(self, fn: Function, values):
+    def _task_body(self, name: str, body):
         outer_task, outer_deferred = self.task, self._deferred
-        self.task, self._deferred = fn.name, []
+        self.task, self._deferred = name, []
         self._kernel_depth += 1
         self._tasks_started += 1
-        self.status.set_running(self.rank, fn.name)
+        self.status.set_running(self.rank, name)
         try:
-            result = fn.invoke(*values)
+            result = body()
             for cond in self._deferred:
                 self._block_until(*cond)
             return result
         except BaseException:
-            self.failed_task = self.failed_task or fn.name
+            self.failed_task = self.failed_task or name
             raise
         finally:
             self._kernel_depth -= 1
             self.task, self._deferred = outer_task, outer_deferred
+
+    def collective(self, name, args, kwargs):
+        loc = user_location(3)
+        if name == "allreduce" and args[1] is None:
+            raise ProgramError(f"pld.tensor.allreduce at {loc}: inside a kernel the signal is required "
+                               "(a [NR, 1] INT32 window for mesh, [2*(NR-1), NR] for ring); only the host "
+                               "orchestrator may omit it.")
+        call = coll_spec.check(name, args, kwargs, self.world, str(loc), host=False)
+        coll_spec.check_layout(self.signal_layouts, call)
+        return collectives.run(call, self.rank, self.world, host=False)
 
     def submit(self, fn, args, kwargs, deps):
         for d in deps:

@@ -37,3 +37,44 @@ def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, *, atomi
 def remote_store(src, target, peer, offsets, *, atomic=AtomicType.None_):
     """Write a local tensor or tile into rank ``peer``'s window at ``offsets``."""
     context.current().memory_op("pld.tensor.remote_store", src, target, peer, list(offsets), atomic)
+
+
+# -- collectives: built from the primitives above (see ptodist/collectives/) -------------------
+# Called in a kernel they run at once on the calling rank; called in the host orchestrator
+# they become a builtin task on every rank.  Each returns the rebound target.
+
+def barrier(signal):
+    """All ranks arrive before any leaves; self-clearing (the same signal may be reused)."""
+    return context.current().collective("barrier", (signal,), {})
+
+
+def allreduce(target, signal=None, *, op=None, mode: str = "mesh", core_num: int = 1):
+    """Every rank ends with the reduction (``op``, default Sum) of all ranks' ``target``."""
+    return context.current().collective("allreduce", (target, signal), {"op": op, "mode": mode,
+                                                                        "core_num": core_num})
+
+
+def broadcast(target, signal, *, root):
+    """Every rank ends with rank ``root``'s ``target``; ``root`` is a Python int."""
+    return context.current().collective("broadcast", (target, signal), {"root": root})
+
+
+def allgather(local_data, target, signal):
+    """``target[src]`` becomes rank ``src``'s ``local_data`` on every rank."""
+    return context.current().collective("allgather", (local_data, target, signal), {})
+
+
+def reduce_scatter(target, signal, *, op=None):
+    """``target`` holds one chunk per rank (row j for rank j); rank r ends with the sum of chunk r in row r."""
+    return context.current().collective("reduce_scatter", (target, signal), {"op": op})
+
+
+def all_to_all(input, target, signal):
+    """``target[src]`` on rank r becomes ``input[r]`` on rank src."""
+    return context.current().collective("all_to_all", (input, target, signal), {})
+
+
+def all_to_all_v(input, target, signal, send_counts, recv_counts):
+    """Variable-size all_to_all: ``send_counts[p]`` leading rows of ``input[p]`` go to rank p."""
+    return context.current().collective("all_to_all_v", (input, target, signal),
+                                        {"send_counts": send_counts, "recv_counts": recv_counts})

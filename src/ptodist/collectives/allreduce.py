@@ -1,0 +1,80 @@
+"""Allreduce (mesh, direct, ring) and reduce_scatter."""
+
+from __future__ import annotations
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+
+from ..language.distributed.types import NotifyOp, ReduceOp, WaitCmp
+from . import common
+from .spec import ring_axis
+
+
+def mesh(target, signal, op: ReduceOp, me: int, n: int) -> None:
+    """The tutorial's mesh: one barrier, every rank reads every peer; a second before anyone overwrites."""
+    common.barrier(signal, me, n)
+    acc = common.reduce_from_all(target, common.whole(target), op, n)
+    common.barrier(signal, me, n)
+    pl.store(acc, [0] * len(target.shape), target)
+
+
+def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1) -> None:
+    """Reduce-scatter + allgather over directly addressable windows: rank r reduces 1/P of the data.
+
+    Every byte of every window is read once (by the rank that owns its chunk) and the
+    reduced chunk is written once into each rank: the fastest schedule where ranks can
+    address each other's memory.  ``core_num`` lanes each take a slice, with their own
+    signal column.
+    """
+    axis = common.longest_axis(target.shape)
+    for lane, lane_region in enumerate(common.split(list(target.shape), core_num, axis)):
+        common.barrier(signal, me, n, lane)
+        offsets, ext = common.split(lane_region[1], n, axis)[me]
+        offsets = [a + b for a, b in zip(offsets, lane_region[0])]
+        if ext[axis]:
+            acc = common.reduce_from_all(target, (offsets, ext), op, n)
+            for p in range(n):
+                pld.tile.remote_store(acc, target, p, offsets)
+        common.barrier(signal, me, n, lane)
+
+
+def ring(target, signal, op: ReduceOp, me: int, n: int) -> None:
+    """Ring allreduce: reduce-scatter then allgather in 2(P-1) rounds, one signal row per round.
+
+    Round protocol (pull): tell the right neighbour my chunk is ready (cell [row, me]
+    on its signal), wait for the left's ready, read its chunk, combine (reduce phase) or
+    copy (gather phase) into mine, acknowledge to the left, and wait for the right's
+    acknowledgement before the next round may change my chunks.  With P=2 the ready and
+    the acknowledgement share a cell; tokens from one sender arrive in order, so the
+    counts still tell them apart.
+    """
+    axis = ring_axis(target.shape, n)
+    chunks = common.split(list(target.shape), n, axis)
+    left, right = (me - 1 + n) % n, (me + 1) % n
+    combine = common.REDUCE[op]
+    for row in range(2 * (n - 1)):
+        reducing = row < n - 1
+        k = row if reducing else row - (n - 1)
+        recv = (me - k - 1) % n if reducing else (me - k) % n
+        offsets, ext = chunks[recv]
+        pld.system.notify(signal, right, [row, me], 1, op=NotifyOp.AtomicAdd)
+        pld.system.wait(signal, [row, left], 1, cmp=WaitCmp.Ge)
+        pld.system.notify(signal, me, [row, left], -1, op=NotifyOp.AtomicAdd)
+        got = pld.tile.remote_load(target, left, offsets, ext)
+        if reducing:
+            got = combine(got, pl.load(target, offsets, ext))
+        pl.store(got, offsets, target)
+        pld.system.notify(signal, left, [row, me], 1, op=NotifyOp.AtomicAdd)
+        pld.system.wait(signal, [row, right], 1, cmp=WaitCmp.Ge)
+        pld.system.notify(signal, me, [row, right], -1, op=NotifyOp.AtomicAdd)
+
+
+def reduce_scatter(target, signal, op: ReduceOp, me: int, n: int) -> None:
+    """Rank r ends with the reduction of every rank's chunk r (row block r) in its own row block r."""
+    rows = target.shape[0] // n
+    offsets = [me * rows] + [0] * (len(target.shape) - 1)
+    ext = [rows, *target.shape[1:]]
+    common.barrier(signal, me, n)
+    acc = common.reduce_from_all(target, (offsets, ext), op, n)
+    common.barrier(signal, me, n)
+    pl.store(acc, offsets, target)

@@ -1,0 +1,76 @@
+"""Collectives that move data without reducing it: broadcast, allgather, all_to_all(_v)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+
+from ..language.tile_ops import Tile
+from . import common
+
+
+def broadcast(target, signal, root: int, me: int, n: int) -> None:
+    """Every rank copies root's window; the second barrier keeps root's data until all have read it."""
+    common.barrier(signal, me, n)
+    if me != root:
+        offsets, ext = common.whole(target)
+        pl.store(pld.tile.remote_load(target, root, offsets, ext), offsets, target)
+    common.barrier(signal, me, n)
+
+
+def _as_tile(local) -> Tile:
+    if isinstance(local, Tile):
+        return local
+    return pl.load(local, [0] * len(local.shape), list(local.shape))
+
+
+def allgather(local, target, signal, slot: list[int], me: int, n: int) -> None:
+    """Write my data into slot ``me`` of every rank's target (push), between two barriers."""
+    tile = pl.reshape(_as_tile(local), slot)
+    offsets = [me * slot[0]] + [0] * (len(slot) - 1)
+    common.barrier(signal, me, n)  # every rank has entered: earlier results in the targets are consumed
+    for p in range(n):
+        pld.tile.remote_store(tile, target, p, offsets)
+    common.barrier(signal, me, n)
+
+
+def all_to_all(input, target, signal, me: int, n: int) -> None:
+    """Row block p of my input goes to row block ``me`` of rank p's target."""
+    rows = input.shape[0] // n
+    rest = [0] * (len(input.shape) - 1)
+    common.barrier(signal, me, n)
+    for p in range(n):
+        block = pl.load(input, [p * rows, *rest], [rows, *input.shape[1:]])
+        pld.tile.remote_store(block, target, p, [me * rows, *rest])
+    common.barrier(signal, me, n)
+
+
+def _counts(counts, me: int, n: int, what: str, limit: int) -> list[int]:
+    """Counts as a length-n list: a sequence, a rank-local [n] tensor, or an [n, n] tensor (row = rank)."""
+    arr = np.asarray(counts.array if hasattr(counts, "array") else counts)
+    if arr.shape == (n, n):
+        arr = arr[me]
+    if arr.shape != (n,):
+        raise ValueError(f"pld.tensor.all_to_all_v: {what} must hold one count per rank ({n}), got shape "
+                         f"{list(arr.shape)}")
+    out = [int(c) for c in arr]
+    bad = [c for c in out if not 0 <= c <= limit]
+    if bad:
+        raise ValueError(f"pld.tensor.all_to_all_v: {what} {out} must lie in [0, {limit}] (rows per block)")
+    return out
+
+
+def all_to_all_v(input, target, signal, send_counts, recv_counts, me: int, n: int) -> None:
+    """Like all_to_all, but only the first ``send_counts[p]`` rows of block p travel to rank p."""
+    rows = input.shape[0] // n
+    rest = [0] * (len(input.shape) - 1)
+    send = _counts(send_counts, me, n, "send_counts", rows)
+    _counts(recv_counts, me, n, "recv_counts", rows)
+    common.barrier(signal, me, n)
+    for p in range(n):
+        if send[p]:
+            block = pl.load(input, [p * rows, *rest], [send[p], *input.shape[1:]])
+            pld.tile.remote_store(block, target, p, [me * rows, *rest])
+    common.barrier(signal, me, n)

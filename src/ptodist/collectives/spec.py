@@ -1,0 +1,208 @@
+"""Check a collective call and normalise its arguments — the same rules at plan time and in a rank.
+
+Works on anything with ``.shape``, ``.dtype`` and ``.buffer`` (a host-side
+``WindowView`` or a rank-side ``WindowTensor``), so the host orchestrator's
+builtin calls are rejected before any rank starts and a kernel's calls before
+the collective communicates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import ProgramTypeError, ProgramValueError
+from ..language import dtypes as dt
+from ..language.distributed.types import ReduceOp
+
+ALLREDUCE_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32)
+MODES = ("mesh", "ring")
+
+
+@dataclass
+class Call:
+    """A checked collective call: its tensors by role and its options."""
+
+    name: str
+    where: str
+    signal: object
+    target: object
+    source: object = None  # allgather's local data, all_to_all's input
+    op: ReduceOp = ReduceOp.Sum
+    mode: str = "mesh"
+    core_num: int = 1
+    root: int = 0
+    counts: dict = field(default_factory=dict)
+
+    @property
+    def layout(self) -> tuple:
+        """The signal layout this call uses: a signal window may serve one layout only."""
+        return ("ring" if self.mode == "ring" else "mesh", tuple(self.signal.shape))
+
+    def tensors(self) -> list:
+        return [t for t in (self.source, self.target, self.signal) if t is not None]
+
+
+def _is_window(x) -> bool:
+    return hasattr(x, "buffer") and hasattr(x, "shape") and hasattr(x, "dtype")
+
+
+def _describe(x) -> str:
+    if _is_window(x):
+        return f"window '{x.buffer.name}' {list(x.shape)} {x.dtype.name}"
+    return type(x).__name__
+
+
+def check(name: str, args: tuple, kwargs: dict, world: int, where: str, host: bool) -> Call:
+    """Return the checked call, or raise a ProgramError naming the call site and the fix."""
+    op_name = f"pld.tensor.{name}"
+    w = f"{op_name} at {where}"
+
+    def window(x, role: str):
+        if not _is_window(x):
+            raise ProgramTypeError(f"{w}: {role} must be a pld.DistributedTensor (a window from pld.window), got "
+                                   f"{_describe(x)}")
+        return x
+
+    if name == "barrier":
+        call = Call(name, where, window(args[0], "signal"), None)
+    elif name == "allreduce":
+        target, signal = args
+        call = Call(name, where, signal, window(target, "target"), op=_op(w, kwargs["op"]),
+                    mode=kwargs["mode"], core_num=kwargs["core_num"])
+        if signal is not None:
+            window(signal, "signal")
+    elif name in ("broadcast", "reduce_scatter"):
+        call = Call(name, where, window(args[1], "signal"), window(args[0], "target"),
+                    op=_op(w, kwargs.get("op")), root=kwargs.get("root", 0))
+    elif name == "allgather":
+        call = Call(name, where, window(args[2], "signal"), window(args[1], "target"), source=args[0])
+    elif name in ("all_to_all", "all_to_all_v"):
+        call = Call(name, where, window(args[2], "signal"), window(args[1], "target"),
+                    source=window(args[0], "input"), counts={k: kwargs[k] for k in ("send_counts", "recv_counts")
+                                                             if k in kwargs})
+    else:  # pragma: no cover - the pld.tensor entry points name only the collectives above
+        raise ProgramValueError(f"unknown collective {name!r}")
+    _check_signal(call, w, world, host)
+    _check_options(call, w, world, host)
+    return call
+
+
+def _op(w: str, op) -> ReduceOp:
+    if op is None:
+        return ReduceOp.Sum
+    if not isinstance(op, ReduceOp):
+        raise ProgramTypeError(f"{w}: op= must be pld.ReduceOp.Sum, Max, Min or Prod, got {op!r}")
+    return op
+
+
+def _check_signal(call: Call, w: str, world: int, host: bool) -> None:
+    sig = call.signal
+    if sig is None:
+        return  # host allreduce without a signal: one is synthesised
+    if sig.dtype is not dt.INT32:
+        raise ProgramTypeError(f"{w}: the signal must be an INT32 window, but {_describe(sig)} is {sig.dtype.name}")
+    shape = list(sig.shape)
+    if call.mode == "ring":
+        want = [2 * (world - 1), world]
+        if shape != want:
+            raise ProgramValueError(
+                f"{w}: mode='ring' needs a signal of shape [2*(NR-1), NR] = {want} (one row per ring round, one "
+                f"cell per rank), but {_describe(sig)} has {shape}. A [NR, 1] signal is the mesh layout.")
+        return
+    lanes = call.core_num
+    ok = (len(shape) == 1 and shape[0] == world and lanes == 1) or \
+         (len(shape) == 2 and shape[0] == world and (shape[1] == lanes or (lanes == 1 and shape[1] >= 1)))
+    if not ok:
+        want = f"[{world}, {lanes}]" if lanes > 1 else f"[NR, 1] = [{world}, 1] (or [{world}])"
+        hint = " That is the ring layout; pass mode='ring' or a [NR, 1] signal." if shape == [2 * (world - 1), world] \
+            and world > 2 else ""
+        raise ProgramValueError(f"{w}: {call.mode if call.name == 'allreduce' else call.name} signals have shape "
+                                f"{want}, but {_describe(sig)} has {shape}.{hint}")
+
+
+def _check_options(call: Call, w: str, world: int, host: bool) -> None:
+    t = call.target
+    if call.name == "allreduce":
+        if call.mode not in MODES:
+            raise ProgramValueError(f"{w}: mode= must be 'mesh' or 'ring', got {call.mode!r}")
+        if t.dtype not in ALLREDUCE_DTYPES:
+            raise ProgramTypeError(f"{w}: allreduce supports {', '.join(d.name for d in ALLREDUCE_DTYPES)}; "
+                                   f"{_describe(t)} is {t.dtype.name}")
+        if not isinstance(call.core_num, int) or isinstance(call.core_num, bool) or call.core_num < 1:
+            raise ProgramValueError(f"{w}: core_num= must be an int >= 1, got {call.core_num!r}")
+        if call.core_num > 1 and (not host or call.mode != "mesh"):
+            raise ProgramValueError(f"{w}: core_num > 1 is available only for the host orchestrator's mesh "
+                                    "allreduce")
+        if call.mode == "ring":
+            if world < 2:
+                raise ProgramValueError(f"{w}: mode='ring' needs at least 2 ranks, the world has {world}")
+            if ring_axis(t.shape, world) is None:
+                raise ProgramValueError(f"{w}: mode='ring' splits the target into {world} equal chunks along one "
+                                        f"dimension, but no dimension of {list(t.shape)} divides by {world}")
+            if host and (call.op is not ReduceOp.Sum or t.dtype is not dt.FP32):
+                raise ProgramValueError(f"{w}: the host orchestrator's ring allreduce supports op=Sum on FP32 only "
+                                        f"(got {call.op.name} on {t.dtype.name}); use mode='mesh'")
+    elif call.name == "reduce_scatter":
+        if call.op is not ReduceOp.Sum:
+            raise ProgramValueError(f"{w}: reduce_scatter supports op=pld.ReduceOp.Sum only, got {call.op.name}")
+        if not t.shape or t.shape[0] % world:
+            raise ProgramValueError(f"{w}: the target holds one chunk per rank along dimension 0, so its first "
+                                    f"dimension must divide by {world}; {_describe(t)}")
+    elif call.name == "broadcast":
+        root = call.root
+        if isinstance(root, bool) or type(root) is not int:
+            raise ProgramTypeError(f"{w}: root= must be a Python int (a rank index known when the program is "
+                                   f"built), got {root!r} ({type(root).__name__})")
+        if not 0 <= root < world:
+            raise ProgramValueError(f"{w}: root={root} is outside [0, {world})")
+    elif call.name == "allgather":
+        src = call.source
+        if _is_window(src) and src.buffer is t.buffer:
+            raise ProgramValueError(f"{w}: local data and target are the same window buffer '{t.buffer.name}'; "
+                                    "each rank's slot would overwrite another's input. Use separate windows.")
+        slot_shape(call, world)  # raises when the target has no slot per rank
+    elif call.name in ("all_to_all", "all_to_all_v"):
+        if call.source.buffer is t.buffer:
+            raise ProgramValueError(f"{w}: input and target are the same window buffer '{t.buffer.name}'; "
+                                    "rows would be overwritten before they are sent. Use separate windows.")
+        if list(call.source.shape) != list(t.shape) or not t.shape or t.shape[0] % world:
+            raise ProgramValueError(f"{w}: input and target need the same shape with a first dimension that "
+                                    f"divides by {world}; got {_describe(call.source)} and {_describe(t)}")
+        if call.name == "all_to_all_v" and set(call.counts) != {"send_counts", "recv_counts"}:
+            raise ProgramValueError(f"{w}: all_to_all_v needs send_counts and recv_counts")
+
+
+def ring_axis(shape, world: int) -> int | None:
+    """Return the axis the ring splits into ``world`` equal chunks (the last that divides), or None."""
+    for axis in reversed(range(len(shape))):
+        if shape[axis] % world == 0 and shape[axis] >= world:
+            return axis
+    return None
+
+
+def slot_shape(call: Call, world: int) -> list[int]:
+    """Return the shape of one rank's slot in allgather's target (``[NR, *local]`` or ``[NR*rows, ...]``)."""
+    t, src = call.target, call.source
+    local = list(src.shape)
+    tshape = list(t.shape)
+    if tshape == [world, *local]:
+        return [1, *local]
+    if len(tshape) == len(local) and tshape[0] == world * local[0] and tshape[1:] == local[1:]:
+        return local
+    raise ProgramValueError(f"{call.name} at {call.where}: the target needs one slot per rank for the local data "
+                            f"{local}: shape {[world, *local]} or {[world * local[0], *local[1:]] if local else []}, "
+                            f"but {_describe(t)} has {tshape}")
+
+
+def check_layout(registry: dict, call: Call) -> None:
+    """Reject a signal window used with two different collective layouts (SPEC §8.3 step 16)."""
+    sig = call.signal
+    key = sig.buffer.id
+    layout = call.layout
+    prev = registry.setdefault(key, (layout, call.where, call.name))
+    if prev[0] != layout:
+        raise ProgramValueError(
+            f"pld.tensor.{call.name} at {call.where}: signal window buffer '{sig.buffer.name}' is used with the "
+            f"{layout[0]} layout {list(layout[1])}, but pld.tensor.{prev[2]} at {prev[1]} used it with the "
+            f"{prev[0][0]} layout {list(prev[0][1])}. Collective signals are self-clearing only within one layout: "
+            "give each layout its own signal window.")
