@@ -24,13 +24,13 @@ class Context:
     """Plain Python: no program is running on this thread."""
 
     kind = "python"
+    where_text = "outside a program"
+    advice = "Call the host orchestrator (or a compiled program) and let ptodist run it."
 
     def unavailable(self, op: str, where_ok: str):
         loc = user_location(2)
-        raise ProgramError(
-            f"{op} called outside a program{where(loc)}: it is only available {where_ok}. "
-            "Call the host orchestrator (or a compiled program) and let ptodist run it."
-        )
+        raise ProgramError(f"{op} called {self.where_text}{where(loc)}: it is only available {where_ok}. "
+                           f"{self.advice}")
 
     # Host-level operations.
     def world_size(self):
@@ -51,6 +51,15 @@ class Context:
 
     def submit(self, fn, args, kwargs, deps):
         self.unavailable("pl.submit()", "inside a per-device orchestration function")
+
+    def spmd(self, n):
+        self.unavailable("pl.spmd()", "inside a per-device orchestration function")
+
+    def block_idx(self):
+        self.unavailable("pl.get_block_idx()", _KERNEL)
+
+    def block_num(self):
+        self.unavailable("pl.get_block_num()", _KERNEL)
 
     def get_comm_ctx(self, tensor):
         self.unavailable("pld.get_comm_ctx()", _KERNEL)

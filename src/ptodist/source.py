@@ -32,6 +32,7 @@ class Location:
         """Return the stripped source text of the line, or '' when unavailable."""
         import linecache
 
+        linecache.checkcache(self.file)  # the file may have changed since it was last read
         return linecache.getline(self.file, self.line).strip()
 
 

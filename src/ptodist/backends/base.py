@@ -24,7 +24,6 @@ STATUS_DTYPE = np.dtype([
     ("state", np.int32),
     ("wait_buffer", np.int32),
     ("wait_cmp", np.int32),
-    ("wait_peer", np.int32),
     ("progress", np.int64),
     ("wait_offset", np.int64),
     ("wait_expected", np.int64),

@@ -33,7 +33,7 @@ from ..errors import HangError, PtodistError, RankError, RankFailure
 from ..language.types import Direction
 from ..runtime.rank import RankContext
 from ..source import is_internal
-from .base import DONE, FAILED, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
+from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
 
 ALIGN = 64
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
@@ -199,7 +199,8 @@ class _Driver:
     def _watch(self) -> None:
         board = self.memory.status.rows
         last = board["progress"].copy()
-        last_change = time.monotonic()
+        last_cpu = self._running_cpu()
+        last_board_change = last_change = time.monotonic()
         first_failure = None
         while len(self.done) < self.world:
             ready, _, _ = select.select(list(self.fds), [], [], POLL_S)
@@ -214,15 +215,34 @@ class _Driver:
             progress = board["progress"]
             if not np.array_equal(progress, last):
                 last = progress.copy()
-                last_change = now
+                last_board_change = last_change = now
                 continue
-            idle = now - last_change
-            if idle >= CERTAIN_HANG_S and self._all_blocked():
-                self._hang(True, idle)
-            if idle >= self.hang_timeout:
-                self._hang(False, idle)
+            # A running rank that uses CPU (long tile math, Python loops) is making progress too.
+            cpu = self._running_cpu()
+            if cpu != last_cpu:
+                last_cpu = cpu
+                last_change = now
+            if now - last_board_change >= CERTAIN_HANG_S and self._all_blocked():
+                self._hang(True, now - last_board_change)
+            if now - last_change >= self.hang_timeout:
+                self._hang(False, now - last_change)
         if self.failures:
             raise RankError(sorted(self.failures, key=lambda f: f.rank))
+
+    def _running_cpu(self) -> dict:
+        """CPU time (clock ticks) used so far by each live rank in the RUNNING state; empty where unknown."""
+        rows = self.memory.status.rows
+        out = {}
+        for r, pid in self.pids.items():
+            if rows[r]["state"] != RUNNING:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                out[r] = int(fields[11]) + int(fields[12])  # utime + stime
+            except (OSError, IndexError, ValueError):
+                pass  # no /proc (or the rank just exited): board progress alone decides
+        return out
 
     def _read(self, fd: int) -> None:
         r = self.fds[fd]

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import ProgramTypeError, ProgramValueError
 from ..language import dtypes as dt
 from ..language.distributed.types import ReduceOp
@@ -82,6 +84,7 @@ def check(name: str, args: tuple, kwargs: dict, world: int, where: str, host: bo
                                                              if k in kwargs})
     else:  # pragma: no cover - the pld.tensor entry points name only the collectives above
         raise ProgramValueError(f"unknown collective {name!r}")
+    _check_mode(call, w, host)
     _check_signal(call, w, world, host)
     _check_options(call, w, world, host)
     return call
@@ -95,12 +98,31 @@ def _op(w: str, op) -> ReduceOp:
     return op
 
 
+def _check_mode(call: Call, w: str, host: bool) -> None:
+    """Check allreduce's mode and core_num first: the signal's expected shape depends on them."""
+    if call.name != "allreduce":
+        return
+    if call.mode not in MODES:
+        raise ProgramValueError(f"{w}: mode= must be 'mesh' or 'ring', got {call.mode!r}")
+    if not isinstance(call.core_num, int) or isinstance(call.core_num, bool) or call.core_num < 1:
+        raise ProgramValueError(f"{w}: core_num= must be an int >= 1, got {call.core_num!r}")
+    if call.core_num > 1 and (not host or call.mode != "mesh"):
+        raise ProgramValueError(f"{w}: core_num > 1 is available only for the host orchestrator's mesh "
+                                "allreduce")
+
+
 def _check_signal(call: Call, w: str, world: int, host: bool) -> None:
     sig = call.signal
     if sig is None:
         return  # host allreduce without a signal: one is synthesised
     if sig.dtype is not dt.INT32:
         raise ProgramTypeError(f"{w}: the signal must be an INT32 window, but {_describe(sig)} is {sig.dtype.name}")
+    for role, t in (("target", call.target), ("input" if call.name.startswith("all_to_all") else "local data",
+                                              call.source)):
+        if _is_window(t) and t.buffer is sig.buffer:
+            raise ProgramValueError(f"{w}: the signal and the {role} are the same window buffer '{sig.buffer.name}'; "
+                                    "the collective's counters would overwrite the data. Give the signal its own "
+                                    "INT32 window.")
     shape = list(sig.shape)
     if call.mode == "ring":
         want = [2 * (world - 1), world]
@@ -113,7 +135,7 @@ def _check_signal(call: Call, w: str, world: int, host: bool) -> None:
     ok = (len(shape) == 1 and shape[0] == world and lanes == 1) or \
          (len(shape) == 2 and shape[0] == world and (shape[1] == lanes or (lanes == 1 and shape[1] >= 1)))
     if not ok:
-        want = f"[{world}, {lanes}]" if lanes > 1 else f"[NR, 1] = [{world}, 1] (or [{world}])"
+        want = f"[NR, core_num] = [{world}, {lanes}] (one column per lane)" if lanes > 1 else f"[NR, 1] = [{world}, 1] (or [{world}])"
         hint = " That is the ring layout; pass mode='ring' or a [NR, 1] signal." if shape == [2 * (world - 1), world] \
             and world > 2 else ""
         raise ProgramValueError(f"{w}: {call.mode if call.name == 'allreduce' else call.name} signals have shape "
@@ -123,22 +145,16 @@ def _check_signal(call: Call, w: str, world: int, host: bool) -> None:
 def _check_options(call: Call, w: str, world: int, host: bool) -> None:
     t = call.target
     if call.name == "allreduce":
-        if call.mode not in MODES:
-            raise ProgramValueError(f"{w}: mode= must be 'mesh' or 'ring', got {call.mode!r}")
         if t.dtype not in ALLREDUCE_DTYPES:
             raise ProgramTypeError(f"{w}: allreduce supports {', '.join(d.name for d in ALLREDUCE_DTYPES)}; "
                                    f"{_describe(t)} is {t.dtype.name}")
-        if not isinstance(call.core_num, int) or isinstance(call.core_num, bool) or call.core_num < 1:
-            raise ProgramValueError(f"{w}: core_num= must be an int >= 1, got {call.core_num!r}")
-        if call.core_num > 1 and (not host or call.mode != "mesh"):
-            raise ProgramValueError(f"{w}: core_num > 1 is available only for the host orchestrator's mesh "
-                                    "allreduce")
         if call.mode == "ring":
             if world < 2:
                 raise ProgramValueError(f"{w}: mode='ring' needs at least 2 ranks, the world has {world}")
             if ring_axis(t.shape, world) is None:
                 raise ProgramValueError(f"{w}: mode='ring' splits the target into {world} equal chunks along one "
-                                        f"dimension, but no dimension of {list(t.shape)} divides by {world}")
+                                        f"dimension, but no dimension of {list(t.shape)} divides by {world}; "
+                                        f"use mode='mesh', or make one dimension a multiple of {world}")
             if host and (call.op is not ReduceOp.Sum or t.dtype is not dt.FP32):
                 raise ProgramValueError(f"{w}: the host orchestrator's ring allreduce supports op=Sum on FP32 only "
                                         f"(got {call.op.name} on {t.dtype.name}); use mode='mesh'")
@@ -168,8 +184,25 @@ def _check_options(call: Call, w: str, world: int, host: bool) -> None:
         if list(call.source.shape) != list(t.shape) or not t.shape or t.shape[0] % world:
             raise ProgramValueError(f"{w}: input and target need the same shape with a first dimension that "
                                     f"divides by {world}; got {_describe(call.source)} and {_describe(t)}")
-        if call.name == "all_to_all_v" and set(call.counts) != {"send_counts", "recv_counts"}:
-            raise ProgramValueError(f"{w}: all_to_all_v needs send_counts and recv_counts")
+        if call.name == "all_to_all_v":
+            if set(call.counts) != {"send_counts", "recv_counts"}:
+                raise ProgramValueError(f"{w}: all_to_all_v needs send_counts and recv_counts")
+            _check_counts(call, w, world)
+
+
+def _check_counts(call: Call, w: str, world: int) -> None:
+    """Check all_to_all_v counts given as constants (lists, arrays); tensors' values are checked in the rank."""
+    rows = call.target.shape[0] // world
+    for what in ("send_counts", "recv_counts"):
+        counts = call.counts[what]
+        if not isinstance(counts, (list, tuple, np.ndarray)):
+            continue
+        arr = np.asarray(counts)
+        if arr.shape not in ((world,), (world, world)):
+            raise ProgramValueError(f"{w}: {what} must hold one count per rank, as [{world}] (this rank's) or "
+                                    f"[{world}, {world}] (row r for rank r), got shape {list(arr.shape)}: {counts!r}")
+        if arr.dtype.kind in "iu" and ((arr < 0) | (arr > rows)).any():
+            raise ProgramValueError(f"{w}: {what} {arr.tolist()} must lie in [0, {rows}] (rows per block)")
 
 
 def ring_axis(shape, world: int) -> int | None:
@@ -189,8 +222,8 @@ def slot_shape(call: Call, world: int) -> list[int]:
         return [1, *local]
     if len(tshape) == len(local) and tshape[0] == world * local[0] and tshape[1:] == local[1:]:
         return local
-    raise ProgramValueError(f"{call.name} at {call.where}: the target needs one slot per rank for the local data "
-                            f"{local}: shape {[world, *local]} or {[world * local[0], *local[1:]] if local else []}, "
+    raise ProgramValueError(f"pld.tensor.{call.name} at {call.where}: the target needs one slot per rank for the "
+                            f"local data {local}: shape {[world, *local]} or {[world * local[0], *local[1:]] if local else []}, "
                             f"but {_describe(t)} has {tshape}")
 
 

@@ -106,6 +106,8 @@ def lint_transfers(fn: Function) -> None:
                 and node.func.attr in ("put", "get") and isinstance(node.func.value, ast.Attribute)
                 and node.func.value.attr == "tensor"):
             continue
+        if any(isinstance(a, ast.Starred) for a in node.args) or any(k.arg is None for k in node.keywords):
+            continue  # *args / **kwargs: the positions are not known until the call runs
         op = f"pld.tensor.{node.func.attr}"
         where = f"{op} in {fn.kind.value} '{fn.name}' at {fn.file}:{fn.line + node.lineno - 1}"
         kw = {k.arg: k.value for k in node.keywords if k.arg}

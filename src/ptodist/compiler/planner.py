@@ -42,6 +42,8 @@ class PlanningContext(context.Context):
     """The host orchestrator's view of the world while it is being planned."""
 
     kind = "planning"
+    where_text = "in the host orchestrator"
+    advice = "Move it into a kernel (@pl.jit.incore) that the host dispatches with device=r."
 
     def __init__(self, program: str, device_ids: list[int], host_tensors: list[HostTensorSpec], host: Function):
         self.host = host
@@ -124,8 +126,9 @@ class PlanningContext(context.Context):
                 f"{fn.name}() at {loc}: the host dispatches the per-device @pl.jit wrapper with device=r, never a "
                 f"kernel directly. Add a @pl.jit function that calls {fn.name}(...) and dispatch that.")
         if fn.kind is Kind.SUBWORKER:
-            raise ProgramError(f"{fn.name}() at {loc}: sub-worker functions run as callbacks of a "
-                               "DistributedWorker (compiled.prepare(callbacks={...})), not in a one-shot run")
+            raise ProgramError(f"{fn.name}() at {loc}: '{fn.name}' is a sub-worker function (pl.Role.SubWorker), a "
+                               "host-side callback; a one-shot run dispatches only per-device functions and "
+                               "collectives. Call the Python function directly from the host code instead.")
         if device is not None:
             raise ProgramError(f"{fn.name}() at {loc}: device= is only for dispatching a per-device function")
         return fn.invoke(*args, **kwargs)
@@ -154,9 +157,11 @@ class PlanningContext(context.Context):
         if name == "allreduce" and args[1] is None:
             self._reject_in_loop(loc)
             lanes = kwargs.get("core_num", 1) if isinstance(kwargs.get("core_num", 1), int) else 1
-            buf = self._reserve(f"allreduce_signal@{loc.short if loc else '?'}", self.world * max(lanes, 1) * 4,
+            shape = (2 * (self.world - 1), self.world) if kwargs.get("mode") == "ring" \
+                else (self.world, max(lanes, 1))
+            buf = self._reserve(f"allreduce_signal@{loc.short if loc else '?'}", max(4 * shape[0] * shape[1], 4),
                                 str(loc))
-            args[1] = WindowView(buf, (self.world, max(lanes, 1)), dt.INT32, str(loc))
+            args[1] = WindowView(buf, shape, dt.INT32, str(loc))
         if name == "allgather" and not isinstance(args[0], WindowView):
             raise ProgramTypeError(f"pld.tensor.allgather at {loc}: in the host orchestrator the local data must be "
                                    "a window (each rank contributes its own copy), got "

@@ -133,6 +133,9 @@ class Function:
             return self.compile(*args, config=config)(*args)
         if self.kind is Kind.INLINE:
             return self.invoke(*args, **kwargs)
+        if self.kind is Kind.HOST and context.current().kind == "python":
+            # Plain Python calling a host orchestrator: compile for the default config and run once.
+            return self.compile(*args)(*args)
         return context.current().call_function(self, args, kwargs, device)
 
     def compile(self, *args, config=None):

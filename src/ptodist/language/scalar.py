@@ -1,6 +1,7 @@
 """Scalars with the device's C semantics.
 
-Integer ``/``, ``//`` and ``%`` truncate toward zero, as C does on the device,
+Integer ``/``, ``//`` and ``%`` truncate toward zero, as C does on the device
+(float ``//`` truncates and float ``%`` is C's ``fmod``),
 so ``(0 - 1) % 4 == -1`` (a documented pitfall: a negative neighbour index).
 Integer results wrap to the type's width.  A Scalar is usable wherever Python
 wants an int (indexing, ``range``, shapes) through ``__index__``.
@@ -8,6 +9,7 @@ wants an int (indexing, ``range``, shapes) through ``__index__``.
 
 from __future__ import annotations
 
+import math
 import operator
 
 from . import dtypes as dt
@@ -118,16 +120,16 @@ class Scalar:
         return self._binary(o, lambda a, b, f: a / b if f else _c_div(a, b), True)
 
     def __floordiv__(self, o):
-        return self._binary(o, lambda a, b, f: a // b if f else _c_div(a, b))
+        return self._binary(o, lambda a, b, f: float(math.trunc(a / b)) if f else _c_div(a, b))
 
     def __rfloordiv__(self, o):
-        return self._binary(o, lambda a, b, f: a // b if f else _c_div(a, b), True)
+        return self._binary(o, lambda a, b, f: float(math.trunc(a / b)) if f else _c_div(a, b), True)
 
     def __mod__(self, o):
-        return self._binary(o, lambda a, b, f: a % b if f else _c_mod(a, b))
+        return self._binary(o, lambda a, b, f: math.fmod(a, b) if f else _c_mod(a, b))
 
     def __rmod__(self, o):
-        return self._binary(o, lambda a, b, f: a % b if f else _c_mod(a, b), True)
+        return self._binary(o, lambda a, b, f: math.fmod(a, b) if f else _c_mod(a, b), True)
 
     def __lshift__(self, o):
         return self._binary(o, lambda a, b, f: a << b)
@@ -180,8 +182,10 @@ class Scalar:
         return self._cmp(o, operator.ge)
 
 
-def const(value, dtype: DataType = dt.INT32) -> Scalar:
-    """Return a typed constant (``pl.const(v, dtype)``)."""
+def const(value, dtype: DataType | None = None) -> Scalar:
+    """Return a typed constant (``pl.const(v, dtype)``; without dtype, INT32 for ints, FP32 for floats)."""
+    if dtype is None:
+        dtype = dt.FP32 if isinstance(value, float) else dt.INT32
     return Scalar(value, dtype)
 
 
@@ -193,13 +197,3 @@ def as_int(value, what: str = "value") -> int:
         return operator.index(value)
     except TypeError:
         raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None
-
-
-def scalar_min(a, b):
-    """``pl.min`` on scalars."""
-    return a if a <= b else b
-
-
-def scalar_max(a, b):
-    """``pl.max`` on scalars."""
-    return a if a >= b else b

@@ -206,10 +206,9 @@ class CompiledProgram:
         get_backend(cfg.resolved_backend()).run(plan, arrays, cfg)
         outs = []
         for p, h in zip(self.host.params, hosts):
-            if h is not None:
+            if h is not None and p.direction is not Direction.IN:
                 h.write_back()
-                if p.direction is not Direction.IN:
-                    outs.append(h.value)
+                outs.append(h.value)
         if not outs:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)

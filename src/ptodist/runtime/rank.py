@@ -80,7 +80,8 @@ class RankContext(context.Context):
     def _run_builtin(self, b: BuiltinCall) -> None:
         """Run a collective the host orchestrator called, as a task of this rank."""
         args = tuple(self._materialize(a, None) for a in b.args)
-        call = coll_spec.check(b.name, args, b.kwargs, self.world, str(b.loc), host=True)
+        kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
+        call = coll_spec.check(b.name, args, kwargs, self.world, str(b.loc), host=True)
         coll_spec.check_layout(self.signal_layouts, call)
         with call_site(b.loc):
             self._task_body(b.describe(), lambda: collectives.run(call, self.rank, self.world, host=True))
@@ -114,8 +115,8 @@ class RankContext(context.Context):
         if fn.kind is Kind.KERNEL:
             return self._run_kernel(fn, args, kwargs)
         if fn.kind is Kind.SUBWORKER:
-            raise ProgramError(f"{fn.name}() at {user_location(3)}: sub-worker functions run on the host "
-                               "as DistributedWorker callbacks, not inside a rank.")
+            raise ProgramError(f"{fn.name}() at {user_location(3)}: '{fn.name}' is a sub-worker function "
+                               "(pl.Role.SubWorker), a host-side callback; it cannot run inside a rank.")
         return fn.invoke(*args, **kwargs)
 
     def _run_kernel(self, fn: Function, args, kwargs):
@@ -316,7 +317,10 @@ class RankContext(context.Context):
         if isinstance(offset, (list, tuple)):
             idx = tuple(as_int(o, f"{op} offset") for o in offset)
             if len(idx) != len(t.shape) or any(not 0 <= i < b for i, b in zip(idx, t.shape)):
-                raise KernelIndexError(f"{op} at {user_location(4)}: index {list(idx)} is outside {t.describe()}")
+                hint = (" A negative index: integer % truncates toward zero on the device, so (r - 1) % n is -1 "
+                        "for r = 0. Write (r - 1 + n) % n.") if any(i < 0 for i in idx) else ""
+                raise KernelIndexError(f"{op} at {user_location(4)}: index {list(idx)} is outside "
+                                       f"{t.describe()}.{hint}")
             return idx
         flat = as_int(offset, f"{op} offset")
         size = int(np.prod(t.shape, dtype=np.int64))
@@ -456,36 +460,31 @@ class RankContext(context.Context):
             return whole, whole
         return self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)
 
-    def _put(self, op, dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline):
+    def _put(self, op, dst, peer, src, *transfer):
         w = self._window(op, dst, "dst")
         p = self._peer(op, peer)
         s = self._tensor(op, src, "src")
-        if s.dtype.np_dtype != w.dtype.np_dtype:
-            raise ProgramTypeError(f"{op} at {user_location(4)}: src {s.describe()} and dst {w.describe()} "
-                                   "have different dtypes")
-        dsl, ssl = self._transfer_regions(op, w, s, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
-                                          pipeline)
-        data = s.array[ssl]
-        if atomic is AtomicType.Add:
-            self._accumulate(op, w, w.peer_array(p), dsl, data, p)
-        else:
-            w.peer_array(p)[dsl] = data
+        self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
 
-    def _get(self, op, dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline):
+    def _get(self, op, dst, peer, src, *transfer):
         w = self._window(op, src, "src")
         p = self._peer(op, peer)
         d = self._tensor(op, dst, "dst")
-        if d.dtype.np_dtype != w.dtype.np_dtype:
-            raise ProgramTypeError(f"{op} at {user_location(4)}: dst {d.describe()} and src {w.describe()} "
-                                   "have different dtypes")
         self._writable(op, d)
-        dsl, ssl = self._transfer_regions(op, d, w, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
+        self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p), *transfer)
+
+    def _copy(self, op, dst, dst_array, owner, src, src_array, dst_offsets, src_offsets, shape, atomic, chunk_rows,
+              chunk_cols, pipeline):
+        """Move a region from ``src_array`` into ``dst_array`` (``owner``: the rank whose window is written)."""
+        if src.dtype.np_dtype != dst.dtype.np_dtype:
+            raise ProgramTypeError(f"{op} at {user_location(4)}: src {src.describe()} and dst {dst.describe()} "
+                                   "have different dtypes")
+        dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
                                           pipeline)
-        data = w.peer_array(p)[ssl]
         if atomic is AtomicType.Add:
-            self._accumulate(op, d, d.array, dsl, data, d.rank if isinstance(d, WindowTensor) else None)
+            self._accumulate(op, dst, dst_array, dsl, src_array[ssl], owner)
         else:
-            d.array[dsl] = data
+            dst_array[dsl] = src_array[ssl]
 
 
 class _Spmd:

@@ -55,6 +55,7 @@ class WindowTensor(RankTensor):
         self.rank = rank
         self.world = world
         self._peer_bytes = peer_bytes  # peer rank -> the buffer's raw bytes on that rank
+        self._peers: dict[int, np.ndarray] = {}
         self._shape = tuple(shape)
         self._nbytes = int(np.prod(self._shape, dtype=np.int64)) * dtype.get_byte()
         super().__init__(name, self._typed(peer_bytes(rank), dtype), dtype, True)
@@ -64,7 +65,10 @@ class WindowTensor(RankTensor):
 
     def peer_array(self, peer: int) -> np.ndarray:
         """Return this view's typed array on rank ``peer``."""
-        return self._typed(self._peer_bytes(peer), self.dtype)
+        view = self._peers.get(peer)
+        if view is None:
+            view = self._peers[peer] = self._typed(self._peer_bytes(peer), self.dtype)
+        return view
 
     def describe(self) -> str:
         return f"window '{self.name}' {self.shape} {self.dtype.name} (buffer '{self.buffer.name}')"
