@@ -727,7 +727,7 @@ CASES = {  # name: (sites, P, dtype, xs, signal, build keywords, call, exception
     "all_to_all_v counts beyond the block": E(sites="kernel host", nr=2, dtype=pl.INT32, xs=[2, 3], sig=[2, 1],
                                               kw={}, call=counts_too_large, exc=ProgramValueError,
                                               parts=["pld.tensor.all_to_all_v at @counts_too_large",
-                                                     "recv_counts [[1, 2], [1, 1]] must lie in [0, 1] (rows per "
+                                                     "recv_counts [[1, 2], [1, 1]] must be integers in [0, 1] (rows per "
                                                      "block)"]),
     "allreduce on INT64": E(sites="kernel host", nr=2, dtype=pl.INT64, xs=[2, 4], sig=[2, 1], kw={},
                             call=int64_allreduce, exc=ProgramTypeError,
@@ -835,8 +835,38 @@ def test_host_allreduce_without_signal_in_a_loop_is_rejected(loop, call, monkeyp
         compile_prog(looped_program(2, loop), 2)(np.zeros((2, 1, 4), np.float32))
     msg = str(info.value)
     assert f"pld.tensor.allreduce at {site(call)}: called without a signal inside a loop" in msg
-    assert f"(the loop at host line {line_of(loop + '_loop')})" in msg
+    assert f"(the loop at {__file__}:{line_of(loop + '_loop')})" in msg
     assert "Pass an explicit signal window" in msg and "hoist the allreduce out of the loop" in msg
+
+
+def test_host_allreduce_without_signal_in_a_helpers_loop_is_rejected(monkeypatch):
+    # The loop is in a helper the host calls, not in the host function itself.
+    forbid_ranks(monkeypatch)
+
+    def twice(data):
+        for _ in range(2):
+            data = pld.tensor.allreduce(data)
+        return data
+
+    @pl.program
+    class Helper:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, x: pl.Tensor[[1, 4], pl.FP32], d: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]]):
+            pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], d)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[1, 4], pl.FP32], d: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]]):
+            self.k(x, d)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[2, 1, 4], pl.FP32]):
+            buf = pld.alloc_window_buffer([1, 4], dtype=pl.FP32)
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], pld.window(buf, [1, 4], dtype=pl.FP32), device=r)
+            twice(pld.window(buf, [1, 4], dtype=pl.FP32))
+
+    with pytest.raises(ProgramError, match=r"called without a signal inside a loop \(the loop at .*test_collectives"):
+        compile_prog(Helper, 2)(np.zeros((2, 1, 4), np.float32))
 
 
 def test_host_allreduce_with_a_signal_in_a_loop_runs():
@@ -929,11 +959,8 @@ def counts_program(nr: int, rows: int, cols: int):
     return Counts
 
 
-@pytest.mark.xfail(strict=True, raises=RankError,
-                   reason="ptodist bug: a host builtin's keyword arguments (all_to_all_v's counts) are not "
-                          "materialised in the rank (runtime/rank.py _run_builtin), so a host tensor arrives as "
-                          "a HostTensorRef and is rejected as 'got shape []'")
 def test_host_all_to_all_v_takes_counts_from_a_host_tensor():
+    # The builtin's keyword arguments (here the counts) are host tensors materialised on each rank.
     nr, rows, cols = 2, 2, 3
     counts = np.array([[1, 2], [2, 0]], np.int32)
     x = np.arange(nr * nr * rows * cols, dtype=np.int32).reshape(nr, nr * rows, cols) + 1

@@ -34,5 +34,5 @@ def run(call: Call, me: int, n: int, host: bool):
         movement.all_to_all(call.source, call.target, call.signal, me, n)
     elif name == "all_to_all_v":
         movement.all_to_all_v(call.source, call.target, call.signal, call.counts["send_counts"],
-                              call.counts["recv_counts"], me, n)
+                              call.counts["recv_counts"], me, n, call.where)
     return call.target

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import numpy as np
-
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 
 from ..language.tile_ops import Tile
 from . import common
+from .spec import counts_array
 
 
 def broadcast(target, signal, root: int, me: int, n: int) -> None:
@@ -47,30 +46,17 @@ def all_to_all(input, target, signal, me: int, n: int) -> None:
     common.barrier(signal, me, n)
 
 
-def _counts(counts, me: int, n: int, what: str, limit: int) -> list[int]:
-    """Counts as a length-n list: a sequence, a rank-local [n] tensor, or an [n, n] tensor (row = rank)."""
-    arr = np.asarray(counts.array if hasattr(counts, "array") else counts)
-    if arr.shape == (n, n):
-        arr = arr[me]
-    if arr.shape != (n,):
-        raise ValueError(f"pld.tensor.all_to_all_v: {what} must hold one count per rank ({n}), got shape "
-                         f"{list(arr.shape)}")
-    out = [int(c) for c in arr]
-    bad = [c for c in out if not 0 <= c <= limit]
-    if bad:
-        raise ValueError(f"pld.tensor.all_to_all_v: {what} {out} must lie in [0, {limit}] (rows per block)")
-    return out
-
-
-def all_to_all_v(input, target, signal, send_counts, recv_counts, me: int, n: int) -> None:
+def all_to_all_v(input, target, signal, send_counts, recv_counts, me: int, n: int, where: str) -> None:
     """Like all_to_all, but only the first ``send_counts[p]`` rows of block p travel to rank p."""
     rows = input.shape[0] // n
     rest = [0] * (len(input.shape) - 1)
-    send = _counts(send_counts, me, n, "send_counts", rows)
-    _counts(recv_counts, me, n, "recv_counts", rows)
+    w = f"pld.tensor.all_to_all_v at {where}"
+    send = counts_array(send_counts, n, rows, "send_counts", w)
+    counts_array(recv_counts, n, rows, "recv_counts", w)
+    send = send[me] if send.ndim == 2 else send
     common.barrier(signal, me, n)
     for p in range(n):
         if send[p]:
-            block = pl.load(input, [p * rows, *rest], [send[p], *input.shape[1:]])
+            block = pl.load(input, [p * rows, *rest], [int(send[p]), *input.shape[1:]])
             pld.tile.remote_store(block, target, p, [me * rows, *rest])
     common.barrier(signal, me, n)

@@ -194,15 +194,19 @@ def _check_counts(call: Call, w: str, world: int) -> None:
     """Check all_to_all_v counts given as constants (lists, arrays); tensors' values are checked in the rank."""
     rows = call.target.shape[0] // world
     for what in ("send_counts", "recv_counts"):
-        counts = call.counts[what]
-        if not isinstance(counts, (list, tuple, np.ndarray)):
-            continue
-        arr = np.asarray(counts)
-        if arr.shape not in ((world,), (world, world)):
-            raise ProgramValueError(f"{w}: {what} must hold one count per rank, as [{world}] (this rank's) or "
-                                    f"[{world}, {world}] (row r for rank r), got shape {list(arr.shape)}: {counts!r}")
-        if arr.dtype.kind in "iu" and ((arr < 0) | (arr > rows)).any():
-            raise ProgramValueError(f"{w}: {what} {arr.tolist()} must lie in [0, {rows}] (rows per block)")
+        if isinstance(call.counts[what], (list, tuple, np.ndarray)):
+            counts_array(call.counts[what], world, rows, what, w)
+
+
+def counts_array(counts, world: int, rows: int, what: str, w: str) -> np.ndarray:
+    """Return all_to_all_v counts as an int array of shape [world] or [world, world] (row r for rank r)."""
+    arr = np.asarray(counts.array if hasattr(counts, "array") else counts)
+    if arr.shape not in ((world,), (world, world)):
+        raise ProgramValueError(f"{w}: {what} must hold one count per rank, as [{world}] (this rank's) or "
+                                f"[{world}, {world}] (row r for rank r), got shape {list(arr.shape)}: {arr.tolist()}")
+    if arr.dtype.kind not in "iu" or ((arr < 0) | (arr > rows)).any():
+        raise ProgramValueError(f"{w}: {what} {arr.tolist()} must be integers in [0, {rows}] (rows per block)")
+    return arr
 
 
 def ring_axis(shape, world: int) -> int | None:

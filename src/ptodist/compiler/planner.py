@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import inspect
 import re
+import sys
 import textwrap
 import warnings
 
@@ -22,7 +23,7 @@ from ..language import dtypes as dt
 from ..language.dtypes import DataType
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
-from ..source import user_location
+from ..source import is_internal, user_location
 from . import checks
 from .plan import (
     WINDOW_ALIGN,
@@ -176,22 +177,25 @@ class PlanningContext(context.Context):
         return call.signal if name == "barrier" else call.target
 
     def _reject_in_loop(self, loc) -> None:
-        """A host allreduce without a signal synthesises one per call site: not allowed inside a loop."""
-        if loc is None or loc.file != self.host.file:
-            return
-        try:
-            tree = ast.parse(textwrap.dedent(inspect.getsource(self.host.fn)))
-        except (OSError, TypeError, SyntaxError):
-            return
-        line = loc.line - self.host.line + 1
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.For, ast.While)) and node.lineno < line <= (node.end_lineno or node.lineno):
-                raise ProgramError(
-                    f"pld.tensor.allreduce at {loc}: called without a signal inside a loop (the loop at host "
-                    f"line {self.host.line + node.lineno - 1}). The synthesised signal would serve every iteration "
-                    "of the loop at once. Pass an explicit signal window "
-                    "(pld.window(pld.alloc_window_buffer([NR, 1], dtype=pl.INT32), ...)) or hoist the allreduce "
-                    "out of the loop.")
+        """A host allreduce without a signal synthesises one per call site: not allowed inside a loop.
+
+        Every user frame from the call up to the host orchestrator is checked, so a loop in a
+        helper function the host calls counts too.
+        """
+        frame = sys._getframe(2)
+        while frame is not None:
+            if not is_internal(frame.f_code.co_filename):
+                loop_line = _enclosing_loop(frame.f_code, frame.f_lineno)
+                if loop_line is not None:
+                    raise ProgramError(
+                        f"pld.tensor.allreduce at {loc}: called without a signal inside a loop (the loop at "
+                        f"{frame.f_code.co_filename}:{loop_line}). The synthesised signal would serve every "
+                        "iteration of the loop at once. Pass an explicit signal window "
+                        "(pld.window(pld.alloc_window_buffer([NR, 1], dtype=pl.INT32), ...)) or hoist the "
+                        "allreduce out of the loop.")
+            if frame.f_code is self.host.fn.__code__:
+                return
+            frame = frame.f_back
 
     def get_comm_ctx(self, tensor):
         from ..language.distributed.types import CommCtx
@@ -229,3 +233,19 @@ def make_plan(host: Function, program: str, device_ids: list[int], host_specs: l
         host.invoke(*proxies)
     checks.check_coverage(ctx.plan, host)
     return ctx.plan
+
+
+def _enclosing_loop(code, lineno: int) -> int | None:
+    """Return the first line of the innermost ``for``/``while`` of ``code`` that contains ``lineno``."""
+    try:
+        lines, first = inspect.getsourcelines(code)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    line = lineno - first + 1
+    found = None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.For, ast.While)) and node.lineno < line <= (node.end_lineno or node.lineno):
+            if found is None or node.lineno > found:
+                found = node.lineno
+    return None if found is None else first + found - 1
