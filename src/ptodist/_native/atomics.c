@@ -103,21 +103,25 @@ static inline int satisfied(int32_t v, int cmp, int32_t expected) {
     return cmp == CMP_EQ ? v == expected : v >= expected;
 }
 
-/* wait(addr, sleepers, cmp, expected, spin_s, timeout_s) -> (ok, value)
- * Spin for spin_s seconds, then sleep until the word changes, for at most
- * timeout_s in all.  Returns with the GIL held; the caller loops on timeout. */
+/* wait(addr, sleepers, cmp, expected, spin_s, yield_s, timeout_s) -> (ok, value)
+ * Spin for spin_s seconds, then poll with sched_yield() for yield_s more (when
+ * ranks outnumber cores this hands the core to the rank that will notify, and
+ * is far cheaper than a sleep and a wake-up), then sleep until the word
+ * changes; at most timeout_s in all.  The caller loops on timeout. */
 static PyObject *py_wait(PyObject *self, PyObject *args) {
     unsigned long long addr, sleepers_addr;
     int cmp;
     long long expected_ll;
-    double spin_s, timeout_s;
-    if (!PyArg_ParseTuple(args, "KKiLdd", &addr, &sleepers_addr, &cmp, &expected_ll, &spin_s, &timeout_s))
+    double spin_s, yield_s, timeout_s;
+    if (!PyArg_ParseTuple(args, "KKiLddd", &addr, &sleepers_addr, &cmp, &expected_ll, &spin_s, &yield_s,
+                          &timeout_s))
         return NULL;
     int32_t *word = as_word(addr), *sleepers = as_word(sleepers_addr);
     int32_t expected = (int32_t)expected_ll, v;
     int ok = 0;
     Py_BEGIN_ALLOW_THREADS
     double start = now_s(), deadline = start + timeout_s, spin_end = start + spin_s;
+    double yield_end = spin_end + yield_s;
     for (;;) {
         v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
         if (satisfied(v, cmp, expected)) { ok = 1; break; }
@@ -125,6 +129,10 @@ static PyObject *py_wait(PyObject *self, PyObject *args) {
         if (t >= deadline) break;
         if (t < spin_end) {
             for (int i = 0; i < 64; i++) CPU_RELAX();
+            continue;
+        }
+        if (t < yield_end) {
+            sched_yield();
             continue;
         }
         __atomic_fetch_add(sleepers, 1, __ATOMIC_SEQ_CST);
@@ -189,7 +197,7 @@ static PyMethodDef methods[] = {
     {"fetch_add", py_fetch_add, METH_VARARGS, "fetch_add(addr, sleepers, delta) -> old int32 value"},
     {"exchange", py_exchange, METH_VARARGS, "exchange(addr, sleepers, value) -> old int32 value"},
     {"load", py_load, METH_VARARGS, "load(addr) -> int32 value"},
-    {"wait", py_wait, METH_VARARGS, "wait(addr, sleepers, cmp, expected, spin_s, timeout_s) -> (ok, value)"},
+    {"wait", py_wait, METH_VARARGS, "wait(addr, sleepers, cmp, expected, spin_s, yield_s, timeout_s) -> (ok, value)"},
     {"lock", py_lock, METH_VARARGS, "lock(addr): acquire a futex mutex word"},
     {"unlock", py_unlock, METH_VARARGS, "unlock(addr): release a futex mutex word"},
     {"die_with_parent", py_die_with_parent, METH_NOARGS, "kill this process when its parent exits"},

@@ -79,8 +79,12 @@ class ShmMemory:
         self.base = arena.ctypes.data
         self.sleepers_addr = self.base + layout.sleepers
         self.status = StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)].view(STATUS_DTYPE))
-        # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they sleep at once.
-        self.spin_s = 50e-6 if world <= (os.cpu_count() or 1) else 2e-6
+        # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they yield the core
+        # for a while (the notifier may be waiting for it), then sleep.
+        if world <= (os.cpu_count() or 1):
+            self.spin_s, self.yield_s = 50e-6, 0.0
+        else:
+            self.spin_s, self.yield_s = 2e-6, 200e-6
 
     def _buffer_off(self, buffer_id: int, rank: int) -> int:
         return self.layout.windows + rank * self.layout.heap + self.layout.offsets[buffer_id]
@@ -103,7 +107,7 @@ class ShmMemory:
 
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
         return _atomics.wait(self._addr(buffer_id, self.rank, offset), self.sleepers_addr, int(ge), expected,
-                             self.spin_s, timeout_s)
+                             self.spin_s, self.yield_s, timeout_s)
 
     @contextmanager
     def locked(self, rank: int):

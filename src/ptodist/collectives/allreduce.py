@@ -23,7 +23,9 @@ def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1) -> 
 
     Every byte of every window is read once (by the rank that owns its chunk) and the
     reduced chunk is written once into each rank: the fastest schedule where ranks can
-    address each other's memory.  ``core_num`` lanes each take a slice, with their own
+    address each other's memory.  A Sum accumulates in place (``get`` with atomic add into
+    my own chunk), so no temporaries are made.  Only the owner reduces a chunk, so every
+    rank ends with the same bits.  ``core_num`` lanes each take a slice, with their own
     signal column.
     """
     axis = common.longest_axis(target.shape)
@@ -32,9 +34,13 @@ def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1) -> 
         offsets, ext = common.split(lane_region[1], n, axis)[me]
         offsets = [a + b for a, b in zip(offsets, lane_region[0])]
         if ext[axis]:
-            acc = common.reduce_from_all(target, (offsets, ext), op, n)
+            if op is ReduceOp.Sum:
+                common.accumulate_peers(target, offsets, ext, me, n)
+            else:
+                pl.store(common.reduce_from_all(target, (offsets, ext), op, n), offsets, target)
             for p in range(n):
-                pld.tile.remote_store(acc, target, p, offsets)
+                if p != me:
+                    pld.tensor.put(target, p, target, offsets, offsets, ext)
         common.barrier(signal, me, n, lane)
 
 
@@ -75,6 +81,6 @@ def reduce_scatter(target, signal, op: ReduceOp, me: int, n: int) -> None:
     offsets = [me * rows] + [0] * (len(target.shape) - 1)
     ext = [rows, *target.shape[1:]]
     common.barrier(signal, me, n)
-    acc = common.reduce_from_all(target, (offsets, ext), op, n)
+    # Only this rank touches row block `me` of its own window, so it can accumulate in place (Sum only).
+    common.accumulate_peers(target, offsets, ext, me, n)
     common.barrier(signal, me, n)
-    pl.store(acc, offsets, target)

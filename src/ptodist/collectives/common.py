@@ -12,7 +12,7 @@ from __future__ import annotations
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 
-from ..language.distributed.types import NotifyOp, ReduceOp, WaitCmp
+from ..language.distributed.types import AtomicType, NotifyOp, ReduceOp, WaitCmp
 
 REDUCE = {ReduceOp.Sum: pl.add, ReduceOp.Max: pl.maximum, ReduceOp.Min: pl.minimum, ReduceOp.Prod: pl.mul}
 
@@ -54,6 +54,13 @@ def split(shape, parts: int, axis: int) -> list[tuple[list[int], list[int]]]:
 
 def longest_axis(shape) -> int:
     return max(range(len(shape)), key=lambda a: shape[a])
+
+
+def accumulate_peers(target, offsets, ext, me: int, n: int) -> None:
+    """Add every peer's region of ``target`` into mine, in place (``get`` with atomic add)."""
+    for p in range(n):
+        if p != me:
+            pld.tensor.get(target, p, target, offsets, offsets, ext, atomic=AtomicType.Add)
 
 
 def reduce_from_all(target, region, op: ReduceOp, n: int):

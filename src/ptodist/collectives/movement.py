@@ -14,8 +14,7 @@ def broadcast(target, signal, root: int, me: int, n: int) -> None:
     """Every rank copies root's window; the second barrier keeps root's data until all have read it."""
     common.barrier(signal, me, n)
     if me != root:
-        offsets, ext = common.whole(target)
-        pl.store(pld.tile.remote_load(target, root, offsets, ext), offsets, target)
+        pld.tensor.get(target, root, target)
     common.barrier(signal, me, n)
 
 
@@ -39,10 +38,10 @@ def all_to_all(input, target, signal, me: int, n: int) -> None:
     """Row block p of my input goes to row block ``me`` of rank p's target."""
     rows = input.shape[0] // n
     rest = [0] * (len(input.shape) - 1)
+    ext = [rows, *input.shape[1:]]
     common.barrier(signal, me, n)
     for p in range(n):
-        block = pl.load(input, [p * rows, *rest], [rows, *input.shape[1:]])
-        pld.tile.remote_store(block, target, p, [me * rows, *rest])
+        pld.tensor.put(target, p, input, [me * rows, *rest], [p * rows, *rest], ext)
     common.barrier(signal, me, n)
 
 
@@ -57,6 +56,5 @@ def all_to_all_v(input, target, signal, send_counts, recv_counts, me: int, n: in
     common.barrier(signal, me, n)
     for p in range(n):
         if send[p]:
-            block = pl.load(input, [p * rows, *rest], [int(send[p]), *input.shape[1:]])
-            pld.tile.remote_store(block, target, p, [me * rows, *rest])
+            pld.tensor.put(target, p, input, [me * rows, *rest], [p * rows, *rest], [int(send[p]), *input.shape[1:]])
     common.barrier(signal, me, n)

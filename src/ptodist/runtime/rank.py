@@ -51,6 +51,9 @@ class RankContext(context.Context):
         self._checked: set[int] = set()
         self._spmd_blocks = 0
         self.signal_layouts: dict = {}  # window buffer id -> the collective layout it serves
+        # The plan is fixed for the run: window views and checked builtin calls are made once and reused.
+        self._windows: dict = {}
+        self._builtins: dict = {}
         self._block_idx = 0
         self._ops = {
             "pl.load": self._load, "pl.store": self._store, "pl.read": self._read, "pl.write": self._write,
@@ -79,10 +82,15 @@ class RankContext(context.Context):
 
     def _run_builtin(self, b: BuiltinCall) -> None:
         """Run a collective the host orchestrator called, as a task of this rank."""
-        args = tuple(self._materialize(a, None) for a in b.args)
-        kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
-        call = coll_spec.check(b.name, args, kwargs, self.world, str(b.loc), host=True)
-        coll_spec.check_layout(self.signal_layouts, call)
+        key = (b.name, str(b.loc), tuple(_arg_key(a) for a in b.args),
+               tuple((k, _arg_key(v)) for k, v in b.kwargs.items()))
+        call = self._builtins.get(key)
+        if call is None:
+            args = tuple(self._materialize(a, None) for a in b.args)
+            kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
+            call = coll_spec.check(b.name, args, kwargs, self.world, str(b.loc), host=True)
+            coll_spec.check_layout(self.signal_layouts, call)
+            self._builtins[key] = call
         with call_site(b.loc):
             self._task_body(b.describe(), lambda: collectives.run(call, self.rank, self.world, host=True))
 
@@ -96,9 +104,13 @@ class RankContext(context.Context):
             return RankTensor(arg.name, array, spec_t.dtype)
         if isinstance(arg, WindowView):
             buf = arg.buffer
-            return WindowTensor(spec.name if spec is not None and spec.kind == "tensor" else buf.name, buf,
-                                arg.shape, arg.dtype,
-                                self.rank, self.world, lambda r, b=buf.id: self.memory.window_bytes(b, r))
+            name = spec.name if spec is not None and spec.kind == "tensor" else buf.name
+            key = (buf.id, arg.shape, arg.dtype.name, name)
+            w = self._windows.get(key)
+            if w is None:
+                w = self._windows[key] = WindowTensor(name, buf, arg.shape, arg.dtype, self.rank, self.world,
+                                                      lambda r, b=buf.id: self.memory.window_bytes(b, r))
+            return w
         return self._scalar_for(spec, arg)
 
     @staticmethod
@@ -404,8 +416,9 @@ class RankContext(context.Context):
 
     def _block_until(self, w: WindowTensor, byte: int, idx, expected: int, cmp: WaitCmp, loc) -> None:
         ge = cmp is WaitCmp.Ge
-        # Fast path: satisfied at once or within the backend's spin; nothing to publish.
-        if self.memory.cell_wait(w.buffer.id, byte, ge, expected, 0.0)[0]:
+        # Fast path: satisfied within the first slice; what the rank waits on is published only after
+        # it, for the hang report (the driver calls a hang certain only after a longer stillness).
+        if self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)[0]:
             return
         loc = loc or user_location(4)
         what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
@@ -506,3 +519,14 @@ class _Spmd:
     def __exit__(self, *exc):
         self.ctx._spmd_blocks = 0
         return False
+
+
+def _arg_key(a):
+    """A hashable identity of a builtin call's argument (window views by buffer, shape and dtype)."""
+    if isinstance(a, WindowView):
+        return ("window", a.buffer.id, a.shape, a.dtype.name)
+    if isinstance(a, HostTensorRef):
+        return ("host", a.tensor.index, a.index)
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg_key(x) for x in a)
+    return repr(a)
