@@ -34,7 +34,7 @@ FILE = __file__
 
 @pytest.fixture(autouse=True)
 def no_rank_may_start(monkeypatch):
-    def refuse(self, plan, host_arrays, config):
+    def refuse(self, plan, host_arrays, config, dfx=None):
         raise AssertionError("the backend was asked to start ranks: the check must fire before that")
 
     monkeypatch.setattr(ShmBackend, "run", refuse)

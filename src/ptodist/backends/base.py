@@ -103,8 +103,11 @@ class Backend(Protocol):
 
     name: str
 
-    def run(self, plan, host_arrays: list, config) -> None:
+    def run(self, plan, host_arrays: list, config, dfx=None) -> None:
         """Run every rank's tasks; host tensors are read and written in place.
+
+        ``dfx`` (a ``ptodist.dfx.DfxRequest``) asks each rank to keep an event log
+        and write its diagnostic outputs, and the driver to merge them.
 
         Raises RankError when a rank fails and HangError when the ranks stop
         making progress; on any ending no rank is left running.

@@ -29,8 +29,10 @@ import numpy as np
 from .. import _atomics
 from ..check.hang import hang_report
 from ..compiler.plan import DispatchPlan
+from ..dfx import finish_run, write_rank_outputs
 from ..errors import HangError, PtodistError, RankError, RankFailure
 from ..language.types import Direction
+from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
 from ..source import is_internal
 from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
@@ -124,13 +126,17 @@ class ShmBackend:
 
     name = "shm"
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config) -> None:
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
         layout = Layout(plan, host_arrays)
         mm = mmap.mmap(-1, layout.total)
         arena = np.frombuffer(mm, dtype=np.uint8)
         try:
             views = self._host_views(arena, layout, plan, host_arrays)
-            _Driver(plan, arena, layout, views, config).run()
+            try:
+                _Driver(plan, arena, layout, views, config, dfx).run()
+            finally:
+                if dfx is not None:
+                    finish_run(dfx, plan.world, plan.device_ids)
             for spec in plan.host_tensors:
                 if spec.direction is not Direction.IN:
                     host_arrays[spec.index][...] = views[spec.index]
@@ -160,8 +166,9 @@ class ShmBackend:
 class _Driver:
     """Forks the ranks, watches them, and turns failures and stalls into exceptions."""
 
-    def __init__(self, plan, arena, layout, host_views, config):
+    def __init__(self, plan, arena, layout, host_views, config, dfx=None):
         self.plan = plan
+        self.dfx = dfx
         self.world = plan.world
         self.arena = arena
         self.layout = layout
@@ -193,7 +200,7 @@ class _Driver:
                 os.close(rfd)
                 for fd in self.fds:
                     os.close(fd)
-                _rank_main(self.plan, r, self.arena, self.layout, self.host_views, wfd, parent)
+                _rank_main(self.plan, r, self.arena, self.layout, self.host_views, wfd, parent, self.dfx)
             os.close(wfd)
             self.pids[r] = pid
             self.fds[rfd] = r
@@ -323,7 +330,7 @@ class _Driver:
         self.fds.clear()
 
 
-def _rank_main(plan, rank, arena, layout, host_views, wfd, parent) -> None:
+def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> None:
     """Body of a rank process; never returns."""
     code = 0
     try:
@@ -332,14 +339,20 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent) -> None:
             os._exit(1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
         memory = ShmMemory(arena, layout, rank, plan.world)
-        ctx = RankContext(plan, rank, memory, host_views)
+        log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
+        ctx = RankContext(plan, rank, memory, host_views, events=log)
         result = None
         try:
             ctx.run_all()
-            memory.status.finish(rank, DONE)
         except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
-            memory.status.finish(rank, FAILED)
             result = _failure(plan, rank, ctx.failed_task or ctx.task, e)
+        if log is not None:
+            # Written before the rank reports, so the driver finds every rank's files when it merges.
+            try:
+                write_rank_outputs(log, dfx)
+            except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
+                result = result or _failure(plan, rank, None, e)
+        memory.status.finish(rank, DONE if result is None else FAILED)
         payload = pickle.dumps(result)
         view = memoryview(payload)
         while view:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import dfx
 from ..backends import get_backend
 from ..compiler import checks, planner
 from ..compiler.plan import DispatchPlan, HostTensorSpec
@@ -84,6 +85,7 @@ class CompiledProgram:
         self.world = len(self.device_ids)
         self._extra = list(extra_functions)
         self._plans: dict = {}
+        self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
         checks.check_program_signatures(host, self._extra)
 
@@ -203,7 +205,9 @@ class CompiledProgram:
         cfg.announce_platform()
         plan, values, hosts, created = self._plan_for(args)
         arrays = [h.array if h is not None else None for h in hosts]
-        get_backend(cfg.resolved_backend()).run(plan, arrays, cfg)
+        dfx_request = dfx.request_for(cfg, self.output_dir, self._dispatches) if _wants_dfx(cfg) else None
+        self._dispatches += 1
+        get_backend(cfg.resolved_backend()).run(plan, arrays, cfg, dfx_request)
         outs = []
         for p, h in zip(self.host.params, hosts):
             if h is not None and p.direction is not Direction.IN:
@@ -212,6 +216,11 @@ class CompiledProgram:
         if not outs:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def _wants_dfx(cfg: RunConfig) -> bool:
+    dfx.notice_build_time_switches()
+    return cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats
 
 
 def _scalar_key(v):

@@ -23,7 +23,13 @@ from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction
 from ..source import call_site, user_location
+from .events import EventLog, now_ns
 from .tensors import RankTensor, WindowTensor
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy < 2
+    from numpy import byte_bounds
 
 ATOMIC_ADD_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32, dt.INT16, dt.INT8)
 
@@ -33,7 +39,8 @@ class RankContext(context.Context):
 
     kind = "rank"
 
-    def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2):
+    def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2,
+                 events: EventLog | None = None):
         self.plan = plan
         self.rank = rank
         self.world = plan.world
@@ -54,6 +61,10 @@ class RankContext(context.Context):
         # The plan is fixed for the run: window views and checked builtin calls are made once and reused.
         self._windows: dict = {}
         self._builtins: dict = {}
+        # The event log, when a diagnostic output asked for one; every hook below is skipped when None.
+        self.events = events
+        self._task_id: int | None = None
+        self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
         self._ops = {
             "pl.load": self._load, "pl.store": self._store, "pl.read": self._read, "pl.write": self._write,
@@ -68,6 +79,8 @@ class RankContext(context.Context):
     # -- running the plan -------------------------------------------------------
     def run_all(self) -> None:
         """Run this rank's dispatched tasks in order."""
+        if self.events is not None:
+            self.events.scope("begin", "dispatch", self.plan.program, self.events.dispatch)
         with context.using(self):
             for task in self.plan.tasks[self.rank]:
                 if isinstance(task.function, BuiltinCall):
@@ -79,6 +92,8 @@ class RankContext(context.Context):
                 self.status.set_running(self.rank, fn.name)
                 fn.invoke(*args)
                 self.task = None
+        if self.events is not None:
+            self.events.scope("end", "dispatch", self.plan.program, self.events.dispatch)
 
     def _run_builtin(self, b: BuiltinCall) -> None:
         """Run a collective the host orchestrator called, as a task of this rank."""
@@ -92,7 +107,11 @@ class RankContext(context.Context):
             coll_spec.check_layout(self.signal_layouts, call)
             self._builtins[key] = call
         with call_site(b.loc):
-            self._task_body(b.describe(), lambda: collectives.run(call, self.rank, self.world, host=True))
+            info = [self._tensor_info(role, "inout", t) for role, t in
+                    (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
+                if self.events is not None else None
+            self._task_body(b.describe(), lambda: collectives.run(call, self.rank, self.world, host=True),
+                            kind="collective", where=str(b.loc), info=info)
 
     def _materialize(self, arg, spec):
         if isinstance(arg, HostTensorRef):
@@ -131,7 +150,7 @@ class RankContext(context.Context):
                                "(pl.Role.SubWorker), a host-side callback; it cannot run inside a rank.")
         return fn.invoke(*args, **kwargs)
 
-    def _run_kernel(self, fn: Function, args, kwargs):
+    def _run_kernel(self, fn: Function, args, kwargs, deps=()):
         loc = user_location(4)
         values = fn.bind_arguments(args, kwargs)
         if id(fn.fn) not in self._checked:
@@ -146,20 +165,24 @@ class RankContext(context.Context):
                 v = v.read_only(f"it is parameter '{spec.name}' of {fn.kind.value} '{fn.name}' ({fn.location}), "
                                 f"declared {spec.type_name}, an input")
             values[i] = self._scalar_for(spec, v)
+        info = [self._tensor_info(spec.name, spec.direction.value, v) for spec, v in zip(fn.params, values)
+                if isinstance(v, RankTensor)] if self.events is not None else None
         blocks = self._spmd_blocks or 1
         result = None
         for b in range(blocks):
             self._block_idx = b
-            result = self._task_body(fn.name, lambda: fn.invoke(*values))
+            result = self._task_body(fn.name, lambda: fn.invoke(*values), where=str(loc), info=info, deps=deps)
         self._block_idx = 0
         return result
 
-    def _task_body(self, name: str, body):
-        outer_task, outer_deferred = self.task, self._deferred
-        self.task, self._deferred = name, []
+    def _task_body(self, name: str, body, kind: str = "task", where: str = "", info=None, deps=()):
+        outer_task, outer_deferred, outer_id = self.task, self._deferred, self._task_id
+        self.task, self._deferred, self._task_id = name, [], self._tasks_started
         self._kernel_depth += 1
         self._tasks_started += 1
         self.status.set_running(self.rank, name)
+        rec = self.events.task_begin(self._task_id, name, kind, where, self._block_idx, info or [], deps) \
+            if self.events is not None else None
         try:
             result = body()
             for cond in self._deferred:
@@ -169,8 +192,32 @@ class RankContext(context.Context):
             self.failed_task = self.failed_task or name
             raise
         finally:
+            if rec is not None:
+                self.events.task_end(rec)
             self._kernel_depth -= 1
-            self.task, self._deferred = outer_task, outer_deferred
+            self.task, self._deferred, self._task_id = outer_task, outer_deferred, outer_id
+
+    def _tensor_info(self, name: str, direction: str, t: RankTensor) -> dict:
+        """Describe a task argument for deps.json: which memory it is, and where in it."""
+        lo, hi = byte_bounds(t.array)
+        tensor_id, base = f"private:{lo:x}", lo
+        for i, a in enumerate(self.host_arrays):
+            if a is not None:
+                alo, ahi = byte_bounds(a)
+                if alo <= lo < ahi:
+                    tensor_id, base = f"host:{i}", alo
+        for buf in self.plan.windows:
+            blo, bhi = byte_bounds(self.memory.window_bytes(buf.id, self.rank))
+            if blo <= lo < bhi:
+                tensor_id, base = f"window:{buf.name}", blo
+        for llo, lhi, lid in self._locals:
+            if llo <= lo < lhi:
+                tensor_id, base = lid, llo
+        return {"name": name, "direction": direction, "tensor": t.name, "tensor_id": tensor_id,
+                "dtype": t.dtype.name, "shape": t.shape, "offset": lo - base, "nbytes": hi - lo}
+
+    def _log(self, kind: str, name: str, start: int, **args) -> None:
+        self.events.op(kind, name, start, self._task_id, self._block_idx, str(user_location(4)), **args)
 
     def collective(self, name, args, kwargs):
         loc = user_location(3)
@@ -191,7 +238,7 @@ class RankContext(context.Context):
             raise ProgramTypeError(f"pl.submit at {user_location(3)}: the first argument must be a kernel "
                                    f"(@pl.jit.incore), got {fn!r}")
         tid = self._tasks_started
-        result = self._run_kernel(fn, args, kwargs)
+        result = self._run_kernel(fn, args, kwargs, deps)
         if isinstance(result, tuple):
             return (*result, tid)
         return result, tid
@@ -358,7 +405,12 @@ class RankContext(context.Context):
         return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable, t.readonly_why)
 
     def _create_tensor(self, op, shape, dtype):
-        return RankTensor("pl.create_tensor", np.zeros(shape, dtype=dtype.np_dtype), dtype)
+        t = RankTensor("pl.create_tensor", np.zeros(shape, dtype=dtype.np_dtype), dtype)
+        if self.events is not None:
+            lo, hi = byte_bounds(t.array)
+            self._locals.append((lo, hi, f"local:{len(self._locals)}"))
+            self.events.allocated(hi - lo)
+        return t
 
     # -- signals ------------------------------------------------------------------
     def _cell(self, op: str, w: WindowTensor, offsets) -> tuple[int, list[int]]:
@@ -386,13 +438,18 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         byte, _ = self._cell(op, w, offsets)
         v = as_int(value, f"{op} value")
+        start = now_ns() if self.events is not None else 0
         if notify_op is NotifyOp.AtomicAdd:
-            self.memory.cell_add(w.buffer.id, p, byte, v)
+            old = self.memory.cell_add(w.buffer.id, p, byte, v)
+            new = old + v
         elif notify_op is NotifyOp.Set:
-            self.memory.cell_set(w.buffer.id, p, byte, v)
+            old, new = self.memory.cell_set(w.buffer.id, p, byte, v), v
         else:
             raise ProgramTypeError(f"{op} at {user_location(4)}: op= must be pld.NotifyOp.AtomicAdd or "
                                    f"pld.NotifyOp.Set, got {notify_op!r}")
+        if self.events is not None:
+            self._log("notify", op, start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=p,
+                      cell=[int(i) for i in offsets], offset=byte, op=notify_op.name, value=v, old=old, new=new)
 
     def _wait_args(self, op, signal, offsets, expected, cmp):
         w = self._window(op, signal, "signal")
@@ -416,16 +473,20 @@ class RankContext(context.Context):
 
     def _block_until(self, w: WindowTensor, byte: int, idx, expected: int, cmp: WaitCmp, loc) -> None:
         ge = cmp is WaitCmp.Ge
+        start = now_ns() if self.events is not None else 0
         # Fast path: satisfied within the first slice; what the rank waits on is published only after
         # it, for the hang report (the driver calls a hang certain only after a longer stillness).
-        if self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)[0]:
-            return
-        loc = loc or user_location(4)
-        what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
-        self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what)
-        while not self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)[0]:
-            pass
-        self.status.set_running(self.rank, self.task or "")
+        ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
+        if not ok:
+            loc = loc or user_location(4)
+            what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
+            self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what)
+            while not ok:
+                ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
+            self.status.set_running(self.rank, self.task or "")
+        if self.events is not None:
+            self._log("wait", "pld.system.wait", start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=self.rank,
+                      cell=[int(i) for i in idx], offset=byte, cmp=cmp.name, expected=expected, seen=seen)
 
     # -- remote memory access ---------------------------------------------------------
     def _accumulate(self, op, t, dst: np.ndarray, sl, data, owner: int | None):
@@ -441,7 +502,10 @@ class RankContext(context.Context):
     def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
+        start = now_ns() if self.events is not None else 0
         data = w.peer_array(p)[self._region(op, w, offsets, shape)].copy()
+        if self.events is not None:
+            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=data.nbytes, direction="read")
         return Tile(self._valid_mask(data, valid_shape), w.dtype, valid_shape)
 
     def _remote_store(self, op, tile, target, peer, offsets, atomic):
@@ -449,10 +513,14 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         data = self._tile_data(op, tile, w)
         sl = self._region(op, w, offsets, data.shape)
+        start = now_ns() if self.events is not None else 0
         if atomic is AtomicType.Add:
             self._accumulate(op, w, w.peer_array(p), sl, data, p)
         else:
             w.peer_array(p)[sl] = data
+        if self.events is not None:
+            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=data.nbytes, direction="write",
+                      atomic=atomic.name if isinstance(atomic, AtomicType) else "None_")
 
     def _transfer_regions(self, op, dst: RankTensor, src: RankTensor, dst_offsets, src_offsets, shape, chunk_rows,
                           chunk_cols, pipeline):
@@ -477,27 +545,40 @@ class RankContext(context.Context):
         w = self._window(op, dst, "dst")
         p = self._peer(op, peer)
         s = self._tensor(op, src, "src")
-        self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
+        start = now_ns() if self.events is not None else 0
+        nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
+        if self.events is not None:
+            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=nbytes, direction="write",
+                      atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
 
     def _get(self, op, dst, peer, src, *transfer):
         w = self._window(op, src, "src")
         p = self._peer(op, peer)
         d = self._tensor(op, dst, "dst")
         self._writable(op, d)
-        self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p), *transfer)
+        start = now_ns() if self.events is not None else 0
+        nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),
+                            *transfer)
+        if self.events is not None:
+            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=nbytes, direction="read",
+                      atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
 
     def _copy(self, op, dst, dst_array, owner, src, src_array, dst_offsets, src_offsets, shape, atomic, chunk_rows,
-              chunk_cols, pipeline):
-        """Move a region from ``src_array`` into ``dst_array`` (``owner``: the rank whose window is written)."""
+              chunk_cols, pipeline) -> int:
+        """Move a region from ``src_array`` into ``dst_array`` (``owner``: the rank whose window is written).
+
+        Returns the number of bytes moved."""
         if src.dtype.np_dtype != dst.dtype.np_dtype:
             raise ProgramTypeError(f"{op} at {user_location(4)}: src {src.describe()} and dst {dst.describe()} "
                                    "have different dtypes")
         dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
                                           pipeline)
+        data = src_array[ssl]
         if atomic is AtomicType.Add:
-            self._accumulate(op, dst, dst_array, dsl, src_array[ssl], owner)
+            self._accumulate(op, dst, dst_array, dsl, data, owner)
         else:
-            dst_array[dsl] = src_array[ssl]
+            dst_array[dsl] = data
+        return data.nbytes
 
 
 class _Spmd:

@@ -1,0 +1,47 @@
+"""``deps.json``: one rank's task dependency graph for one dispatch.
+
+Tasks run in program order on a rank; the graph says which of them depend on
+each other: ``explicit`` edges come from ``pl.submit(..., deps=[...])``,
+``tensormap`` edges from two tasks touching overlapping bytes of one tensor
+where at least one writes (read-after-write, write-after-read, write-after-write).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+WRITES = ("out", "inout")
+
+
+def graph(log) -> dict:
+    """Build the deps.json object from an event log."""
+    tasks, tensors, edges, seen = [], {}, [], set()
+    accesses: dict[str, list[tuple[int, int, int, bool]]] = {}  # tensor id -> (lo, hi, task, writes)
+    for t in log.tasks:
+        tid = t["task_id"]
+        tasks.append({"id": tid, "kernel": t["name"], "kind": t["kind"], "where": t["where"], "args": t["args"]})
+        for d in t["deps"]:
+            if (d, tid, "explicit") not in seen:
+                seen.add((d, tid, "explicit"))
+                edges.append({"pred": d, "succ": tid, "source": "explicit"})
+        for a in t["args"]:
+            lo, hi, writes = a["offset"], a["offset"] + a["nbytes"], a["direction"] in WRITES
+            info = tensors.setdefault(a["tensor_id"], {"id": a["tensor_id"], "name": a["tensor"], "dtype": a["dtype"],
+                                                       "regions": []})
+            if [lo, hi] not in info["regions"]:
+                info["regions"].append([lo, hi])
+            for plo, phi, pred, pwrites in accesses.get(a["tensor_id"], ()):
+                if pred != tid and (writes or pwrites) and plo < hi and lo < phi and (pred, tid, "tm") not in seen:
+                    seen.add((pred, tid, "tm"))
+                    edges.append({"pred": pred, "succ": tid, "source": "tensormap", "tensor": a["tensor_id"],
+                                  "region": [max(lo, plo), min(hi, phi)]})
+            accesses.setdefault(a["tensor_id"], []).append((lo, hi, tid, writes))
+    return {"rank": log.rank, "device_id": log.device_id, "dispatch": log.dispatch, "tasks": tasks,
+            "tensors": list(tensors.values()), "edges": edges}
+
+
+def write(log, out: Path) -> Path:
+    path = out / "deps.json"
+    path.write_text(json.dumps(graph(log), indent=1) + "\n")
+    return path

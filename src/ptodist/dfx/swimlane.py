@@ -1,0 +1,101 @@
+"""Swimlanes: per-rank timing records, and one merged Chrome trace that Perfetto opens.
+
+The merged trace has one process per rank (``rank r (device d)``), one thread
+per lane, a complete slice for every task and communication operation, and a
+flow arrow from each notify to the wait it released: the latest notify on that
+cell (same window buffer, owner rank and cell) whose resulting value is the
+value the wait saw.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from pathlib import Path
+
+RECORDS = "chip_swimlane_records.json"
+
+
+def write_records(log, out: Path, device_markers: bool = True) -> Path:
+    """Write one rank's records for one dispatch (tasks only when device markers are off)."""
+    data = log.to_json()
+    if not device_markers:
+        data["records"] = [r for r in data["records"] if r["kind"] in ("task", "collective")]
+    path = out / RECORDS
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
+
+
+def load_records(root: Path, dispatch: int, world: int) -> list[dict]:
+    """Read every rank's records of one dispatch (ranks whose file is missing are skipped)."""
+    out = []
+    for r in range(world):
+        path = root / f"rank{r}" / f"d{dispatch}" / RECORDS
+        if path.exists():
+            out.append(json.loads(path.read_text()))
+    return out
+
+
+def release_pairs(ranks: list[dict]) -> list[tuple[dict, dict, int, int]]:
+    """Return (notify, wait, notifying rank, waiting rank) for every wait whose releasing notify is known."""
+    notifies: dict[tuple, list[tuple[dict, int]]] = {}
+    for data in ranks:
+        for rec in data["records"]:
+            if rec["kind"] == "notify":
+                a = rec["args"]
+                notifies.setdefault((a["buffer_id"], a["owner"], a["offset"]), []).append((rec, data["rank"]))
+    pairs = []
+    for data in ranks:
+        for rec in data["records"]:
+            if rec["kind"] != "wait":
+                continue
+            a = rec["args"]
+            best = None
+            for n, src in notifies.get((a["buffer_id"], a["owner"], a["offset"]), ()):
+                if n["args"]["new"] == a["seen"] and n["start"] <= rec["end"] and \
+                        (best is None or n["start"] > best[0]["start"]):
+                    best = (n, src)
+            if best is not None:
+                pairs.append((best[0], rec, best[1], data["rank"]))
+    return pairs
+
+
+def chrome_trace(ranks: list[dict], device_ids: list[int]) -> dict:
+    """Build the Chrome-trace JSON object (timestamps in microseconds from the earliest record)."""
+    t0 = min((data["start"] for data in ranks), default=0)
+
+    def us(ns: int) -> float:
+        return (ns - t0) / 1000.0
+
+    events: list[dict] = []
+    for data in ranks:
+        r = data["rank"]
+        events.append({"ph": "M", "name": "process_name", "pid": r,
+                       "args": {"name": f"rank {r} (device {device_ids[r]})"}})
+        events.append({"ph": "M", "name": "process_sort_index", "pid": r, "args": {"sort_index": r}})
+        for lane in sorted({rec["lane"] for rec in data["records"]} or {0}):
+            events.append({"ph": "M", "name": "thread_name", "pid": r, "tid": lane,
+                           "args": {"name": f"lane {lane}"}})
+        for rec in data["records"]:
+            end = rec["end"] if rec["end"] is not None else data["end"]
+            args = {"task_id": rec["task_id"], "where": rec["where"], **rec.get("args", {})}
+            events.append({"ph": "X", "name": rec["name"], "cat": rec["kind"], "pid": r, "tid": rec["lane"],
+                           "ts": us(rec["start"]), "dur": max((end - rec["start"]) / 1000.0, 0.001), "args": args})
+    for i, (n, w, src, dst) in enumerate(release_pairs(ranks)):
+        # Each arrow starts inside the notify's slice and ends inside the wait's slice it released.
+        events.append({"ph": "s", "id": i, "name": "notify→wait", "cat": "signal", "pid": src, "tid": n["lane"],
+                       "ts": us(n["start"]) + max((n["end"] - n["start"]) / 2000.0, 0.0)})
+        events.append({"ph": "f", "bp": "e", "id": i, "name": "notify→wait", "cat": "signal", "pid": dst,
+                       "tid": w["lane"], "ts": us(w["end"]) - max((w["end"] - w["start"]) / 2000.0, 0.0)})
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"producer": "ptodist", "clock": "CLOCK_MONOTONIC"}}
+
+
+def merge(request, world: int, device_ids: list[int]) -> Path:
+    """Write ``merged_swimlane_<timestamp>.json`` for one dispatch under the dfx_outputs root."""
+    ranks = load_records(request.root, request.dispatch, world)
+    stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
+    path = request.root / f"merged_swimlane_{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(chrome_trace(ranks, device_ids)) + "\n")
+    return path

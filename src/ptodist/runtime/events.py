@@ -1,0 +1,71 @@
+"""The per-rank event log: what one rank did during one dispatch, on one clock.
+
+Off by default; the rank context records into it only when a diagnostic
+output asks for it (``RunConfig(enable_chip_swimlane=...)`` and friends), so a
+plain run pays one ``is None`` test per operation.  The DFX writers
+(``ptodist/dfx/``) are its readers.  Times are ``time.monotonic_ns()``:
+CLOCK_MONOTONIC, the same clock in every rank process of a machine.
+"""
+
+from __future__ import annotations
+
+import time
+
+now_ns = time.monotonic_ns
+
+
+class EventLog:
+    """Records of tasks, communication operations and scopes, in the order they happened."""
+
+    def __init__(self, rank: int, device_id: int, dispatch: int):
+        self.rank = rank
+        self.device_id = device_id
+        self.dispatch = dispatch
+        self.records: list[dict] = []   # slices: tasks and communication operations
+        self.tasks: list[dict] = []     # per task: its arguments and explicit deps (for deps.json)
+        self.scopes: list[dict] = []    # scope begin/end lines (for scope_stats.jsonl)
+        self.start_ns = now_ns()
+        self._depth = 0
+        self.max_depth = 0
+        self.local_bytes = 0
+        self.max_local_bytes = 0
+
+    # -- tasks and scopes ---------------------------------------------------------
+    def task_begin(self, task_id: int, name: str, kind: str, where: str, lane: int, args: list, deps: list) -> dict:
+        """Open a task slice; return it (closed by :meth:`task_end`)."""
+        rec = {"id": len(self.records), "kind": kind, "name": name, "task_id": task_id, "lane": lane,
+               "start": now_ns(), "end": None, "where": where}
+        self.records.append(rec)
+        self.tasks.append({"task_id": task_id, "name": name, "kind": kind, "where": where, "args": args,
+                           "deps": list(deps)})
+        self._depth += 1
+        self.max_depth = max(self.max_depth, self._depth)
+        self.scope("begin", "task", name, task_id, rec["start"])
+        return rec
+
+    def task_end(self, rec: dict) -> None:
+        rec["end"] = now_ns()
+        self._depth -= 1
+        self.scope("end", "task", rec["name"], rec["task_id"], rec["end"])
+
+    def scope(self, event: str, kind: str, name: str, scope_id, t: int | None = None) -> None:
+        self.scopes.append({"event": event, "scope": kind, "name": name, "id": scope_id, "depth": self._depth,
+                            "t": t if t is not None else now_ns(), "local_bytes": self.local_bytes})
+
+    def allocated(self, nbytes: int) -> None:
+        """Count a tensor the orchestration allocated (``pl.create_tensor``)."""
+        self.local_bytes += nbytes
+        self.max_local_bytes = max(self.max_local_bytes, self.local_bytes)
+
+    # -- communication operations ------------------------------------------------------
+    def op(self, kind: str, name: str, start: int, task_id: int | None, lane: int, where: str, **args) -> dict:
+        """Record one communication operation (a closed slice)."""
+        rec = {"id": len(self.records), "kind": kind, "name": name, "task_id": task_id, "lane": lane,
+               "start": start, "end": now_ns(), "where": where, "args": args}
+        self.records.append(rec)
+        return rec
+
+    def to_json(self) -> dict:
+        return {"rank": self.rank, "device_id": self.device_id, "dispatch": self.dispatch,
+                "clock": "CLOCK_MONOTONIC, nanoseconds", "start": self.start_ns, "end": now_ns(),
+                "records": self.records}
