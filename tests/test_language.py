@@ -529,3 +529,13 @@ def test_c_reference_sanity():
     # The C reference used by the property tests: truncation, not flooring.
     assert _c_div(-7, 2) == -3 and _c_div(7, -2) == -3 and math.floor(-7 / 2) == -4
     assert _c_wrap(2**31, pl.INT32) == -(2**31)
+
+
+def test_cast_float_to_int_rounds_by_mode():
+    t = _tile([[1.5, 2.5, -1.5, 0.4, -2.7]], pl.FP32)
+    assert pl.cast(t, pl.INT32).data.tolist() == [[2, 2, -2, 0, -3]]            # default: to nearest, ties to even
+    assert pl.cast(t, pl.INT32, mode="trunc").data.tolist() == [[1, 2, -1, 0, -2]]
+    assert pl.cast(t, pl.INT32, mode="floor").data.tolist() == [[1, 2, -2, 0, -3]]
+    assert pl.cast(t, pl.INT32, mode="ceil").data.tolist() == [[2, 3, -1, 1, -2]]
+    with pytest.raises(ValueError, match=r"pl.cast mode='sideways': use one of round, rint, floor, ceil, trunc"):
+        pl.cast(t, pl.INT32, mode="sideways")

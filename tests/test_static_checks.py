@@ -677,3 +677,28 @@ def test_bad_backend_env_is_refused_before_running(monkeypatch):
         dispatches_two(zeros(2, 1, 8), config=cfg(0, 1))
     monkeypatch.setenv("PTODIST_BACKEND", "shm")
     assert RunConfig().resolved_backend() == "shm"
+
+
+def test_host_index_past_the_rank_count_names_the_line():
+    @pl.jit.incore
+    def k(x: pl.Tensor[[1, 4], pl.FP32]):
+        pl.load(x, [0, 0], [1, 4])
+
+    @pl.jit
+    def chip(x: pl.Tensor[[1, 4], pl.FP32]):
+        k(x)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
+        for r in pl.range(pld.world_size()):
+            chip(x[r + 1], device=r)  # the bug: one past the end on the last rank
+
+    from ptodist.errors import ProgramIndexError
+
+    with pytest.raises(ProgramIndexError) as info:
+        host.compile(zeros(2, 1, 4), config=cfg(0, 1))
+    msg = str(info.value)
+    assert isinstance(info.value, IndexError)
+    assert f"x[2] at {FILE}:{line_of(host, 'x[r + 1]')}" in msg
+    assert "index 2 is out of range for dimension 0 of host tensor 'x' (size 2)" in msg
+    assert "for r in pl.range(pld.world_size())" in msg

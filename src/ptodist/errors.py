@@ -27,6 +27,10 @@ class ProgramValueError(ProgramError, ValueError):
     """A value is outside what the program allows (shapes, ranges, sizes)."""
 
 
+class ProgramIndexError(ProgramError, IndexError):
+    """An index in the host orchestrator is outside its tensor (e.g. ``x[r]`` past the rank count)."""
+
+
 class ShapeError(ProgramValueError):
     """An argument's shape does not match its annotation."""
 

@@ -12,9 +12,11 @@ from enum import Enum
 
 import numpy as np
 
+from ..errors import ProgramIndexError, ProgramTypeError
 from ..language.dtypes import DataType
 from ..language.scalar import Scalar
 from ..language.types import Direction
+from ..source import user_location
 
 WINDOW_ALIGN = 64
 
@@ -89,14 +91,19 @@ class HostTensorRef:
             try:
                 i = i.__index__()
             except (AttributeError, TypeError):
-                raise TypeError(f"host tensor '{self.name}' can only be indexed by integers (x[r]), got {i!r}") from None
+                raise ProgramTypeError(f"host tensor '{self.name}' at {user_location(2)} can only be indexed by "
+                                       f"integers (x[r]), got {i!r}") from None
             dim = len(self.index) + k
             if dim >= len(self.tensor.shape):
-                raise IndexError(f"host tensor '{self.tensor.name}' has {len(self.tensor.shape)} dimensions; "
-                                 f"index {list(self.index) + list(idx)} has too many")
+                raise ProgramIndexError(f"host tensor '{self.tensor.name}' at {user_location(2)} has "
+                                        f"{len(self.tensor.shape)} dimensions; index {list(self.index) + list(idx)} "
+                                        "has too many")
             if not 0 <= i < self.tensor.shape[dim]:
-                raise IndexError(f"index {i} is out of range for dimension {dim} of host tensor "
-                                 f"'{self.tensor.name}' (size {self.tensor.shape[dim]})")
+                raise ProgramIndexError(
+                    f"{self.tensor.name}[{i}] at {user_location(2)}: index {i} is out of range for dimension {dim} "
+                    f"of host tensor '{self.tensor.name}' (size {self.tensor.shape[dim]})."
+                    + (" Its leading dimension is the rank count: loop with `for r in pl.range(pld.world_size())`."
+                       if dim == 0 else ""))
             out.append(i)
         return HostTensorRef(self.tensor, self.index + tuple(out))
 

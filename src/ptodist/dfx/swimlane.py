@@ -11,19 +11,29 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 from pathlib import Path
 
 RECORDS = "chip_swimlane_records.json"
+FLOW_INSET_US = 0.01  # how far inside its slice a flow arrow's end lies (10 ns)
 
 
 def write_records(log, out: Path, device_markers: bool = True) -> Path:
     """Write one rank's records for one dispatch (tasks only when device markers are off)."""
     data = log.to_json()
+    data["device_markers"] = device_markers
     if not device_markers:
         data["records"] = [r for r in data["records"] if r["kind"] in ("task", "collective")]
     path = out / RECORDS
-    path.write_text(json.dumps(data, indent=1) + "\n")
+    _write_atomically(path, json.dumps(data, indent=1) + "\n")
     return path
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all: a rank killed while writing leaves no half file for the merge."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
 
 
 def load_records(root: Path, dispatch: int, world: int) -> list[dict]:
@@ -60,7 +70,7 @@ def release_pairs(ranks: list[dict]) -> list[tuple[dict, dict, int, int]]:
     return pairs
 
 
-def chrome_trace(ranks: list[dict], device_ids: list[int]) -> dict:
+def chrome_trace(ranks: list[dict], device_ids: list[int], dispatch: int | None = None) -> dict:
     """Build the Chrome-trace JSON object (timestamps in microseconds from the earliest record)."""
     t0 = min((data["start"] for data in ranks), default=0)
 
@@ -82,13 +92,16 @@ def chrome_trace(ranks: list[dict], device_ids: list[int]) -> dict:
             events.append({"ph": "X", "name": rec["name"], "cat": rec["kind"], "pid": r, "tid": rec["lane"],
                            "ts": us(rec["start"]), "dur": max((end - rec["start"]) / 1000.0, 0.001), "args": args})
     for i, (n, w, src, dst) in enumerate(release_pairs(ranks)):
-        # Each arrow starts inside the notify's slice and ends inside the wait's slice it released.
+        # Each arrow starts just inside the start of the notify's slice and ends just inside the end of the
+        # wait's slice it released: the notify's write lies between those two instants, so the arrow never
+        # points back in time (slice midpoints would, for a long wait released near its end).
         events.append({"ph": "s", "id": i, "name": "notify→wait", "cat": "signal", "pid": src, "tid": n["lane"],
-                       "ts": us(n["start"]) + max((n["end"] - n["start"]) / 2000.0, 0.0)})
+                       "ts": us(n["start"]) + min(max(n["end"] - n["start"], 0) / 2000.0, FLOW_INSET_US)})
         events.append({"ph": "f", "bp": "e", "id": i, "name": "notify→wait", "cat": "signal", "pid": dst,
-                       "tid": w["lane"], "ts": us(w["end"]) - max((w["end"] - w["start"]) / 2000.0, 0.0)})
+                       "tid": w["lane"],
+                       "ts": us(w["end"]) - min(max(w["end"] - w["start"], 0) / 2000.0, FLOW_INSET_US)})
     return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"producer": "ptodist", "clock": "CLOCK_MONOTONIC"}}
+            "otherData": {"producer": "ptodist", "clock": "CLOCK_MONOTONIC", "dispatch": dispatch}}
 
 
 def merge(request, world: int, device_ids: list[int]) -> Path:
@@ -97,5 +110,5 @@ def merge(request, world: int, device_ids: list[int]) -> Path:
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
     path = request.root / f"merged_swimlane_{stamp}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(chrome_trace(ranks, device_ids)) + "\n")
+    _write_atomically(path, json.dumps(chrome_trace(ranks, device_ids, request.dispatch)) + "\n")
     return path

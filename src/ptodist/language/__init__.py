@@ -83,7 +83,7 @@ def cast(input, target_type: DataType | None = None, mode: str = "round", *, dty
             raise TypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
         value = input.value if isinstance(input, Scalar) else input
         return Scalar(value if target.is_float else int(value), target)
-    return _t.cast(input, target)
+    return _t.cast(input, target, mode)
 
 
 __all__ = [

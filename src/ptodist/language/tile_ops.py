@@ -175,14 +175,28 @@ def rsqrt(x: Tile) -> Tile:
     return _unary(x, lambda a: 1 / np.sqrt(a), "rsqrt")
 
 
-def cast(x: Tile, target_type: DataType | None = None, mode=None, *, dtype: DataType | None = None) -> Tile:
-    """Return ``x`` converted to ``target_type``."""
+_ROUNDING = {"round": np.rint, "rint": np.rint, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,
+             "none": np.trunc}
+
+
+def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, dtype: DataType | None = None) -> Tile:
+    """Return ``x`` converted to ``target_type``; float to integer rounds by ``mode``.
+
+    Modes: ``"round"``/``"rint"`` (to nearest, ties to even; the default), ``"floor"``,
+    ``"ceil"``, ``"trunc"`` (``"none"``: C truncation).
+    """
     target = target_type or dtype
     if not isinstance(target, DataType):
         raise TypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
     if not isinstance(x, Tile):
         raise TypeError(f"pl.cast takes a Tile, got {type(x).__name__}")
-    return Tile(x.data.astype(target.np_dtype), target)
+    rounding = _ROUNDING.get(mode or "none")
+    if rounding is None:
+        raise ValueError(f"pl.cast mode={mode!r}: use one of {', '.join(_ROUNDING)}")
+    data = x.data
+    if x.dtype.is_float and not target.is_float:
+        data = rounding(data.astype(np.float64))
+    return Tile(data.astype(target.np_dtype), target)
 
 
 def _reduce(x: Tile, fn, name: str) -> Tile:

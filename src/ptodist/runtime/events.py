@@ -45,8 +45,8 @@ class EventLog:
 
     def task_end(self, rec: dict) -> None:
         rec["end"] = now_ns()
+        self.scope("end", "task", rec["name"], rec["task_id"], rec["end"])  # at the depth its begin line had
         self._depth -= 1
-        self.scope("end", "task", rec["name"], rec["task_id"], rec["end"])
 
     def scope(self, event: str, kind: str, name: str, scope_id, t: int | None = None) -> None:
         self.scopes.append({"event": event, "scope": kind, "name": name, "id": scope_id, "depth": self._depth,

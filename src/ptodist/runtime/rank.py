@@ -216,8 +216,8 @@ class RankContext(context.Context):
         return {"name": name, "direction": direction, "tensor": t.name, "tensor_id": tensor_id,
                 "dtype": t.dtype.name, "shape": t.shape, "offset": lo - base, "nbytes": hi - lo}
 
-    def _log(self, kind: str, name: str, start: int, **args) -> None:
-        self.events.op(kind, name, start, self._task_id, self._block_idx, str(user_location(4)), **args)
+    def _log(self, kind: str, name: str, start: int, **args) -> dict:
+        return self.events.op(kind, name, start, self._task_id, self._block_idx, str(user_location(4)), **args)
 
     def collective(self, name, args, kwargs):
         loc = user_location(3)
@@ -227,7 +227,16 @@ class RankContext(context.Context):
                                "orchestrator may omit it.")
         call = coll_spec.check(name, args, kwargs, self.world, str(loc), host=False)
         coll_spec.check_layout(self.signal_layouts, call)
-        return collectives.run(call, self.rank, self.world, host=False)
+        if self.events is None:
+            return collectives.run(call, self.rank, self.world, host=False)
+        # A slice around the collective, opened before the notifies, waits and RMA it is made of.
+        t = call.target
+        rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
+                        signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
+        try:
+            return collectives.run(call, self.rank, self.world, host=False)
+        finally:
+            rec["end"] = now_ns()
 
     def submit(self, fn, args, kwargs, deps):
         for d in deps:
