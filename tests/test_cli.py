@@ -213,7 +213,11 @@ def test_failing_rank_exits_nonzero_with_rank_and_line(tmp_path):
     assert "rank 0" not in err
     # The driver-side line of the script that started the run is named last.
     call = line_with(script, "MARK-CALL")
-    assert err.rstrip().splitlines()[-1].startswith(f"  raised by {script}:{call} in <module>: host(np.zeros(")
+    lines = err.rstrip().splitlines()
+    assert any(x.startswith(f"  raised by {script}:{call} in <module>: host(np.zeros(") for x in lines)
+    # Then the finding: its kind, the rank, the root-cause line first.
+    assert "ptodist: finding out_of_bounds on ranks 1" in lines
+    assert lines[lines.index("ptodist: finding out_of_bounds on ranks 1") + 1].startswith(f"  at {script}:{line}")
     assert_no_internal_frames(err)
 
 
@@ -244,6 +248,9 @@ def test_config_error_names_the_script_line(tmp_path):
         "ptodist: ConfigError: DistributedConfig(device_ids=[0, 0]): device ids must be distinct; [0] appear more "
         "than once",
         f"  raised by {script}:5 in main: return DistributedConfig(device_ids=[0, 0])",
+        "ptodist: finding invalid_argument",
+        f"  at {script}:5",
+        "  fix: Correct the argument named in the message.",
     ]
 
 

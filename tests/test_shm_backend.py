@@ -370,3 +370,86 @@ def test_killing_the_driver_kills_the_ranks(tmp_path):
     rc, pids = _run_driver_and(signal.SIGKILL, tmp_path)
     assert rc == -signal.SIGKILL
     assert not [p for p in pids if _alive(p)]
+
+
+# -- hang diagnosis -------------------------------------------------------------------
+
+def make_set_barrier(nr: int):
+    """Every rank Sets rank r's one shared cell to its own id + 1, then waits for the sum: Set clobbers."""
+
+    @pl.program
+    class SetBarrier:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
+            me = pld.rank(pld.get_comm_ctx(sig))
+            for p in pl.range(nr):
+                pld.system.notify(sig, p, [0, 0], me + 1, op=pld.NotifyOp.Set)  # SET-LINE
+            pld.system.wait(sig, [0, 0], nr * (nr + 1) // 2, cmp=pld.WaitCmp.Eq)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
+            self.k(sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
+            b = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(pld.window(b, [1, 1], dtype=pl.INT32), device=r)
+
+    return SetBarrier
+
+
+def _line_of(marker: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if marker in line and "def " not in line)
+
+
+def test_set_on_a_shared_cell_is_named_as_the_cause(no_leaks):
+    from ptodist.check.findings import from_exception
+
+    with pytest.raises(HangError) as info:
+        pl_compile(make_set_barrier(4), 4)(np.zeros((4, 1), np.float32))
+    err = info.value
+    assert err.diagnosis["kind"] == "set_clobber"
+    msg = str(err)
+    # What each blocked cell received: one Set from every rank, with its line.
+    assert f"received 4 notify(s): =1 from rank 0 at {__file__}:{_line_of('# SET-LINE')}" in msg
+    assert "Likely cause: NotifyOp.Set from ranks [0, 1, 2, 3] on one cell" in msg
+    finding = from_exception(err)[0]
+    assert finding.kind == "set_clobber" and finding.ranks == [0, 1, 2, 3]
+    assert finding.locations[0] == f"{__file__}:{_line_of('# SET-LINE')}"
+
+
+def make_wrong_neighbour(nr: int):
+    """Each rank tells its left neighbour but waits for its left neighbour: a wait-for cycle."""
+
+    @pl.program
+    class Wrong:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            me = pld.rank(pld.get_comm_ctx(sig))
+            left = (me - 1 + nr) % nr
+            pld.system.notify(sig, left, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+            pld.system.wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            self.k(sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
+            b = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(pld.window(b, [nr, 1], dtype=pl.INT32), device=r)
+
+    return Wrong
+
+
+def test_wait_for_cycle_and_misdirected_notifies_are_reported(no_leaks):
+    with pytest.raises(HangError) as info:
+        pl_compile(make_wrong_neighbour(3), 3)(np.zeros((3, 1), np.float32))
+    msg = str(info.value)
+    assert "Wait-for cycle: rank 0 -> rank 2 -> rank 1 -> rank 0" in msg
+    assert msg.count("received no notify") == 3
+    assert "none of their notifies reached a cell that a blocked rank waits on" in msg
+    assert info.value.diagnosis["cycle"] == [0, 2, 1, 0]

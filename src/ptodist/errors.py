@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 
 class PtodistError(Exception):
-    """Base of every error ptodist raises on purpose."""
+    """Base of every error ptodist raises on purpose.
+
+    ``kind`` is the finding kind reports use (``ptodist.check.findings``) and
+    ``pitfall`` the SPEC §8 row it matches, when one does.
+    """
+
+    kind = "invalid_argument"
+    pitfall: str | None = None
 
 
 class ProgramError(PtodistError):
@@ -21,6 +28,9 @@ class ProgramError(PtodistError):
 
 class ProgramTypeError(ProgramError, TypeError):
     """A value's kind does not match its annotation (e.g. a window given to a ``pl.Tensor``)."""
+
+    kind = "type_mismatch"
+    pitfall = "8.3 step 03"
 
 
 class ProgramValueError(ProgramError, ValueError):
@@ -34,9 +44,50 @@ class ProgramIndexError(ProgramError, IndexError):
 class ShapeError(ProgramValueError):
     """An argument's shape does not match its annotation."""
 
+    kind = "shape_mismatch"
+    pitfall = "8.1 shape mismatch at compile time; 8.3 step 07"
+
+
+class DispatchCoverageError(ProgramValueError):
+    """The dispatch loop does not cover every rank, or ``device=`` is outside ``[0, world)``."""
+
+    kind = "dispatch_coverage"
+    pitfall = "8.2 dispatch loop trip count != len(device_ids)"
+
+
+class WindowTooSmallError(ProgramValueError):
+    """A window view is larger than its buffer."""
+
+    kind = "window_too_small"
+    pitfall = "8.2 alloc_window_buffer(NR)"
+
+
+class CollectiveInLoopError(ProgramError):
+    """A host allreduce without a signal is called inside a loop."""
+
+    kind = "collective_in_loop"
+    pitfall = "8.1 allreduce rejected in a loop"
+
+
+class SignalLayoutError(ProgramValueError):
+    """A collective's signal does not match its mode, or one signal window serves two layouts."""
+
+    kind = "signal_layout"
+    pitfall = "8.3 steps 11, 16"
+
+
+class AliasingError(ProgramValueError):
+    """One window is used as two operands that must be distinct (source and result, signal and data)."""
+
+    kind = "aliasing"
+    pitfall = "8.3 step 15"
+
 
 class TaskArgsError(ProgramTypeError):
     """A function takes a tensor parameter after a scalar one."""
+
+    kind = "task_args_order"
+    pitfall = "8.2 scalar before tensor; 8.3 step 01"
 
 
 class DispatchError(PtodistError):
@@ -66,6 +117,15 @@ class KernelValueError(KernelError, ValueError):
 class KernelIndexError(KernelError, IndexError):
     """A tile or RMA region lies outside its tensor or window."""
 
+    kind = "out_of_bounds"
+
+
+class PeerRangeError(KernelValueError):
+    """A ``peer`` argument is outside ``[0, world)``."""
+
+    kind = "peer_out_of_range"
+    pitfall = "8.3 step 10"
+
 
 @dataclass
 class RankFailure:
@@ -81,6 +141,8 @@ class RankFailure:
 
 
 class RankError(PtodistError):
+    kind = "rank_error"
+
     """A rank raised or died; the run was stopped.
 
     Attributes:
@@ -120,6 +182,9 @@ def _strip_rank(f: RankFailure) -> str:
 
 
 class HangError(PtodistError):
+    kind = "hang"
+    pitfall = "8.1 all ranks hang"
+
     """Ranks stopped making progress; carries every rank's state.
 
     Attributes:
@@ -127,9 +192,11 @@ class HangError(PtodistError):
         certain: True when every unfinished rank was blocked and no cell could change.
     """
 
-    def __init__(self, message: str, ranks: list[dict], certain: bool):
+    def __init__(self, message: str, ranks: list[dict], certain: bool, diagnosis: dict | None = None):
         self.ranks = ranks
         self.certain = certain
+        # From check.hang.diagnose_hang: "kind" (hang or set_clobber), "cause", "culprits" (file:line), "cycle".
+        self.diagnosis = diagnosis or {}
         super().__init__(message)
 
 

@@ -6,6 +6,7 @@ the program that made the call, not at the library.
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -36,9 +37,21 @@ class Location:
         return linecache.getline(self.file, self.line).strip()
 
 
+@functools.lru_cache(maxsize=4096)
 def is_internal(filename: str) -> bool:
     """Return True for a file of ptodist itself."""
     return os.path.abspath(filename).startswith(_PKG_DIR) or filename.startswith("<frozen")
+
+
+def user_frame(skip: int = 1) -> tuple[str, int] | None:
+    """Return ``(file, line)`` of the innermost calling frame outside ptodist, cheaply (no Location)."""
+    frame = sys._getframe(skip)
+    while frame is not None:
+        if not is_internal(frame.f_code.co_filename):
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
+    loc = getattr(_fallback, "loc", None)
+    return (loc.file, loc.line) if loc else None
 
 
 _fallback = threading.local()

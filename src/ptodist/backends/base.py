@@ -24,6 +24,7 @@ STATUS_DTYPE = np.dtype([
     ("state", np.int32),
     ("wait_buffer", np.int32),
     ("wait_cmp", np.int32),
+    ("wait_cell0", np.int32),  # the first index of the cell waited on (often the sender's rank)
     ("progress", np.int64),
     ("wait_offset", np.int64),
     ("wait_expected", np.int64),
@@ -34,11 +35,36 @@ STATUS_DTYPE = np.dtype([
 ])
 
 
-class StatusBoard:
-    """One row per rank, in memory the driver can read while the ranks run."""
+class Sent(ctypes.Structure):
+    """One notify a rank sent, kept for hang reports (which notifies did a blocked cell receive?)."""
 
-    def __init__(self, array: np.ndarray):
-        self.rows = array  # structured array of STATUS_DTYPE, length world
+    _fields_ = [("seq", ctypes.c_int64), ("offset", ctypes.c_int64), ("buffer", ctypes.c_int32),
+                ("owner", ctypes.c_int32), ("op", ctypes.c_int32), ("value", ctypes.c_int32),
+                ("old", ctypes.c_int32), ("new", ctypes.c_int32), ("site", ctypes.c_int32), ("pad", ctypes.c_int32)]
+
+
+HISTORY = 256      # notifies kept per rank (the latest)
+SITES = 128        # distinct source lines a rank can name in its history
+SITE_BYTES = 200
+
+
+class StatusBoard:
+    """Per rank: a status row, the latest notifies it sent, and the source lines they came from.
+
+    All of it lives in memory the driver can read while the ranks run.
+    """
+
+    def __init__(self, raw: np.ndarray, world: int):
+        self.world = world
+        rows_end = STATUS_DTYPE.itemsize * world
+        hist_end = rows_end + ctypes.sizeof(Sent) * HISTORY * world
+        self.rows = raw[:rows_end].view(STATUS_DTYPE)  # structured array of STATUS_DTYPE, length world
+        base = raw.ctypes.data
+        self._history = [(Sent * HISTORY).from_address(base + rows_end + r * ctypes.sizeof(Sent) * HISTORY)
+                         for r in range(world)]
+        self._sites = raw[hist_end:hist_end + SITES * SITE_BYTES * world].view(f"S{SITE_BYTES}").reshape(world, SITES)
+        self._site_index: dict = {}  # in a rank: (file, line) -> slot
+        self._seq = 0
 
     def progress_counter(self, rank: int) -> ctypes.c_int64:
         """Return rank's progress word as a ctypes int: ``.value += 1`` is the cheapest update from Python."""
@@ -47,7 +73,32 @@ class StatusBoard:
 
     @staticmethod
     def nbytes(world: int) -> int:
-        return STATUS_DTYPE.itemsize * world
+        return (STATUS_DTYPE.itemsize + ctypes.sizeof(Sent) * HISTORY + SITES * SITE_BYTES) * world
+
+    def record_notify(self, rank: int, buffer: int, owner: int, offset: int, op: int, value: int, old: int,
+                      new: int, site) -> None:
+        """Keep one sent notify in rank's ring (``site``: the user's ``(file, line)``, or None)."""
+        slot = -1
+        if site is not None:
+            slot = self._site_index.get(site, -1)
+            if slot < 0 and len(self._site_index) < SITES:
+                slot = self._site_index[site] = len(self._site_index)
+                self._sites[rank, slot] = f"{site[0]}:{site[1]}".encode()[-SITE_BYTES:]
+        self._seq += 1
+        e = self._history[rank][self._seq % HISTORY]
+        e.offset, e.buffer, e.owner, e.op, e.value, e.old, e.new, e.site = offset, buffer, owner, op, value, old, new, slot
+        e.seq = self._seq  # written last: a reader sees whole entries
+
+    def sent(self, rank: int) -> list[dict]:
+        """The notifies ``rank`` sent that are still in its ring, oldest first (for the driver)."""
+        out = []
+        for e in self._history[rank]:
+            if e.seq > 0:
+                where = self._sites[rank, e.site].decode(errors="replace") if 0 <= e.site < SITES else ""
+                out.append({"seq": e.seq, "rank": rank, "buffer": e.buffer, "owner": e.owner, "offset": e.offset,
+                            "op": "Set" if e.op else "AtomicAdd", "value": e.value, "old": e.old, "new": e.new,
+                            "where": where})
+        return sorted(out, key=lambda d: d["seq"])
 
     def set_running(self, rank: int, task: str) -> None:
         row = self.rows[rank]
@@ -56,8 +107,9 @@ class StatusBoard:
         row["progress"] += 1
 
     def set_waiting(self, rank: int, buffer_id: int, offset: int, cmp: int, expected: int, where: str,
-                    what: str) -> None:
+                    what: str, cell0: int = -1) -> None:
         row = self.rows[rank]
+        row["wait_cell0"] = cell0
         row["wait_buffer"] = buffer_id
         row["wait_offset"] = offset
         row["wait_cmp"] = cmp

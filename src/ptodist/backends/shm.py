@@ -27,7 +27,7 @@ from contextlib import contextmanager
 import numpy as np
 
 from .. import _atomics
-from ..check.hang import hang_report
+from ..check.hang import diagnose_hang, hang_report, received
 from ..compiler.plan import DispatchPlan
 from ..dfx import finish_run, write_rank_outputs
 from ..errors import HangError, PtodistError, RankError, RankFailure
@@ -35,7 +35,7 @@ from ..language.types import Direction
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
 from ..source import is_internal
-from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
+from .base import DONE, FAILED, RUNNING, STATE_NAMES, WAITING, StatusBoard
 
 ALIGN = 64
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
@@ -80,7 +80,7 @@ class ShmMemory:
         self.world = world
         self.base = arena.ctypes.data
         self.sleepers_addr = self.base + layout.sleepers
-        self.status = StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)].view(STATUS_DTYPE))
+        self.status = StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)], world)
         # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they yield the core
         # for a while (the notifier may be waiting for it), then sleep.
         if world <= (os.cpu_count() or 1):
@@ -306,11 +306,18 @@ class _Driver:
                 st.update(
                     wait=row["what"].decode(), where=row["where"].decode(),
                     buffer=self.plan.windows[int(row["wait_buffer"])].name,
+                    buffer_id=int(row["wait_buffer"]), offset=int(row["wait_offset"]), cell0=int(row["wait_cell0"]),
                     expected=int(row["wait_expected"]), cmp="Ge" if row["wait_cmp"] else "Eq",
                     current=self.memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"])),
                     waiting_s=round(time.time() - float(row["since"]), 3))
             states.append(st)
-        raise HangError(hang_report(states, certain, idle, self.hang_timeout), states, certain)
+        sent = [e for r in range(self.world) for e in self.memory.status.sent(r)]
+        for st in states:
+            if "buffer_id" in st:
+                st["received"] = received(st, sent)
+        diagnosis = diagnose_hang(states, sent)
+        raise HangError(hang_report(states, certain, idle, self.hang_timeout, diagnosis), states, certain,
+                        diagnosis)
 
     # -- stop -------------------------------------------------------------------
     def _stop_all(self) -> None:

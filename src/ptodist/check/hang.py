@@ -1,10 +1,92 @@
-"""Explain a hang from every rank's state on the status board."""
+"""Explain a hang: every rank's state, what each blocked cell received, the wait-for cycle, the likely cause.
+
+Inputs are the driver's snapshot of the status board (``states``: one dict per
+rank; blocked ranks carry their cell, expected and current value) and every
+rank's recent sent notifies (``sent``: buffer, owner rank, cell offset, op,
+value, resulting value, source line).
+"""
 
 from __future__ import annotations
 
 
-def hang_report(states: list[dict], certain: bool, idle_s: float, timeout_s: float) -> str:
-    """Return the HangError message: every rank's state, then the likely causes and fixes."""
+def received(state: dict, sent: list[dict]) -> list[dict]:
+    """The notifies that reached the cell ``state`` waits on, in each sender's order."""
+    return [e for e in sent if e["buffer"] == state["buffer_id"] and e["owner"] == state["rank"]
+            and e["offset"] == state["offset"]]
+
+
+def wait_for_cycle(states: list[dict]) -> list[int]:
+    """A cycle of blocked ranks, each waiting on a cell whose first index names the next (empty if none).
+
+    The first index of a signal cell is, by convention in these programs, the rank expected
+    to notify it (``[sender, 0]``); that makes an edge ``waiter -> sender``.
+    """
+    blocked = {s["rank"]: s for s in states if s["state"] == "waiting"}
+    edges = {r: s["cell0"] for r, s in blocked.items() if s.get("cell0", -1) in blocked and s["cell0"] != r}
+    for start in edges:
+        path, r = [], start
+        while r in edges and r not in path:
+            path.append(r)
+            r = edges[r]
+        if r in path:
+            return path[path.index(r):] + [r]
+    return []
+
+
+def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
+    """Name the likely cause of a hang: ``kind`` (``set_clobber`` or ``hang``), ``cause``, ``culprits``, ``cycle``."""
+    blocked = [s for s in states if s["state"] == "waiting"]
+    by_rank = {s["rank"]: s for s in states}
+    for s in blocked:
+        sets = [e for e in received(s, sent) if e["op"] == "Set"]
+        writers = sorted({e["rank"] for e in sets})
+        if len(writers) > 1:
+            return {"kind": "set_clobber", "culprits": _lines(sets), "cycle": wait_for_cycle(states),
+                    "cause": f"NotifyOp.Set from ranks {writers} on one cell ('{s['buffer']}' on rank {s['rank']}): "
+                             "each Set overwrote the arrivals before it, so the count never reaches "
+                             f"{s['expected']}. Use NotifyOp.AtomicAdd with WaitCmp.Ge for a cell with several "
+                             "writers."}
+    if blocked and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
+        return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states),
+                "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
+                         "it notifies. Put the notify loop before the wait loop (or, if the send is in another "
+                         "task, order it first with pl.submit(..., deps=[send_task]))."}
+    for s in blocked:
+        if s["cmp"] == "Eq" and s["current"] > s["expected"]:
+            return {"kind": "hang", "culprits": _lines(received(s, sent)), "cycle": wait_for_cycle(states),
+                    "cause": f"rank {s['rank']} waits for == {s['expected']} but the cell already holds "
+                             f"{s['current']}: counters only grow (a reused row keeps older arrivals). Wait with "
+                             "WaitCmp.Ge on a per-phase threshold, or give each phase its own row."}
+    for s in blocked:
+        peer = by_rank.get(s.get("cell0", -1))
+        if peer is not None and peer["rank"] != s["rank"] and peer["state"] in ("finished", "failed") and \
+                not any(e["rank"] == peer["rank"] for e in received(s, sent)):
+            return {"kind": "hang", "culprits": [], "cycle": [],
+                    "cause": f"rank {peer['rank']} {peer['state']} without notifying the cell rank {s['rank']} "
+                             f"waits on (cell {s['wait'].rsplit('cell ', 1)[-1]}): check the peer index of its "
+                             "notify, or a condition that skipped it."}
+    if blocked and not any(received(s, sent) for s in blocked):
+        senders = [e for e in sent if e["rank"] in {s["rank"] for s in blocked}]
+        return {"kind": "hang", "culprits": _lines(senders), "cycle": wait_for_cycle(states),
+                "cause": "the blocked ranks did notify, but none of their notifies reached a cell that a blocked "
+                         "rank waits on: the notifies' peer or cell index does not match the waits (e.g. "
+                         "notifying the left neighbour while it waits for a notify from its left). Check each "
+                         "notify's peer and offsets against the matching wait."}
+    return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "cause": ""}
+
+
+def _lines(events: list[dict]) -> list[str]:
+    out: list[str] = []
+    for e in events:
+        if e["where"] and e["where"] not in out:
+            out.append(e["where"])
+    return out
+
+
+def hang_report(states: list[dict], certain: bool, idle_s: float, timeout_s: float,
+                diagnosis: dict | None = None) -> str:
+    """Return the HangError message: every rank's state, then the likely cause and fixes."""
+    diagnosis = diagnosis or {}
     waiting = [s for s in states if s["state"] == "waiting"]
     if certain:
         head = (f"deadlock: every unfinished rank is blocked in a wait that no running rank can satisfy "
@@ -19,11 +101,24 @@ def hang_report(states: list[dict], certain: bool, idle_s: float, timeout_s: flo
             task = f" in kernel '{s['task']}'" if s.get("task") else ""
             lines.append(f"{who}: blocked at {s['where']}{task}: {s['wait']} holds {s['current']}, "
                          f"needs {sym} {s['expected']} (waiting {s['waiting_s']:.2f} s)")
+            got = s.get("received")
+            if got is not None:
+                if got:
+                    shown = ", ".join(f"{'+' if e['op'] == 'AtomicAdd' else '='}{e['value']} from rank {e['rank']}"
+                                      + (f" at {e['where']}" if e["where"] else "") for e in got[-4:])
+                    more = f" (and {len(got) - 4} earlier)" if len(got) > 4 else ""
+                    lines.append(f"      received {len(got)} notify(s): {shown}{more}")
+                else:
+                    lines.append("      received no notify")
         elif s["state"] == "running":
             lines.append(f"{who}: running task '{s['task']}' (not in a wait)")
         else:
             lines.append(f"{who}: {s['state']}")
-    if waiting:
+    if diagnosis.get("cycle"):
+        lines.append("Wait-for cycle: " + " -> ".join(f"rank {r}" for r in diagnosis["cycle"]))
+    if diagnosis.get("cause"):
+        lines.append(f"Likely cause: {diagnosis['cause']}")
+    elif waiting:
         lines.append("Likely causes:")
         lines.append("  - a rank waits before it notifies: put the notify loop before the wait loop;")
         lines.append("  - a wait and the send it needs are in different tasks: order them with "

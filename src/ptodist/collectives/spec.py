@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ProgramTypeError, ProgramValueError
+from ..errors import AliasingError, ProgramTypeError, ProgramValueError, SignalLayoutError
 from ..language import dtypes as dt
 from ..language.distributed.types import ReduceOp
 
@@ -120,14 +120,14 @@ def _check_signal(call: Call, w: str, world: int, host: bool) -> None:
     for role, t in (("target", call.target), ("input" if call.name.startswith("all_to_all") else "local data",
                                               call.source)):
         if _is_window(t) and t.buffer is sig.buffer:
-            raise ProgramValueError(f"{w}: the signal and the {role} are the same window buffer '{sig.buffer.name}'; "
+            raise AliasingError(f"{w}: the signal and the {role} are the same window buffer '{sig.buffer.name}'; "
                                     "the collective's counters would overwrite the data. Give the signal its own "
                                     "INT32 window.")
     shape = list(sig.shape)
     if call.mode == "ring":
         want = [2 * (world - 1), world]
         if shape != want:
-            raise ProgramValueError(
+            raise SignalLayoutError(
                 f"{w}: mode='ring' needs a signal of shape [2*(NR-1), NR] = {want} (one row per ring round, one "
                 f"cell per rank), but {_describe(sig)} has {shape}. A [NR, 1] signal is the mesh layout.")
         return
@@ -138,7 +138,7 @@ def _check_signal(call: Call, w: str, world: int, host: bool) -> None:
         want = f"[NR, core_num] = [{world}, {lanes}] (one column per lane)" if lanes > 1 else f"[NR, 1] = [{world}, 1] (or [{world}])"
         hint = " That is the ring layout; pass mode='ring' or a [NR, 1] signal." if shape == [2 * (world - 1), world] \
             and world > 2 else ""
-        raise ProgramValueError(f"{w}: {call.mode if call.name == 'allreduce' else call.name} signals have shape "
+        raise SignalLayoutError(f"{w}: {call.mode if call.name == 'allreduce' else call.name} signals have shape "
                                 f"{want}, but {_describe(sig)} has {shape}.{hint}")
 
 
@@ -174,12 +174,12 @@ def _check_options(call: Call, w: str, world: int, host: bool) -> None:
     elif call.name == "allgather":
         src = call.source
         if _is_window(src) and src.buffer is t.buffer:
-            raise ProgramValueError(f"{w}: local data and target are the same window buffer '{t.buffer.name}'; "
+            raise AliasingError(f"{w}: local data and target are the same window buffer '{t.buffer.name}'; "
                                     "each rank's slot would overwrite another's input. Use separate windows.")
         slot_shape(call, world)  # raises when the target has no slot per rank
     elif call.name in ("all_to_all", "all_to_all_v"):
         if call.source.buffer is t.buffer:
-            raise ProgramValueError(f"{w}: input and target are the same window buffer '{t.buffer.name}'; "
+            raise AliasingError(f"{w}: input and target are the same window buffer '{t.buffer.name}'; "
                                     "rows would be overwritten before they are sent. Use separate windows.")
         if list(call.source.shape) != list(t.shape) or not t.shape or t.shape[0] % world:
             raise ProgramValueError(f"{w}: input and target need the same shape with a first dimension that "
@@ -238,7 +238,7 @@ def check_layout(registry: dict, call: Call) -> None:
     layout = call.layout
     prev = registry.setdefault(key, (layout, call.where, call.name))
     if prev[0] != layout:
-        raise ProgramValueError(
+        raise SignalLayoutError(
             f"pld.tensor.{call.name} at {call.where}: signal window buffer '{sig.buffer.name}' is used with the "
             f"{layout[0]} layout {list(layout[1])}, but pld.tensor.{prev[2]} at {prev[1]} used it with the "
             f"{prev[0][0]} layout {list(prev[0][1])}. Collective signals are self-clearing only within one layout: "

@@ -11,7 +11,13 @@ import inspect
 import textwrap
 import types as pytypes
 
-from ..errors import ProgramError, ProgramTypeError, ProgramValueError, ShapeError, TaskArgsError
+from ..errors import (
+    DispatchCoverageError,
+    ProgramTypeError,
+    ProgramValueError,
+    ShapeError,
+    TaskArgsError,
+)
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar
 from ..language.types import DynDim, ParamSpec, TensorType
@@ -207,9 +213,9 @@ def check_coverage(plan: DispatchPlan, host: Function) -> None:
         return
     covered = [r for r in range(plan.world) if plan.tasks[r]]
     if not covered:
-        raise ProgramError(f"host orchestrator '{host.name}' ({host.location}) dispatched nothing: call the "
+        raise DispatchCoverageError(f"host orchestrator '{host.name}' ({host.location}) dispatched nothing: call the "
                            "per-device function with device=r for every rank.")
-    raise ProgramError(
+    raise DispatchCoverageError(
         f"host orchestrator '{host.name}' ({host.location}) dispatched ranks {covered} but never ranks "
         f"{missing} (devices {[plan.device_ids[r] for r in missing]}); world = len(device_ids) = {plan.world}. "
         "The dispatch loop must cover [0, world): write `for r in pl.range(pld.world_size()):`.")

@@ -18,7 +18,14 @@ import numpy as np
 
 from .. import context
 from ..collectives import spec as coll_spec
-from ..errors import ProgramError, ProgramTypeError, ProgramValueError
+from ..errors import (
+    CollectiveInLoopError,
+    DispatchCoverageError,
+    ProgramError,
+    ProgramTypeError,
+    ProgramValueError,
+    WindowTooSmallError,
+)
 from ..language import dtypes as dt
 from ..language.dtypes import DataType
 from ..language.functions import Function, Kind
@@ -108,7 +115,7 @@ class PlanningContext(context.Context):
             if buf.nbytes == self.world:
                 hint = (f" The buffer's size equals the world size ({self.world}): alloc_window_buffer takes "
                         "bytes, not a rank count; use pld.alloc_window_buffer(shape, dtype=...).")
-            raise ProgramValueError(
+            raise WindowTooSmallError(
                 f"pld.window at {loc}: a view of shape {list(shape)} {dtype.name} needs {view.nbytes} bytes but "
                 f"window buffer '{buf.name}' (allocated at {buf.location}) has only {buf.nbytes} bytes.{hint}")
         return view
@@ -141,7 +148,7 @@ class PlanningContext(context.Context):
             raise ProgramTypeError(f"{fn.name}(..., device={device!r}) at {loc}: device= must be an integer "
                                    "rank index") from None
         if not 0 <= r < self.world:
-            raise ProgramValueError(
+            raise DispatchCoverageError(
                 f"{fn.name}(..., device={r}) at {loc}: device= is a logical rank index and must be in "
                 f"[0, {self.world}) (world = len(device_ids) = {self.world}); device ids "
                 f"{self.plan.device_ids} are mapped from rank indices. Loop with `for r in "
@@ -187,7 +194,7 @@ class PlanningContext(context.Context):
             if not is_internal(frame.f_code.co_filename):
                 loop_line = _enclosing_loop(frame.f_code, frame.f_lineno)
                 if loop_line is not None:
-                    raise ProgramError(
+                    raise CollectiveInLoopError(
                         f"pld.tensor.allreduce at {loc}: called without a signal inside a loop (the loop at "
                         f"{frame.f_code.co_filename}:{loop_line}). The synthesised signal would serve every "
                         "iteration of the loop at once. Pass an explicit signal window "

@@ -9,6 +9,7 @@ value the wait saw.
 
 from __future__ import annotations
 
+import bisect
 import datetime
 import json
 import os
@@ -47,26 +48,40 @@ def load_records(root: Path, dispatch: int, world: int) -> list[dict]:
 
 
 def release_pairs(ranks: list[dict]) -> list[tuple[dict, dict, int, int]]:
-    """Return (notify, wait, notifying rank, waiting rank) for every wait whose releasing notify is known."""
-    notifies: dict[tuple, list[tuple[dict, int]]] = {}
+    """Return (notify, wait, notifying rank, waiting rank) for every wait whose releasing notify is known.
+
+    The releasing notify is the latest one on the wait's cell, started before the wait ended, whose
+    resulting value is the value the wait saw.  Notifies are indexed by (cell, resulting value) and
+    sorted by start, so each wait is one binary search (a ping-pong of many rounds on one cell stays
+    linear-logarithmic, not quadratic).
+    """
+    groups: dict[tuple, list[tuple[int, int, dict, int]]] = {}
+    order = 0
     for data in ranks:
         for rec in data["records"]:
             if rec["kind"] == "notify":
                 a = rec["args"]
-                notifies.setdefault((a["buffer_id"], a["owner"], a["offset"]), []).append((rec, data["rank"]))
+                # -order: among equal starts the first recorded sorts last, so it is the one picked
+                groups.setdefault((a["buffer_id"], a["owner"], a["offset"], a["new"]), []).append(
+                    (rec["start"], -order, rec, data["rank"]))
+                order += 1
+    index = {}
+    for key, found in groups.items():
+        found.sort(key=lambda n: (n[0], n[1]))
+        index[key] = ([n[0] for n in found], found)
     pairs = []
     for data in ranks:
         for rec in data["records"]:
             if rec["kind"] != "wait":
                 continue
             a = rec["args"]
-            best = None
-            for n, src in notifies.get((a["buffer_id"], a["owner"], a["offset"]), ()):
-                if n["args"]["new"] == a["seen"] and n["start"] <= rec["end"] and \
-                        (best is None or n["start"] > best[0]["start"]):
-                    best = (n, src)
-            if best is not None:
-                pairs.append((best[0], rec, best[1], data["rank"]))
+            found = index.get((a["buffer_id"], a["owner"], a["offset"], a["seen"]))
+            if found is None:
+                continue
+            i = bisect.bisect_right(found[0], rec["end"]) - 1
+            if i >= 0:
+                _, _, n, src = found[1][i]
+                pairs.append((n, rec, src, data["rank"]))
     return pairs
 
 

@@ -15,14 +15,14 @@ from .. import collectives, context
 from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
-from ..errors import KernelIndexError, KernelValueError, ProgramError, ProgramTypeError
+from ..errors import KernelIndexError, KernelValueError, PeerRangeError, ProgramError, ProgramTypeError
 from ..language import dtypes as dt
 from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction
-from ..source import call_site, user_location
+from ..source import call_site, user_frame, user_location
 from .events import EventLog, now_ns
 from .tensors import RankTensor, WindowTensor
 
@@ -331,7 +331,7 @@ class RankContext(context.Context):
                         "(r - 1) % n is -1 for r = 0. Write (r - 1 + n) % n.")
             else:
                 hint = " peer is a rank index (0 .. world-1), not a device id."
-            raise KernelValueError(f"{op} at {user_location(4)}: peer {p} is outside [0, {self.world}) "
+            raise PeerRangeError(f"{op} at {user_location(4)}: peer {p} is outside [0, {self.world}) "
                                    f"(rank {self.rank}, world {self.world}).{hint}")
         return p
 
@@ -456,6 +456,9 @@ class RankContext(context.Context):
         else:
             raise ProgramTypeError(f"{op} at {user_location(4)}: op= must be pld.NotifyOp.AtomicAdd or "
                                    f"pld.NotifyOp.Set, got {notify_op!r}")
+        # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
+        self.status.record_notify(self.rank, w.buffer.id, p, byte, int(notify_op is NotifyOp.Set), v, old, new,
+                                  user_frame(2))
         if self.events is not None:
             self._log("notify", op, start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=p,
                       cell=[int(i) for i in offsets], offset=byte, op=notify_op.name, value=v, old=old, new=new)
@@ -489,7 +492,8 @@ class RankContext(context.Context):
         if not ok:
             loc = loc or user_location(4)
             what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
-            self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what)
+            self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what,
+                                    int(idx[0]) if len(idx) else -1)
             while not ok:
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.status.set_running(self.rank, self.task or "")

@@ -1,0 +1,145 @@
+"""Findings: one model for everything ptodist diagnoses, shared by exceptions, the CLI and the JSON report.
+
+A finding has a ``kind`` (one of :data:`KINDS`), a ``message``, the ``ranks``
+involved, the user ``locations`` (``file:line``, root cause first), the SPEC §8
+``pitfall`` row it matches (or None) and a ``fix``.  :func:`from_exception`
+turns any error ptodist raised into findings.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from dataclasses import asdict, dataclass, field
+
+from ..errors import HangError, PtodistError, RankError
+from ..source import is_internal
+
+KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
+         "shape_mismatch", "type_mismatch", "task_args_order", "dispatch_coverage", "window_too_small", "not_shared",
+         "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "rank_error")
+
+# The fix for each kind, for reports; messages carry the specifics.
+FIXES = {
+    "hang": "Notify before you wait (put the notify loop before the wait loop); order a wait after the send it "
+            "needs with pl.submit(..., deps=[send_task]); use AtomicAdd + WaitCmp.Ge on cells with several writers.",
+    "set_clobber": "Use NotifyOp.AtomicAdd with WaitCmp.Ge on a cell that several ranks notify; Set is for 1:1 "
+                   "exchanges.",
+    "peer_out_of_range": "Keep peers in [0, world): write the left neighbour as (r - 1 + n) % n.",
+    "out_of_bounds": "Make offsets + shape fit inside the tensor or window (see the bounds in the message).",
+    "shape_mismatch": "Make the argument's shape match the annotation; use pl.dynamic(\"NR\") for the rank count.",
+    "type_mismatch": "Pass what the annotation asks for: a window (pld.window) for pld.DistributedTensor, a host "
+                     "tensor slice for pl.Tensor.",
+    "task_args_order": "Put every tensor parameter before every scalar parameter (and the arguments likewise).",
+    "dispatch_coverage": "Dispatch every rank exactly as `for r in pl.range(pld.world_size()): f(..., device=r)`.",
+    "window_too_small": "alloc_window_buffer takes bytes: use pld.alloc_window_buffer(shape, dtype=...).",
+    "collective_in_loop": "Pass an explicit signal window to the allreduce, or hoist it out of the loop.",
+    "signal_layout": "Give each collective layout its own signal window, shaped for its mode ([NR, 1] mesh, "
+                     "[2*(NR-1), NR] ring).",
+    "aliasing": "Use separate windows for the collective's source, result and signal.",
+    "invalid_argument": "Correct the argument named in the message.",
+    "rank_error": "Fix the error raised in the rank (see its traceback).",
+}
+
+_LOCATION = re.compile(r"((?:/|\.{0,2}/)?[\w.\-/]+\.py):(\d+)")
+
+
+@dataclass
+class Finding:
+    """One diagnosed problem."""
+
+    kind: str
+    message: str
+    ranks: list[int] = field(default_factory=list)
+    locations: list[str] = field(default_factory=list)
+    pitfall: str | None = None
+    fix: str = ""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def render(self) -> str:
+        """Return the finding as a person reads it on a terminal."""
+        head = f"[{self.kind}]"
+        if self.ranks:
+            head += f" ranks {', '.join(map(str, self.ranks))}"
+        if self.pitfall:
+            head += f" (SPEC §{self.pitfall})"
+        lines = [head, *("  " + line for line in self.message.splitlines())]
+        if self.locations:
+            lines.append("  at " + ", ".join(self.locations))
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
+        return "\n".join(lines)
+
+
+def _locations(text: str) -> list[str]:
+    out: list[str] = []
+    for m in _LOCATION.finditer(text):
+        loc = f"{m.group(1)}:{m.group(2)}"
+        if not is_internal(m.group(1)) and loc not in out:
+            out.append(loc)
+    return out
+
+
+def _user_frames(tb_text: str) -> list[str]:
+    """Return the user frames of a formatted traceback, innermost first."""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', tb_text)
+    return [f"{f}:{n}" for f, n in reversed(frames) if not is_internal(f)]
+
+
+def from_exception(exc: BaseException) -> list[Finding]:
+    """Turn an exception ptodist raised (or any exception) into findings."""
+    if isinstance(exc, RankError):
+        return _from_rank_error(exc)
+    if isinstance(exc, HangError):
+        return _from_hang(exc)
+    if isinstance(exc, PtodistError):
+        kind = exc.kind
+        return [Finding(kind, str(exc), [], _locations(str(exc)), exc.pitfall, FIXES.get(kind, ""))]
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    return [Finding("invalid_argument", f"{type(exc).__name__}: {exc}", [],
+                    _user_frames(tb), None, "")]
+
+
+def _from_rank_error(exc: RankError) -> list[Finding]:
+    # Ranks that failed the same way make one finding.
+    groups: dict[tuple, Finding] = {}
+    for f in exc.failures:
+        original = f.exception
+        if isinstance(original, PtodistError):
+            kind, pitfall = original.kind, original.pitfall
+        else:
+            kind, pitfall = "rank_error", None
+        message = f"{f.error_type}: {f.message}"
+        key = (kind, f.error_type, f.message.replace(f"rank {f.rank}", "rank ?"))
+        if key in groups:
+            groups[key].ranks.append(f.rank)
+            continue
+        locations = _locations(f.message)
+        for loc in _user_frames(f.traceback):
+            if loc not in locations:
+                locations.append(loc)
+        where = f" in task '{f.task}'" if f.task else ""
+        groups[key] = Finding(kind, f"rank {f.rank} (device {f.device_id}){where}: {message}", [f.rank], locations,
+                              pitfall, FIXES.get(kind, ""))
+    return list(groups.values())
+
+
+def _from_hang(exc: HangError) -> list[Finding]:
+    blocked = [s for s in exc.ranks if s["state"] == "waiting"]
+    diagnosis = exc.diagnosis
+    # Root cause first: the clobbering Set notifies, when that is the cause; then the blocked waits.
+    locations = list(diagnosis.get("culprits", []))
+    for s in blocked:
+        if s.get("where") and s["where"] not in locations:
+            locations.append(s["where"])
+    kind = diagnosis.get("kind", "hang")
+    pitfall = "8.1 signal never reaches expected; 8.3 step 04" if kind == "set_clobber" else HangError.pitfall
+    fix = FIXES.get(kind, FIXES["hang"])
+    return [Finding(kind, str(exc), [s["rank"] for s in blocked], locations, pitfall, fix)]
+
+
+def report(status: str, findings: list[Finding]) -> dict:
+    """The ``--report-json`` document."""
+    return {"status": status, "findings": [f.to_json() for f in findings]}

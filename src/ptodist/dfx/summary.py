@@ -1,0 +1,331 @@
+"""``ptodist trace DIR``: a terminal summary of one dispatch's swimlane records.
+
+Reads every rank's ``chip_swimlane_records.json`` of one dispatch and prints:
+
+* per rank: the time from the rank's start to writing its records (*total*),
+  time inside tasks that is neither waiting nor communicating (*busy*), time in
+  ``wait`` records (*waiting*), time in ``notify`` and RMA records
+  (*communicating*), and the rest (*outside tasks*: process start, the
+  per-device orchestration between its kernel calls);
+* the longest waits, each with its cell and the notify (rank, line) that
+  released it (:func:`swimlane.release_pairs`);
+* the critical path: from the record that ends last, backwards, within a rank
+  to the record before, across ranks from a wait to the notify that released it.
+
+Times are milliseconds from the earliest rank's start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+from . import swimlane
+
+ENABLE_HINT = "RunConfig(enable_chip_swimlane=True)"
+_RANK_DIR = re.compile(r"rank(\d+)$")
+_DISPATCH_DIR = re.compile(r"d(\d+)$")
+CONTAINERS = ("task", "collective")
+
+
+class TraceError(Exception):
+    """A directory ``ptodist trace`` cannot summarise; the message says why and what to enable."""
+
+
+# -- finding the files ----------------------------------------------------------------------------
+
+def find_root(path) -> Path:
+    """Return the ``dfx_outputs`` folder for ``path`` (an output_dir or the folder itself)."""
+    p = Path(path)
+    if not p.is_dir():
+        raise TraceError(f"no such directory: {path}")
+    if (p / "dfx_outputs").is_dir():
+        return p / "dfx_outputs"
+    if any(_RANK_DIR.match(c.name) for c in p.iterdir() if c.is_dir()):
+        return p
+    raise TraceError(f"{path} holds no DFX outputs (no dfx_outputs/ folder in it). Run the program with "
+                     f"{ENABLE_HINT} (and its output_dir, or PTODIST_OUTPUT_ROOT, pointing here), then "
+                     f"run ptodist trace on compiled.output_dir.")
+
+
+def dispatches(root: Path) -> dict[int, list[int]]:
+    """Return {dispatch index: ranks} for which swimlane records exist."""
+    found: dict[int, list[int]] = {}
+    for rank_dir in root.iterdir():
+        m = _RANK_DIR.match(rank_dir.name)
+        if not (m and rank_dir.is_dir()):
+            continue
+        for d in rank_dir.iterdir():
+            k = _DISPATCH_DIR.match(d.name)
+            if k and (d / swimlane.RECORDS).is_file():
+                found.setdefault(int(k.group(1)), []).append(int(m.group(1)))
+    return {k: sorted(v) for k, v in sorted(found.items())}
+
+
+def merged_trace(root: Path, dispatch: int) -> Path | None:
+    """Return the newest merged trace of ``dispatch`` (traces without a dispatch field count as any)."""
+    best = None
+    for path in sorted(root.glob("merged_swimlane_*.json")):
+        try:
+            other = json.loads(path.read_text()).get("otherData", {})
+        except (OSError, ValueError):
+            continue
+        if other.get("dispatch", dispatch) == dispatch:
+            best = path
+    return best
+
+
+def _other_outputs(root: Path) -> list[str]:
+    names = set()
+    for p in root.glob("rank*/d*/*"):
+        if p.name == "deps.json":
+            names.add("deps.json")
+        elif p.name == "scope_stats":
+            names.add("scope_stats/scope_stats.jsonl")
+    return sorted(names)
+
+
+def load(root: Path, dispatch: int | None) -> tuple[int, list[dict], dict[int, list[int]]]:
+    """Return (dispatch index, every rank's records of it, all dispatches found)."""
+    found = dispatches(root)
+    if not found:
+        others = _other_outputs(root)
+        has = f" (it has {' and '.join(others)})" if others else ""
+        raise TraceError(f"{root} has no swimlane records{has}: ptodist trace reads "
+                         f"rank*/d*/{swimlane.RECORDS}, which {ENABLE_HINT} writes.")
+    if dispatch is None:
+        dispatch = max(found)
+    elif dispatch not in found:
+        raise TraceError(f"{root} has no swimlane records of dispatch {dispatch}; dispatches with records: "
+                         f"{', '.join(map(str, found))}")
+    world = max(found[dispatch]) + 1
+    return dispatch, swimlane.load_records(root, dispatch, world), found
+
+
+# -- numbers ---------------------------------------------------------------------------------------
+
+def _union(intervals) -> int:
+    total, cur_lo, cur_hi = 0, None, None
+    for lo, hi in sorted(intervals):
+        if cur_hi is None or lo > cur_hi:
+            if cur_hi is not None:
+                total += cur_hi - cur_lo
+            cur_lo, cur_hi = lo, hi
+        else:
+            cur_hi = max(cur_hi, hi)
+    if cur_hi is not None:
+        total += cur_hi - cur_lo
+    return total
+
+
+def _end(rec: dict, data: dict) -> int:
+    return rec["end"] if rec["end"] is not None else data["end"]
+
+
+def rank_times(data: dict) -> dict:
+    """Nanoseconds: total, busy, waiting, communicating, outside tasks (and record counts)."""
+    recs = data["records"]
+    in_tasks = _union((r["start"], _end(r, data)) for r in recs if r["kind"] in CONTAINERS)
+    waiting = sum(_end(r, data) - r["start"] for r in recs if r["kind"] == "wait")
+    comm = sum(_end(r, data) - r["start"] for r in recs if r["kind"] in ("notify", "rma"))
+    total = data["end"] - data["start"]
+    return {"total": total, "busy": max(in_tasks - waiting - comm, 0), "waiting": waiting, "communicating": comm,
+            "outside": max(total - in_tasks, 0),
+            "tasks": sum(1 for r in recs if r["kind"] in CONTAINERS and "args" not in r),
+            "waits": sum(1 for r in recs if r["kind"] == "wait"),
+            "notifies": sum(1 for r in recs if r["kind"] == "notify"),
+            "rma": sum(1 for r in recs if r["kind"] == "rma")}
+
+
+def timeline(data: dict) -> list[dict]:
+    """The rank's steps in time order: its start, each task's begin and end, and every operation.
+
+    A step is ``{"step": "start" | "begin" | "end" | "op", "rec": record or None, "t": its instant}``;
+    an operation's instant is its end.  A record that contains another (a task with operations, a
+    collective made of notifies and waits) appears as its begin and end; any other record as one op step.
+    """
+    recs = sorted(data["records"], key=lambda r: (r["start"], -_end(r, data)))
+    steps = [{"step": "start", "rec": None, "t": data["start"], "rank": data["rank"]}]
+    for i, r in enumerate(recs):
+        nxt = recs[i + 1] if i + 1 < len(recs) else None
+        if r["kind"] in CONTAINERS and nxt is not None and nxt["start"] < _end(r, data):
+            steps.append({"step": "begin", "rec": r, "t": r["start"], "rank": data["rank"]})
+            steps.append({"step": "end", "rec": r, "t": _end(r, data), "rank": data["rank"]})
+        else:
+            steps.append({"step": "op", "rec": r, "t": _end(r, data), "rank": data["rank"]})
+    order = {"start": 0, "begin": 1, "op": 2, "end": 3}
+    steps.sort(key=lambda s: (s["t"], order[s["step"]]))
+    return steps
+
+
+def critical_path(ranks: list[dict]) -> list[tuple[dict, str]]:
+    """Return [(step, how it links to the step before)] earliest first (steps as in :func:`timeline`).
+
+    Starts at the step that happens last on any rank and walks backwards: within a rank to the step
+    before, and from a wait to the notify that released it (on any rank).  ``how`` is ``"first"``,
+    ``"then"`` (same rank) or ``"released"`` (a wait released by the notify of the step before).
+    """
+    lines = {data["rank"]: timeline(data) for data in ranks}
+    pos = {id(s["rec"]): (r, i) for r, lst in lines.items() for i, s in enumerate(lst) if s["step"] == "op"}
+    released = {id(w): n for n, w, _src, _dst in swimlane.release_pairs(ranks)}
+    candidates = [lst[-1] for lst in lines.values() if lst]
+    if not candidates:
+        return []
+    cur = max(candidates, key=lambda s: (s["t"], -s["rank"]))
+    r, i = cur["rank"], len(lines[cur["rank"]]) - 1
+    chain, links, seen = [cur], [], {(r, i)}
+    while True:
+        rec = cur["rec"]
+        if cur["step"] == "op" and rec["kind"] == "wait" and id(released.get(id(rec))) in pos:
+            r, i = pos[id(released[id(rec)])]
+            how = "released"
+        elif i > 0:
+            i, how = i - 1, "then"
+        else:
+            break
+        if (r, i) in seen:  # never in a consistent log; guards the walk against a malformed one
+            break
+        seen.add((r, i))
+        cur = lines[r][i]
+        chain.append(cur)
+        links.append(how)
+    chain.reverse()
+    links.reverse()
+    return list(zip(chain, ["first", *links]))
+
+
+# -- text ------------------------------------------------------------------------------------------
+
+def _ms(ns: float) -> str:
+    return f"{ns / 1e6:.3f}"
+
+
+def _where(where: str) -> str:
+    """``file:line`` relative to the working directory when the file lies under it."""
+    path, sep, line = where.rpartition(":")
+    if not sep or not path:
+        return where
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return where
+    return f"{rel if not rel.startswith('..') else path}:{line}"
+
+
+def _table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+
+    def fmt(cells):
+        return "  " + "  ".join(c.ljust(w) if a == "<" else c.rjust(w) for c, w, a in zip(cells, widths, align))
+
+    return [fmt(header), *(fmt(row) for row in rows)]
+
+
+def _label(rank: int, devices: dict[int, int]) -> str:
+    return f"rank {rank} (device {devices.get(rank, '?')})"
+
+
+def _describe(rec: dict) -> str:
+    """One operation in a few words: what it touched and how."""
+    a = rec.get("args", {})
+    kind = rec["kind"]
+    if kind == "notify":
+        return f"{a['buffer']} on rank {a['owner']} cell {a['cell']} {a['op']} {a['value']} ({a['old']} -> {a['new']})"
+    if kind == "wait":
+        return f"{a['buffer']} cell {a['cell']} {a['cmp']} {a['expected']}, saw {a['seen']}"
+    if kind == "rma":
+        return f"{a['buffer']} {a['direction']} rank {a['peer']}, {a['bytes']} B"
+    if kind == "collective" and a:
+        return f"target {a.get('target')}, {a.get('bytes')} B"
+    return ""
+
+
+def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = False) -> str:
+    """Return the summary text for the DFX outputs under ``path``; raise TraceError if there are none."""
+    root = find_root(path)
+    dispatch, ranks, found = load(root, dispatch)
+    devices = {data["rank"]: data["device_id"] for data in ranks}
+    t0 = min(data["start"] for data in ranks)
+    markers = all(data.get("device_markers", True) for data in ranks)
+    merged = merged_trace(root, dispatch)
+    out = [f"ptodist trace: {root}",
+           f"dispatch {dispatch} ({', '.join(f'd{k}' for k in found)} found; --dispatch K picks one), "
+           f"{len(ranks)} rank(s); times in ms from the first rank's start",
+           f"merged trace: {merged if merged else 'none for this dispatch'}"]
+    if not markers:
+        out.append("per-operation records are off (SIMPLER_DEVICE_STRACE_ENABLE=0): only tasks and collectives "
+                   "were recorded, so waiting and communicating read 0 and the path stays on one rank")
+
+    out += ["", "Per rank (ms):"]
+    rows = []
+    for data in ranks:
+        t = rank_times(data)
+        rows.append([_label(data["rank"], devices), _ms(t["total"]), _ms(t["busy"]), _ms(t["waiting"]),
+                     _ms(t["communicating"]), _ms(t["outside"]),
+                     f"{100.0 * t['waiting'] / t['total']:.0f}%" if t["total"] else "-",
+                     f"{t['tasks']}/{t['waits']}/{t['notifies']}/{t['rma']}"])
+    out += _table(["rank", "total", "busy", "waiting", "communicating", "outside tasks", "waiting %",
+                   "tasks/waits/notifies/rma"], rows, "<rrrrrrr")
+
+    pairs = {id(w): (n, src) for n, w, src, _dst in swimlane.release_pairs(ranks)}
+    waits = sorted(((rec["end"] - rec["start"], data["rank"], rec) for data in ranks for rec in data["records"]
+                    if rec["kind"] == "wait"), key=lambda w: (-w[0], w[1]))
+    out += ["", f"Longest waits ({min(top, len(waits))} of {len(waits)}):"]
+    if not waits:
+        out.append("  none recorded")
+    for dur, r, rec in waits[:top]:
+        a = rec["args"]
+        out.append(f"  {_ms(dur):>9} ms  {_label(r, devices)} at {_where(rec['where'])}: {a['buffer']} cell "
+                   f"{a['cell']} {a['cmp']} {a['expected']}, saw {a['seen']}")
+        if id(rec) in pairs:
+            n, src = pairs[id(rec)]
+            out.append(f"  {'':>12} released by {_label(src, devices)} notify at {_where(n['where'])} "
+                       f"({n['args']['op']} {n['args']['value']}: {n['args']['old']} -> {n['args']['new']}, "
+                       f"at {_ms(n['start'] - t0)})")
+        else:
+            out.append(f"  {'':>12} released by: no recorded notify on this cell produced the value seen")
+
+    path_steps = critical_path(ranks)
+    out.append("")
+    if not path_steps:
+        out.append("Critical path: no records")
+    else:
+        length = path_steps[-1][0]["t"] - path_steps[0][0]["t"]
+        crossings = sum(1 for _, how in path_steps if how == "released")
+        ranks_on = sorted({s["rank"] for s, _ in path_steps})
+        out.append(f"Critical path: {_ms(length)} ms over rank(s) {', '.join(map(str, ranks_on))}, {len(path_steps)} "
+                   f"steps, {crossings} cross-rank release(s); earliest first. 'at': when the step ended; "
+                   f"'on path': time since the step before.")
+        rows, prev = [], None
+        for s, how in path_steps:
+            rec = s["rec"]
+            on_path = 0 if prev is None else max(s["t"] - prev, 0)
+            prev = s["t"]
+            label = _label(s["rank"], devices)
+            if s["step"] == "start":
+                rows.append([_ms(s["t"] - t0), "", _ms(on_path), label, "start", "(rank process starts)", "", ""])
+                continue
+            dur = _ms(_end(rec, {"end": rec["start"]}) - rec["start"]) if s["step"] != "begin" else ""
+            what = {"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"], rec["kind"])
+            link = "<- released by the notify above" if how == "released" else ""
+            rows.append([_ms(s["t"] - t0), dur, _ms(on_path), label, what, rec["name"], _where(rec["where"]),
+                         " ".join(filter(None, [_describe(rec) if s["step"] == "op" else "", link]))])
+        out += _table(["at", "dur", "on path", "rank", "step", "name", "where", ""], rows, "rrr<<<<<")
+
+    if open_trace:
+        out += ["", *open_instructions(merged)]
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def open_instructions(merged: Path | None) -> list[str]:
+    if merged is None:
+        return ["No merged trace for this dispatch (the run wrote none: did it end before the driver merged?)."]
+    return [f"Merged trace: {merged.resolve()}",
+            "To view it:",
+            "  - Perfetto: open https://ui.perfetto.dev, click 'Open trace file' and choose the file above",
+            "    (the file stays on your machine: the UI runs in the browser).",
+            "  - Chrome: open chrome://tracing, click 'Load' and choose the file above.",
+            "One process per rank ('rank r (device d)'), one thread per lane; arrows go from each notify to the "
+            "wait it released."]

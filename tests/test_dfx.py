@@ -1,0 +1,492 @@
+"""Diagnostic outputs (DFX): swimlane records, the merged Chrome trace, deps.json, scope stats, `ptodist trace`."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import EXAMPLES, child_env
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig, dfx
+from ptodist.dfx import summary, swimlane
+
+IDS = [3, 5, 9]  # non-contiguous device ids: rank r runs on IDS[r]
+N = 16
+NR = pl.dynamic("NR")
+ALL_ON = {"enable_chip_swimlane": True, "enable_dep_gen": True, "enable_scope_stats": True}
+KINDS = {"task", "collective", "notify", "wait", "rma"}
+
+
+def load_example(name: str):
+    spec = importlib.util.spec_from_file_location(f"example_{name}", EXAMPLES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def config(out: Path, ids=IDS, **flags) -> RunConfig:
+    return RunConfig(distributed_config=DistributedConfig(device_ids=list(ids)), output_dir=str(out), **flags)
+
+
+def records(out: Path, rank: int, dispatch: int = 0) -> dict:
+    return json.loads((out / "dfx_outputs" / f"rank{rank}" / f"d{dispatch}" / swimlane.RECORDS).read_text())
+
+
+def merged(out: Path) -> list[Path]:
+    return sorted((out / "dfx_outputs").glob("merged_swimlane_*.json"))
+
+
+# -- the shared run: examples/allreduce.py at P=3, every flag on -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def allreduce_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("allreduce") / "out"
+    x = torch.randn(len(IDS), 1, 256)
+    y = load_example("allreduce").allreduce.compile(x, config=config(out, **ALL_ON))(x)
+    assert torch.allclose(y, x.sum(dim=0, keepdim=True).expand_as(y), rtol=1e-5, atol=1e-5)
+    return out
+
+
+def check_where(where: str) -> None:
+    assert re.fullmatch(r".+\.py:\d+", where), where
+
+
+def test_swimlane_records_per_rank(allreduce_run):
+    for r, dev in enumerate(IDS):
+        data = records(allreduce_run, r)
+        assert set(data) == {"rank", "device_id", "dispatch", "clock", "start", "end", "device_markers", "records"}
+        assert (data["rank"], data["device_id"], data["dispatch"]) == (r, dev, 0)
+        assert data["clock"] == "CLOCK_MONOTONIC, nanoseconds" and data["device_markers"] is True
+        assert data["start"] <= data["end"]
+        recs = data["records"]
+        kinds = [rec["kind"] for rec in recs]
+        # allreduce.py at P=3: one kernel task; 3 notifies (arrive), 3 waits, 3 remote_loads (sum)
+        assert kinds.count("task") == 1 and kinds.count("notify") == 3 and kinds.count("wait") == 3
+        assert kinds.count("rma") == 3 and set(kinds) <= KINDS
+        task = recs[0]
+        assert task["kind"] == "task" and task["name"] == "allreduce_kernel" and task["task_id"] == 0
+        assert set(task) == {"id", "kind", "name", "task_id", "lane", "start", "end", "where"}
+        for i, rec in enumerate(recs):
+            assert rec["id"] == i and rec["lane"] == 0
+            assert data["start"] <= rec["start"] <= rec["end"] <= data["end"]
+            check_where(rec["where"])
+            if rec["kind"] == "task":
+                continue
+            assert set(rec) == {"id", "kind", "name", "task_id", "lane", "start", "end", "where", "args"}
+            assert rec["task_id"] == 0 and task["start"] <= rec["start"] and rec["end"] <= task["end"]
+            a = rec["args"]
+            if rec["kind"] == "notify":
+                assert rec["name"] == "pld.system.notify"
+                assert set(a) == {"buffer", "buffer_id", "owner", "cell", "offset", "op", "value", "old", "new"}
+                assert a["buffer"] == "sig_buf" and a["cell"] == [r, 0] and a["offset"] == 4 * r
+                assert (a["op"], a["value"], a["new"]) == ("AtomicAdd", 1, a["old"] + 1)
+            elif rec["kind"] == "wait":
+                assert rec["name"] == "pld.system.wait"
+                assert set(a) == {"buffer", "buffer_id", "owner", "cell", "offset", "cmp", "expected", "seen"}
+                assert a["owner"] == r and a["offset"] == 4 * a["cell"][0]
+                assert (a["cmp"], a["expected"]) == ("Ge", 1) and a["seen"] >= 1
+            else:
+                assert rec["name"] == "pld.tile.remote_load"
+                assert a == {"buffer": "data_buf", "peer": a["peer"], "bytes": 256 * 4, "direction": "read"}
+        assert sorted(rec["args"]["owner"] for rec in recs if rec["kind"] == "notify") == [0, 1, 2]
+        assert sorted(rec["args"]["peer"] for rec in recs if rec["kind"] == "rma") == [0, 1, 2]
+
+
+def trace_events(out: Path) -> list[dict]:
+    (path,) = merged(out)
+    assert re.fullmatch(r"merged_swimlane_\d{8}_\d{6}_\d{6}\.json", path.name)
+    trace = json.loads(path.read_text())
+    assert trace["otherData"]["dispatch"] == 0
+    return trace["traceEvents"]
+
+
+def inside(ev: dict, xs: list[dict]) -> list[dict]:
+    """The X slices on ev's pid/tid whose interval strictly contains ev's ts."""
+    return [x for x in xs if x["pid"] == ev["pid"] and x["tid"] == ev["tid"] and x["ts"] < ev["ts"] < x["ts"] + x["dur"]]
+
+
+def test_merged_trace_processes_threads_and_slices(allreduce_run):
+    events = trace_events(allreduce_run)
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r} (device {d})" for r, d in enumerate(IDS)}
+    assert sum(1 for e in events if e["ph"] == "M" and e["name"] == "process_name") == len(IDS)
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    xs = [e for e in events if e["ph"] == "X"]
+    assert {(x["pid"], x["tid"]) for x in xs} == set(threads) == {(r, 0) for r in range(len(IDS))}
+    assert set(threads.values()) == {"lane 0"}
+    for x in xs:
+        assert {"name", "cat", "pid", "tid", "ts", "dur", "args"} <= set(x)
+        assert isinstance(x["ts"], (int, float)) and x["ts"] >= 0 and x["dur"] > 0
+        assert x["cat"] in KINDS and "where" in x["args"] and "task_id" in x["args"]
+    assert sorted(x["cat"] for x in xs if x["pid"] == 1) == ["notify"] * 3 + ["rma"] * 3 + ["task"] + ["wait"] * 3
+    # every record of every rank is a slice, with its args
+    for r in range(len(IDS)):
+        assert len([x for x in xs if x["pid"] == r]) == len(records(allreduce_run, r)["records"])
+    rma = next(x for x in xs if x["cat"] == "rma")
+    assert rma["args"]["bytes"] == 1024 and "peer" in rma["args"]
+    notify = next(x for x in xs if x["cat"] == "notify")
+    assert {"cell", "value", "old", "new"} <= set(notify["args"])
+
+
+def test_merged_trace_flows_pair_each_notify_with_the_wait_it_released(allreduce_run):
+    events = trace_events(allreduce_run)
+    xs = [e for e in events if e["ph"] == "X"]
+    starts = [e for e in events if e["ph"] == "s"]
+    finishes = [e for e in events if e["ph"] == "f"]
+    assert len(starts) == len(finishes) == 3 * len(IDS)  # one per wait of the barrier
+    assert len({s["id"] for s in starts}) == len(starts)
+    released = {}
+    for s in starts:
+        (f,) = [f for f in finishes if f["id"] == s["id"]]
+        assert f["bp"] == "e" and s["ts"] <= f["ts"]
+        (n,) = [x for x in inside(s, xs) if x["cat"] == "notify"]
+        (w,) = [x for x in inside(f, xs) if x["cat"] == "wait"]
+        # the right pids: the notify targets the waiting rank's cell of the notifying rank
+        assert n["args"]["owner"] == f["pid"] and w["args"]["cell"] == [s["pid"], 0]
+        assert n["args"]["offset"] == w["args"]["offset"] and n["args"]["new"] == w["args"]["seen"]
+        # one clock for all ranks: the notify started before the wait it released ended
+        assert n["ts"] < w["ts"] + w["dur"]
+        released.setdefault((f["pid"], w["ts"]), []).append(s["pid"])
+    # the hand-rolled barrier: every wait has exactly one releasing notify, from the rank named by its cell
+    waits = [(w["pid"], w["ts"]) for w in xs if w["cat"] == "wait"]
+    assert sorted(released) == sorted(waits)
+    assert all(len(v) == 1 for v in released.values())
+
+
+def test_release_pairs_name_the_expected_rank(allreduce_run):
+    ranks = [records(allreduce_run, r) for r in range(len(IDS))]
+    pairs = swimlane.release_pairs(ranks)
+    assert len(pairs) == 3 * len(IDS)
+    for n, w, src, dst in pairs:
+        assert w["args"]["cell"] == [src, 0] and n["args"]["owner"] == dst
+        assert n["start"] <= w["end"]
+
+
+# -- deps.json and scope stats ---------------------------------------------------------------------------------
+
+@pl.jit.incore
+def produce(x: pl.Tensor[[1, N], pl.FP32], t: pl.Out[pl.Tensor[[2, N], pl.FP32]]):
+    v = pl.load(x, [0, 0], [1, N])
+    t = pl.store(v, [0, 0], t)
+    return pl.store(pl.mul(v, 2.0), [1, 0], t)
+
+
+@pl.jit.incore
+def consume(t: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    return pl.store(pl.load(t, [0, 0], [1, N]), [0, 0], y)
+
+
+@pl.jit.incore
+def scale(x: pl.Tensor[[1, N], pl.FP32], z: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(x, [0, 0], [1, N]), 3.0), [0, 0], z)
+
+
+@pl.jit
+def chip(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
+         z: pl.Out[pl.Tensor[[1, N], pl.FP32]], w: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    t = pl.create_tensor([2, N], dtype=pl.FP32)      # 2 * N * 4 bytes of orchestration heap
+    produce(x, t)                                    # task 0 writes all of t
+    consume(pl.slice(t, [1, N], [1, 0]), y)          # task 1 reads row 1: tensormap edge 0 -> 1
+    with pl.manual_scope():
+        _, tid = pl.submit(scale, x, z)              # task 2
+        pl.submit(scale, x, w, deps=[tid])           # task 3: explicit edge 2 -> 3
+    return y
+
+
+@pl.jit.host
+def pipeline(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]],
+             z: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]], w: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        chip(x[r], y[r], z[r], w[r], device=r)
+
+
+@pytest.fixture(scope="module")
+def pipeline_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("pipeline") / "out"
+    x = np.arange(2 * N, dtype=np.float32).reshape(2, 1, N)
+    y, z, w = pipeline.compile(x, config=config(out, ids=[4, 6], **ALL_ON))(x)
+    assert (y == 2 * x).all() and (z == 3 * x).all() and (w == 3 * x).all()
+    return out
+
+
+def test_deps_json(pipeline_run):
+    row = N * 4
+    for r, dev in enumerate([4, 6]):
+        deps = json.loads((pipeline_run / "dfx_outputs" / f"rank{r}" / "d0" / "deps.json").read_text())
+        assert set(deps) == {"rank", "device_id", "dispatch", "tasks", "tensors", "edges"}
+        assert (deps["rank"], deps["device_id"], deps["dispatch"]) == (r, dev, 0)
+        assert [(t["id"], t["kernel"]) for t in deps["tasks"]] == [(0, "produce"), (1, "consume"), (2, "scale"),
+                                                                     (3, "scale")]
+        for t in deps["tasks"]:
+            assert set(t) == {"id", "kernel", "kind", "where", "args"} and t["kind"] == "task"
+            check_where(t["where"])
+            for a in t["args"]:
+                assert set(a) == {"name", "direction", "tensor", "tensor_id", "dtype", "shape", "offset", "nbytes"}
+                assert a["direction"] in ("in", "out", "inout") and a["dtype"] == "FP32"
+        produce_args = {a["name"]: a for a in deps["tasks"][0]["args"]}
+        # rank r's x[r] is row r of host tensor 0: offsets are bytes from the start of the whole tensor
+        assert produce_args["x"] == {"name": "x", "direction": "in", "tensor": f"x[{r}]", "tensor_id": "host:0",
+                                     "dtype": "FP32", "shape": [1, N], "offset": r * row, "nbytes": row}
+        local = produce_args["t"]
+        assert (local["direction"], local["tensor_id"], local["shape"], local["offset"], local["nbytes"]) == \
+            ("out", "local:0", [2, N], 0, 2 * row)
+        consume_t = deps["tasks"][1]["args"][0]
+        assert (consume_t["direction"], consume_t["tensor_id"], consume_t["shape"], consume_t["offset"],
+                consume_t["nbytes"]) == ("in", "local:0", [1, N], row, row)
+        assert deps["edges"] == [
+            {"pred": 0, "succ": 1, "source": "tensormap", "tensor": "local:0", "region": [row, 2 * row]},
+            {"pred": 2, "succ": 3, "source": "explicit"},
+        ]
+        tensors = {t["id"]: t for t in deps["tensors"]}
+        assert set(tensors) == {"host:0", "host:1", "host:2", "host:3", "local:0"}
+        for t in tensors.values():
+            assert set(t) == {"id", "name", "dtype", "regions"} and t["dtype"] == "FP32"
+        assert tensors["local:0"]["regions"] == [[0, 2 * row], [row, 2 * row]]
+        assert tensors["host:1"]["regions"] == [[r * row, (r + 1) * row]]
+
+
+def test_scope_stats(pipeline_run):
+    for r, dev in enumerate([4, 6]):
+        text = (pipeline_run / "dfx_outputs" / f"rank{r}" / "d0" / "scope_stats" / "scope_stats.jsonl").read_text()
+        lines = [json.loads(line) for line in text.splitlines()]
+        meta, scopes = lines[0], lines[1:]
+        assert set(meta) == {"type", "rank", "device_id", "dispatch", "clock", "high_water", "scopes"}
+        assert (meta["type"], meta["rank"], meta["device_id"], meta["dispatch"]) == ("metadata", r, dev, 0)
+        hw = meta["high_water"]
+        assert set(hw) == {"tasks_in_flight", "heap_bytes", "tensormap_entries"}
+        assert hw["tasks_in_flight"] >= 1
+        assert hw["heap_bytes"] == 2 * N * 4                 # the pl.create_tensor([2, N], FP32)
+        assert hw["tensormap_entries"] == 6  # distinct regions: x, y, z, w, all of t, row 1 of t
+        assert meta["scopes"] == sum(1 for s in scopes if s["event"] == "begin") == 5  # dispatch + 4 tasks
+        stack, last_t = [], 0
+        for s in scopes:
+            assert set(s) == {"type", "event", "scope", "name", "id", "depth", "t", "local_bytes"}
+            assert s["type"] == "scope" and s["scope"] in ("dispatch", "task") and s["t"] >= last_t
+            last_t = s["t"]
+            if s["event"] == "begin":
+                stack.append(s)
+                assert s["depth"] == len(stack) - 1
+            else:
+                assert s["event"] == "end"
+                b = stack.pop()
+                assert (b["scope"], b["name"], b["id"], b["depth"]) == (s["scope"], s["name"], s["id"], s["depth"])
+        assert stack == []
+        assert scopes[0]["scope"] == "dispatch" and scopes[0]["name"] == "pipeline"
+        assert [s["name"] for s in scopes if s["scope"] == "task" and s["event"] == "begin"] == \
+            ["produce", "consume", "scale", "scale"]
+        assert scopes[-1]["local_bytes"] == 2 * N * 4
+
+
+# -- switches ----------------------------------------------------------------------------------------------------
+
+def test_no_dfx_outputs_when_every_flag_is_off(tmp_path):
+    x = np.ones((2, 1, N), np.float32)
+    compiled = pipeline.compile(x, config=config(tmp_path / "out", ids=[0, 1]))
+    compiled(x)
+    assert (tmp_path / "out" / "dispatch_plan.json").is_file()
+    assert not (tmp_path / "out" / "dfx_outputs").exists()
+
+
+@pl.jit.incore
+def stage_and_reduce(x: pl.Tensor[[1, N], pl.FP32], data: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]],
+                     sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    data = pl.store(pl.load(x, [0, 0], [1, N]), [0, 0], data)
+    return pld.tensor.allreduce(data, sig)            # in-kernel collective: notifies, waits and RMA inside
+
+
+@pl.jit.incore
+def unload(y: pl.Out[pl.Tensor[[1, N], pl.FP32]], data: pld.DistributedTensor[[1, N], pl.FP32]):
+    return pl.store(pl.load(data, [0, 0], [1, N]), [0, 0], y)
+
+
+@pl.jit
+def stage_rank(x: pl.Tensor[[1, N], pl.FP32], data: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]],
+               sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    return stage_and_reduce(x, data, sig)
+
+
+@pl.jit
+def unload_rank(y: pl.Out[pl.Tensor[[1, N], pl.FP32]], data: pld.DistributedTensor[[1, N], pl.FP32]):
+    return unload(y, data)
+
+
+@pl.jit.host
+def twice(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]]):
+    data_buf = pld.alloc_window_buffer([1, N], dtype=pl.FP32)
+    sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        stage_rank(x[r], pld.window(data_buf, [1, N], dtype=pl.FP32),
+                   pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+    data = pld.window(data_buf, [1, N], dtype=pl.FP32)
+    data = pld.tensor.allreduce(data)                 # host collective: a builtin task on every rank
+    for r in pl.range(pld.world_size()):
+        unload_rank(y[r], data, device=r)
+
+
+def run_twice(out: Path, **flags):
+    x = np.arange(3 * N, dtype=np.float32).reshape(3, 1, N)
+    y = twice.compile(x, config=config(out, **flags))(x)
+    np.testing.assert_allclose(y, np.broadcast_to(3 * x.sum(axis=0, keepdims=True), y.shape))
+    return y
+
+
+def test_collectives_are_slices_around_their_operations(tmp_path):
+    run_twice(tmp_path / "out", enable_chip_swimlane=True)
+    for r in range(3):
+        data = records(tmp_path / "out", r)
+        recs = data["records"]
+        tasks = [rec for rec in recs if "args" not in rec]
+        assert [(t["kind"], t["name"]) for t in tasks] == [("task", "stage_and_reduce"),
+                                                           ("collective", "pld.tensor.allreduce"),
+                                                           ("task", "unload")]
+        check_where(tasks[1]["where"])
+        (inner,) = [rec for rec in recs if rec["kind"] == "collective" and "args" in rec]
+        assert inner["name"] == "pld.tensor.allreduce" and inner["task_id"] == 0
+        assert inner["args"] == {"target": "data_buf", "signal": "sig_buf", "bytes": N * 4}
+        ops = [rec for rec in recs if rec["kind"] in ("notify", "wait", "rma")]
+        in_kernel = [rec for rec in ops if rec["task_id"] == 0]
+        assert in_kernel and all(inner["start"] <= rec["start"] and rec["end"] <= inner["end"] for rec in in_kernel)
+        assert any(rec["task_id"] == tasks[1]["task_id"] for rec in ops)  # the host builtin's own operations
+
+
+def test_device_strace_disabled_keeps_tasks_and_collectives(tmp_path, monkeypatch):
+    monkeypatch.setenv("SIMPLER_DEVICE_STRACE_ENABLE", "0")
+    run_twice(tmp_path / "out", enable_chip_swimlane=True)
+    for r in range(3):
+        data = records(tmp_path / "out", r)
+        assert data["device_markers"] is False
+        assert [rec["kind"] for rec in data["records"]] == ["task", "collective", "collective", "task"]
+    events = json.loads(merged(tmp_path / "out")[0].read_text())["traceEvents"]
+    assert {e["cat"] for e in events if e["ph"] == "X"} == {"task", "collective"}
+    assert not [e for e in events if e["ph"] in ("s", "f")]
+
+
+def test_build_time_switches_print_one_notice_and_change_nothing(tmp_path, monkeypatch, capfd):
+    plain = run_twice(tmp_path / "plain")
+    capfd.readouterr()
+    monkeypatch.setattr(dfx, "_told", set())
+    monkeypatch.setenv("SIMPLER_HOST_STRACE", "1")
+    monkeypatch.setenv("SIMPLER_DFX", "1")
+    first = run_twice(tmp_path / "a")
+    second = run_twice(tmp_path / "b")
+    err = capfd.readouterr().err
+    for name in ("SIMPLER_HOST_STRACE", "SIMPLER_DFX"):
+        notices = [line for line in err.splitlines() if line.startswith(f"ptodist: {name} is a build-time switch")]
+        assert len(notices) == 1, err
+        assert "changes nothing" in notices[0]
+    np.testing.assert_array_equal(first, plain)
+    np.testing.assert_array_equal(second, plain)
+    assert not (tmp_path / "a" / "dfx_outputs").exists() and not (tmp_path / "b" / "dfx_outputs").exists()
+
+
+def test_dispatch_index_counts_calls_of_one_compiled_program(tmp_path):
+    out = tmp_path / "out"
+    x = np.ones((3, 1, N), np.float32)
+    compiled = twice.compile(x, config=config(out, enable_chip_swimlane=True, enable_scope_stats=True))
+    compiled(x)
+    compiled(x)
+    for r in range(3):
+        assert sorted(p.name for p in (out / "dfx_outputs" / f"rank{r}").iterdir()) == ["d0", "d1"]
+        for k in (0, 1):
+            assert records(out, r, k)["dispatch"] == k
+            meta = json.loads((out / "dfx_outputs" / f"rank{r}" / f"d{k}" / "scope_stats" /
+                               "scope_stats.jsonl").read_text().splitlines()[0])
+            assert meta["dispatch"] == k
+    assert sorted(json.loads(p.read_text())["otherData"]["dispatch"] for p in merged(out)) == [0, 1]
+    assert summary.merged_trace(out / "dfx_outputs", 1) == max(merged(out))
+
+
+# -- ptodist trace -------------------------------------------------------------------------------------------------
+
+def trace_cli(*args) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ptodist", "trace", *map(str, args)], capture_output=True,
+                          text=True, env=child_env(), timeout=60)
+
+
+def test_trace_cli_summary(allreduce_run):
+    p = trace_cli(allreduce_run)
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    for section in ("Per rank (ms):", "Longest waits (9 of 9):", "Critical path:"):
+        assert section in out
+    for r, d in enumerate(IDS):
+        assert re.search(rf"^  rank {r} \(device {d}\)\s+\d+\.\d{{3}}\s+\d+\.\d{{3}}", out, re.M)
+    assert re.search(r"allreduce\.py:30: sig_buf cell \[\d, 0\] Ge 1, saw 1\n\s+released by rank \d \(device \d\) "
+                     r"notify at .*allreduce\.py:28", out)
+    assert "ui.perfetto.dev" not in out
+    # the same from the dfx_outputs folder, with --top and --open
+    p = trace_cli(allreduce_run / "dfx_outputs", "--top", "2", "--open")
+    assert p.returncode == 0, p.stderr
+    assert "Longest waits (2 of 9):" in p.stdout
+    assert str(merged(allreduce_run)[0].resolve()) in p.stdout
+    assert "ui.perfetto.dev" in p.stdout and "chrome://tracing" in p.stdout
+
+
+def test_trace_cli_errors(tmp_path, pipeline_run):
+    p = trace_cli(tmp_path)
+    assert p.returncode == 2 and "no DFX outputs" in p.stderr and "enable_chip_swimlane=True" in p.stderr
+    p = trace_cli(tmp_path / "missing")
+    assert p.returncode == 2 and "no such directory" in p.stderr
+    p = trace_cli(pipeline_run, "--dispatch", "7")
+    assert p.returncode == 2 and "no swimlane records of dispatch 7" in p.stderr
+    deps_only = tmp_path / "deps_only"
+    x = np.ones((2, 1, N), np.float32)
+    pipeline.compile(x, config=config(deps_only, ids=[0, 1], enable_dep_gen=True))(x)
+    p = trace_cli(deps_only)
+    assert p.returncode == 2 and "deps.json" in p.stderr and "enable_chip_swimlane=True" in p.stderr
+
+
+# -- the critical path and the waits follow what happened -----------------------------------------------------------
+
+@pl.jit.incore
+def late_sender(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    me = pld.rank(pld.get_comm_ctx(sig))
+    if me == 0:
+        time.sleep(0.2)                                # rank 0 computes for a while, then releases rank 1
+        pld.system.notify(sig, 1, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    else:
+        pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+        time.sleep(0.05)                               # ... and then finishes last
+    return sig
+
+
+@pl.jit
+def late_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    return late_sender(sig)
+
+
+@pl.jit.host
+def late(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        late_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+def test_critical_path_crosses_from_the_wait_to_the_late_notify(tmp_path):
+    out = tmp_path / "out"
+    late.compile(np.zeros((2, 1), np.float32), config=config(out, ids=[2, 7], enable_chip_swimlane=True))(
+        np.zeros((2, 1), np.float32))
+    ranks = [records(out, r) for r in range(2)]
+    (wait,) = [rec for rec in ranks[1]["records"] if rec["kind"] == "wait"]
+    assert wait["end"] - wait["start"] > 0.1e9
+    path = summary.critical_path(ranks)
+    steps = [(s["rank"], s["step"], s["rec"]["kind"] if s["rec"] else None, how) for s, how in path]
+    i = steps.index((1, "op", "wait", "released"))
+    assert steps[i - 1] == (0, "op", "notify", "then") and steps[i - 2] == (0, "begin", "task", "then")
+    assert steps[-1] == (1, "end", "task", "then") and steps[0] == (0, "start", None, "first")
+    times = summary.rank_times(ranks[1])
+    assert times["waiting"] > 0.1e9 and times["busy"] < times["waiting"]
+    assert summary.rank_times(ranks[0])["busy"] > 0.1e9
+    text = summary.report(out, top=1)
+    assert re.search(r"Longest waits \(1 of 1\):\n\s+\d+\.\d+ ms  rank 1 \(device 7\) at .*test_dfx\.py:\d+: "
+                     r"buf cell \[0, 0\] Ge 1, saw 1\n\s+released by rank 0 \(device 2\) notify", text)
