@@ -191,3 +191,42 @@ def test_windows_start_zeroed():
 
     y = compile_body(body, 2)(np.ones((2, 2, N), np.float32))
     assert not y.any()
+
+
+def test_hand_rolled_signal_reused_as_a_collective_signal_of_another_layout():
+    nr = 2
+
+    @pl.program
+    class Reuse:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, grid: pl.InOut[pld.DistributedTensor[[nr, nr], pl.INT32]],
+              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            me = pld.rank(pld.get_comm_ctx(grid))
+            for p in pl.range(nr):
+                pld.system.notify(grid, p, [me, p], 1, op=pld.NotifyOp.AtomicAdd)  # HAND-ROLLED
+            for p in pl.range(nr):
+                pld.system.wait(grid, [p, me], 1, cmp=pld.WaitCmp.Ge)
+            pld.tensor.barrier(sig)  # COLLECTIVE: the same buffer, another shape
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, grid: pl.InOut[pld.DistributedTensor[[nr, nr], pl.INT32]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            self.k(grid, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
+            b = pld.alloc_window_buffer([nr, nr], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(pld.window(b, [nr, nr], dtype=pl.INT32), pld.window(b, [nr, 1], dtype=pl.INT32), device=r)
+
+    with pytest.raises(RankError) as info:
+        ir.compile(Reuse, distributed_config=DistributedConfig(device_ids=[0, 1]))(np.zeros((2, 1), np.float32))
+    from ptodist.errors import SignalLayoutError
+
+    assert isinstance(info.value.original, SignalLayoutError)
+    msg = str(info.value)
+    lines = {m: next(i for i, s in enumerate(open(__file__), 1) if f"# {m}" in s and "def " not in s)
+             for m in ("HAND-ROLLED", "COLLECTIVE")}
+    assert f"pld.tensor.barrier at {__file__}:{lines['COLLECTIVE']}: signal window buffer 'b' was used by " \
+           f"hand-rolled notify/wait at {__file__}:{lines['HAND-ROLLED']} as [2, 2]" in msg
+    assert "give the collective its own signal window" in msg

@@ -231,6 +231,18 @@ def slot_shape(call: Call, world: int) -> list[int]:
                             f"but {_describe(t)} has {tshape}")
 
 
+def check_hand_rolled(hand: dict, call: Call) -> None:
+    """Reject a collective whose signal window the program's own notify/wait used with another shape."""
+    sig = call.signal
+    prev = hand.get(sig.buffer.id)
+    if prev is not None and prev[0] != tuple(sig.shape):
+        raise SignalLayoutError(
+            f"pld.tensor.{call.name} at {call.where}: signal window buffer '{sig.buffer.name}' was used by "
+            f"hand-rolled notify/wait at {prev[1]} as {list(prev[0])}, and is now a collective signal of layout "
+            f"{list(sig.shape)}. Hand-rolled counters are not self-clearing, so their leftover counts would release "
+            "the collective's waits early: give the collective its own signal window.")
+
+
 def check_layout(registry: dict, call: Call) -> None:
     """Reject a signal window used with two different collective layouts (SPEC §8.3 step 16)."""
     sig = call.signal

@@ -28,6 +28,7 @@ ENABLE_HINT = "RunConfig(enable_chip_swimlane=True)"
 _RANK_DIR = re.compile(r"rank(\d+)$")
 _DISPATCH_DIR = re.compile(r"d(\d+)$")
 CONTAINERS = ("task", "collective")
+PATH_HEAD, PATH_TAIL = 10, 30  # a longer critical path shows its first and last steps
 
 
 class TraceError(Exception):
@@ -202,6 +203,10 @@ def _ms(ns: float) -> str:
     return f"{ns / 1e6:.3f}"
 
 
+def _ns(ms: str) -> float:
+    return float(ms) * 1e6
+
+
 def _where(where: str) -> str:
     """``file:line`` relative to the working directory when the file lies under it."""
     path, sep, line = where.rpartition(":")
@@ -297,22 +302,36 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
         ranks_on = sorted({s["rank"] for s, _ in path_steps})
         out.append(f"Critical path: {_ms(length)} ms over rank(s) {', '.join(map(str, ranks_on))}, {len(path_steps)} "
                    f"steps, {crossings} cross-rank release(s); earliest first. 'at': when the step ended; "
-                   f"'on path': time since the step before.")
-        rows, prev = [], None
+                   f"'on path': time since the step before (0 where a wait ended before its notify's record did).")
+        rows, prev, by_rank, by_kind = [], None, {}, {}
         for s, how in path_steps:
             rec = s["rec"]
             on_path = 0 if prev is None else max(s["t"] - prev, 0)
             prev = s["t"]
             label = _label(s["rank"], devices)
+            by_rank[label] = by_rank.get(label, 0) + on_path
             if s["step"] == "start":
                 rows.append([_ms(s["t"] - t0), "", _ms(on_path), label, "start", "(rank process starts)", "", ""])
                 continue
+            kind = {"op": rec["kind"], "begin": "outside tasks", "end": "in tasks, after their last operation"}[
+                s["step"]]
+            by_kind[kind] = by_kind.get(kind, 0) + on_path
             dur = _ms(_end(rec, {"end": rec["start"]}) - rec["start"]) if s["step"] != "begin" else ""
             what = {"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"], rec["kind"])
             link = "<- released by the notify above" if how == "released" else ""
             rows.append([_ms(s["t"] - t0), dur, _ms(on_path), label, what, rec["name"], _where(rec["where"]),
                          " ".join(filter(None, [_describe(rec) if s["step"] == "op" else "", link]))])
-        out += _table(["at", "dur", "on path", "rank", "step", "name", "where", ""], rows, "rrr<<<<<")
+        out.append("  on path by rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in by_rank.items()))
+        out.append("  on path by step: " + ", ".join(f"{k} {_ms(v)}" for k, v in
+                                                    sorted(by_kind.items(), key=lambda kv: -kv[1])))
+        skipped = rows[PATH_HEAD:-PATH_TAIL] if len(rows) > PATH_HEAD + PATH_TAIL else []
+        if skipped:
+            rows = rows[:PATH_HEAD] + rows[-PATH_TAIL:]
+        table = _table(["at", "dur", "on path", "rank", "step", "name", "where", ""], rows, "rrr<<<<<")
+        if skipped:
+            table.insert(1 + PATH_HEAD, f"  ... {len(skipped)} steps left out "
+                                        f"({_ms(sum(_ns(r[2]) for r in skipped))} ms on path) ...")
+        out += table
 
     if open_trace:
         out += ["", *open_instructions(merged)]

@@ -58,6 +58,8 @@ class RankContext(context.Context):
         self._checked: set[int] = set()
         self._spmd_blocks = 0
         self.signal_layouts: dict = {}  # window buffer id -> the collective layout it serves
+        self.hand_signals: dict = {}    # window buffer id -> (shape, line) of the program's own notify/wait
+        self._in_collective = 0
         # The plan is fixed for the run: window views and checked builtin calls are made once and reused.
         self._windows: dict = {}
         self._builtins: dict = {}
@@ -106,11 +108,12 @@ class RankContext(context.Context):
             call = coll_spec.check(b.name, args, kwargs, self.world, str(b.loc), host=True)
             coll_spec.check_layout(self.signal_layouts, call)
             self._builtins[key] = call
+        coll_spec.check_hand_rolled(self.hand_signals, call)
         with call_site(b.loc):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: collectives.run(call, self.rank, self.world, host=True),
+            self._task_body(b.describe(), lambda: self._run_collective(call, host=True),
                             kind="collective", where=str(b.loc), info=info)
 
     def _materialize(self, arg, spec):
@@ -227,16 +230,30 @@ class RankContext(context.Context):
                                "orchestrator may omit it.")
         call = coll_spec.check(name, args, kwargs, self.world, str(loc), host=False)
         coll_spec.check_layout(self.signal_layouts, call)
+        coll_spec.check_hand_rolled(self.hand_signals, call)
         if self.events is None:
-            return collectives.run(call, self.rank, self.world, host=False)
+            return self._run_collective(call, host=False)
         # A slice around the collective, opened before the notifies, waits and RMA it is made of.
         t = call.target
         rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
                         signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
         try:
-            return collectives.run(call, self.rank, self.world, host=False)
+            return self._run_collective(call, host=False)
         finally:
             rec["end"] = now_ns()
+
+    def _run_collective(self, call, host: bool):
+        # Signal operations inside a collective are its own, not hand-rolled uses of the window.
+        self._in_collective += 1
+        try:
+            return collectives.run(call, self.rank, self.world, host=host)
+        finally:
+            self._in_collective -= 1
+
+    def _hand_rolled(self, w: WindowTensor) -> None:
+        """Remember a signal window used by the program's own notify/wait (not a collective's)."""
+        if not self._in_collective and w.buffer.id not in self.hand_signals:
+            self.hand_signals[w.buffer.id] = (tuple(w.shape), str(user_location(4)))
 
     def submit(self, fn, args, kwargs, deps):
         for d in deps:
@@ -447,6 +464,7 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         byte, _ = self._cell(op, w, offsets)
         v = as_int(value, f"{op} value")
+        self._hand_rolled(w)
         start = now_ns() if self.events is not None else 0
         if notify_op is NotifyOp.AtomicAdd:
             old = self.memory.cell_add(w.buffer.id, p, byte, v)
@@ -472,7 +490,9 @@ class RankContext(context.Context):
         return w, byte, idx, as_int(expected, f"{op} expected"), cmp
 
     def _wait(self, op, signal, offsets, expected, cmp):
-        self._block_until(*self._wait_args(op, signal, offsets, expected, cmp), None)
+        args = self._wait_args(op, signal, offsets, expected, cmp)
+        self._hand_rolled(args[0])
+        self._block_until(*args, None)
 
     def _defer_wait(self, op, signal, offsets, expected, cmp):
         cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
