@@ -453,3 +453,36 @@ def test_wait_for_cycle_and_misdirected_notifies_are_reported(no_leaks):
     assert msg.count("received no notify") == 3
     assert "none of their notifies reached a cell that a blocked rank waits on" in msg
     assert info.value.diagnosis["cycle"] == [0, 2, 1, 0]
+
+
+def make_tagged(nr: int):
+    """Each rank notifies the next with its rank as the tag: rank 0's tag is 0 and adds nothing."""
+
+    @pl.program
+    class Tagged:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            me = pld.rank(pld.get_comm_ctx(sig))
+            pld.system.notify(sig, (me + 1) % nr, [me, 0], me, op=pld.NotifyOp.AtomicAdd)  # TAG-LINE
+            pld.system.wait(sig, [(me - 1 + nr) % nr, 0], 1, cmp=pld.WaitCmp.Ge)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            self.k(sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
+            b = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(pld.window(b, [nr, 1], dtype=pl.INT32), device=r)
+
+    return Tagged
+
+
+def test_a_notify_of_value_zero_is_named_as_the_cause(no_leaks):
+    with pytest.raises(HangError) as info:
+        pl_compile(make_tagged(2), 2)(np.zeros((2, 1), np.float32))
+    err = info.value
+    assert [s["state"] for s in err.ranks] == ["finished", "waiting"]
+    assert "received AtomicAdd notifies of value 0 (from ranks [0])" in str(err)
+    assert err.diagnosis["culprits"] == [f"{__file__}:{_line_of('# TAG-LINE')}"]

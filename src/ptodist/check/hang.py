@@ -52,6 +52,12 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                          "it notifies. Put the notify loop before the wait loop (or, if the send is in another "
                          "task, order it first with pl.submit(..., deps=[send_task]))."}
     for s in blocked:
+        zeros = [e for e in received(s, sent) if e["op"] == "AtomicAdd" and e["value"] == 0]
+        if zeros and s["current"] < s["expected"]:
+            return {"kind": "hang", "culprits": _lines(zeros), "cycle": wait_for_cycle(states),
+                    "cause": f"the cell rank {s['rank']} waits on received AtomicAdd notifies of value 0 (from ranks "
+                             f"{sorted({e['rank'] for e in zeros})}): adding 0 never moves a counter toward "
+                             f"{s['expected']}. Notify with a positive value (a tag of 0 counts nothing)."}
         if s["cmp"] == "Eq" and s["current"] > s["expected"]:
             return {"kind": "hang", "culprits": _lines(received(s, sent)), "cycle": wait_for_cycle(states),
                     "cause": f"rank {s['rank']} waits for == {s['expected']} but the cell already holds "

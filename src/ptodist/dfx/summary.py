@@ -144,14 +144,12 @@ def timeline(data: dict) -> list[dict]:
     """The rank's steps in time order: its start, each task's begin and end, and every operation.
 
     A step is ``{"step": "start" | "begin" | "end" | "op", "rec": record or None, "t": its instant}``;
-    an operation's instant is its end.  A record that contains another (a task with operations, a
-    collective made of notifies and waits) appears as its begin and end; any other record as one op step.
+    an operation's instant is its end.  A task or collective appears as its begin and its end (the
+    operations it is made of lie between them); a notify, wait or RMA as one op step.
     """
-    recs = sorted(data["records"], key=lambda r: (r["start"], -_end(r, data)))
     steps = [{"step": "start", "rec": None, "t": data["start"], "rank": data["rank"]}]
-    for i, r in enumerate(recs):
-        nxt = recs[i + 1] if i + 1 < len(recs) else None
-        if r["kind"] in CONTAINERS and nxt is not None and nxt["start"] < _end(r, data):
+    for r in data["records"]:
+        if r["kind"] in CONTAINERS:
             steps.append({"step": "begin", "rec": r, "t": r["start"], "rank": data["rank"]})
             steps.append({"step": "end", "rec": r, "t": _end(r, data), "rank": data["rank"]})
         else:
@@ -298,7 +296,8 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
         out.append("Critical path: no records")
     else:
         length = path_steps[-1][0]["t"] - path_steps[0][0]["t"]
-        crossings = sum(1 for _, how in path_steps if how == "released")
+        crossings = sum(1 for (s, how), (before, _) in zip(path_steps[1:], path_steps)
+                        if how == "released" and s["rank"] != before["rank"])
         ranks_on = sorted({s["rank"] for s, _ in path_steps})
         out.append(f"Critical path: {_ms(length)} ms over rank(s) {', '.join(map(str, ranks_on))}, {len(path_steps)} "
                    f"steps, {crossings} cross-rank release(s); earliest first. 'at': when the step ended; "
@@ -313,8 +312,12 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
             if s["step"] == "start":
                 rows.append([_ms(s["t"] - t0), "", _ms(on_path), label, "start", "(rank process starts)", "", ""])
                 continue
-            kind = {"op": rec["kind"], "begin": "outside tasks", "end": "in tasks, after their last operation"}[
-                s["step"]]
+            if s["step"] == "op":
+                kind = rec["kind"]
+            elif s["step"] == "begin" and "args" not in rec:  # a task begins: what came before was outside tasks
+                kind = "outside tasks"
+            else:
+                kind = "in tasks, not in an operation"
             by_kind[kind] = by_kind.get(kind, 0) + on_path
             dur = _ms(_end(rec, {"end": rec["start"]}) - rec["start"]) if s["step"] != "begin" else ""
             what = {"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"], rec["kind"])
