@@ -255,6 +255,36 @@ def test_deps_json(pipeline_run):
         assert tensors["host:1"]["regions"] == [[r * row, (r + 1) * row]]
 
 
+@pl.jit
+def chain_rank(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[3, N], pl.FP32]]):
+    t = pl.create_tensor([1, N], dtype=pl.FP32)
+    scale(x, t)                                      # 0 writes t
+    consume(t, pl.slice(y, [1, N], [0, 0]))          # 1 reads t
+    consume(t, pl.slice(y, [1, N], [1, 0]))          # 2 reads t
+    scale(x, t)                                      # 3 writes t again: after 0 (WAW), 1 and 2 (WAR)
+    consume(t, pl.slice(y, [1, N], [2, 0]))          # 4 reads t: after 3 only (0-2 are superseded by 3)
+    return y
+
+
+@pl.jit.host
+def chained(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 3, N], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        chain_rank(x[r], y[r], device=r)
+
+
+def test_tensormap_edges_follow_the_live_accesses_only(tmp_path):
+    x = np.ones((1, 1, N), np.float32)
+    y = chained.compile(x, config=config(tmp_path, ids=[2], enable_dep_gen=True))(x)
+    assert (y == 3).all()
+    deps = json.loads((tmp_path / "dfx_outputs" / "rank0" / "d0" / "deps.json").read_text())
+    assert [(e["pred"], e["succ"], e["source"], e["tensor"]) for e in deps["edges"]] == [
+        (0, 1, "tensormap", "local:0"), (0, 2, "tensormap", "local:0"), (0, 3, "tensormap", "local:0"),
+        (1, 3, "tensormap", "local:0"), (2, 3, "tensormap", "local:0"), (3, 4, "tensormap", "local:0")]
+    assert all(e["region"] == [0, N * 4] for e in deps["edges"])
+    y_regions = next(t for t in deps["tensors"] if t["id"] == "host:1")["regions"]
+    assert y_regions == [[0, N * 4], [N * 4, 2 * N * 4], [2 * N * 4, 3 * N * 4]]  # disjoint rows: no edges
+
+
 def test_scope_stats(pipeline_run):
     for r, dev in enumerate([4, 6]):
         text = (pipeline_run / "dfx_outputs" / f"rank{r}" / "d0" / "scope_stats" / "scope_stats.jsonl").read_text()
@@ -444,6 +474,11 @@ def test_trace_cli_errors(tmp_path, pipeline_run):
     pipeline.compile(x, config=config(deps_only, ids=[0, 1], enable_dep_gen=True))(x)
     p = trace_cli(deps_only)
     assert p.returncode == 2 and "deps.json" in p.stderr and "enable_chip_swimlane=True" in p.stderr
+    cut = tmp_path / "cut" / "dfx_outputs" / "rank0" / "d0"
+    cut.mkdir(parents=True)
+    (cut / swimlane.RECORDS).write_text('{"rank": 0, "records": [')
+    p = trace_cli(tmp_path / "cut")
+    assert p.returncode == 2 and "cannot read the swimlane records of dispatch 0" in p.stderr
 
 
 # -- the critical path and the waits follow what happened -----------------------------------------------------------
@@ -490,3 +525,35 @@ def test_critical_path_crosses_from_the_wait_to_the_late_notify(tmp_path):
     text = summary.report(out, top=1)
     assert re.search(r"Longest waits \(1 of 1\):\n\s+\d+\.\d+ ms  rank 1 \(device 7\) at .*test_dfx\.py:\d+: "
                      r"buf cell \[0, 0\] Ge 1, saw 1\n\s+released by rank 0 \(device 2\) notify", text)
+
+
+@pl.jit.incore
+def deferred(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    me = pld.rank(pld.get_comm_ctx(sig))
+    if me == 0:
+        pld.system.notify(sig, 1, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    else:
+        pld.system.defer_wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)  # DEFER LINE
+    return sig
+
+
+@pl.jit
+def deferred_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    return deferred(sig)
+
+
+@pl.jit.host
+def defers(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        deferred_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+def test_a_deferred_wait_is_recorded_at_its_defer_wait_line(tmp_path):
+    x = np.zeros((2, 1), np.float32)
+    defers.compile(x, config=config(tmp_path, ids=[0, 1], enable_chip_swimlane=True))(x)
+    (wait,) = [rec for rec in records(tmp_path, 1)["records"] if rec["kind"] == "wait"]
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if "# DEFER LINE" in text)
+    assert wait["where"] == f"{__file__}:{line}" and wait["task_id"] == 0
+    (pair,) = swimlane.release_pairs([records(tmp_path, r) for r in range(2)])
+    assert pair[2:] == (0, 1)

@@ -20,6 +20,7 @@ class PtodistError(Exception):
 
     kind = "invalid_argument"
     pitfall: str | None = None
+    fix: str | None = None  # a fix specific to this class; reports fall back to one per kind
 
 
 class ProgramError(PtodistError):
@@ -60,6 +61,14 @@ class WindowTooSmallError(ProgramValueError):
 
     kind = "window_too_small"
     pitfall = "8.2 alloc_window_buffer(NR)"
+
+
+class RankIdentityError(ProgramError):
+    """``pld.rank``/``pld.nranks`` read outside a kernel, where every rank would see the same value."""
+
+    pitfall = "8.3 step 02"
+    fix = ("Read rank identity inside a kernel with pld.rank(pld.get_comm_ctx(window)), or pass the host loop "
+           "variable r as a scalar argument.")
 
 
 class CollectiveInLoopError(ProgramError):

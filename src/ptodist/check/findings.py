@@ -96,7 +96,7 @@ def from_exception(exc: BaseException) -> list[Finding]:
         return _from_hang(exc)
     if isinstance(exc, PtodistError):
         kind = exc.kind
-        return [Finding(kind, str(exc), [], _locations(str(exc)), exc.pitfall, FIXES.get(kind, ""))]
+        return [Finding(kind, str(exc), [], _locations(str(exc)), exc.pitfall, exc.fix or FIXES.get(kind, ""))]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     return [Finding("invalid_argument", f"{type(exc).__name__}: {exc}", [],
                     _user_frames(tb), None, "")]
@@ -108,9 +108,9 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
     for f in exc.failures:
         original = f.exception
         if isinstance(original, PtodistError):
-            kind, pitfall = original.kind, original.pitfall
+            kind, pitfall, fix = original.kind, original.pitfall, original.fix or FIXES.get(original.kind, "")
         else:
-            kind, pitfall = "rank_error", None
+            kind, pitfall, fix = "rank_error", None, FIXES["rank_error"]
         message = f"{f.error_type}: {f.message}"
         key = (kind, f.error_type, f.message.replace(f"rank {f.rank}", "rank ?"))
         if key in groups:
@@ -122,7 +122,7 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
                 locations.append(loc)
         where = f" in task '{f.task}'" if f.task else ""
         groups[key] = Finding(kind, f"rank {f.rank} (device {f.device_id}){where}: {message}", [f.rank], locations,
-                              pitfall, FIXES.get(kind, ""))
+                              pitfall, fix)
     return list(groups.values())
 
 

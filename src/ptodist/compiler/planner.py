@@ -24,6 +24,7 @@ from ..errors import (
     ProgramError,
     ProgramTypeError,
     ProgramValueError,
+    RankIdentityError,
     WindowTooSmallError,
 )
 from ..language import dtypes as dt
@@ -219,7 +220,7 @@ class PlanningContext(context.Context):
         self._identity_outside_kernel("pld.nranks")
 
     def _identity_outside_kernel(self, op):
-        raise ProgramError(
+        raise RankIdentityError(
             f"{op}() at {user_location(4)} is called in the host orchestrator: rank identity exists only "
             "inside a kernel running on a rank. Read it in the kernel with "
             f"{op}(pld.get_comm_ctx(window)), or pass the host loop variable r as a scalar argument.")

@@ -3,7 +3,9 @@
 Tasks run in program order on a rank; the graph says which of them depend on
 each other: ``explicit`` edges come from ``pl.submit(..., deps=[...])``,
 ``tensormap`` edges from two tasks touching overlapping bytes of one tensor
-where at least one writes (read-after-write, write-after-read, write-after-write).
+where at least one writes (read-after-write, write-after-read, write-after-write),
+as a tensor map would find them: an access is matched against the accesses
+not yet superseded by a later write covering them.
 """
 
 from __future__ import annotations
@@ -31,12 +33,18 @@ def graph(log) -> dict:
                                                        "regions": []})
             if [lo, hi] not in info["regions"]:
                 info["regions"].append([lo, hi])
-            for plo, phi, pred, pwrites in accesses.get(a["tensor_id"], ()):
+            live = accesses.setdefault(a["tensor_id"], [])
+            for plo, phi, pred, pwrites in live:
                 if pred != tid and (writes or pwrites) and plo < hi and lo < phi and (pred, tid, "tm") not in seen:
                     seen.add((pred, tid, "tm"))
                     edges.append({"pred": pred, "succ": tid, "source": "tensormap", "tensor": a["tensor_id"],
                                   "region": [max(lo, plo), min(hi, phi)]})
-            accesses.setdefault(a["tensor_id"], []).append((lo, hi, tid, writes))
+            if writes:
+                # A write supersedes the accesses it covers: a later access that conflicts with one of them
+                # conflicts with this write too, so it is ordered after them through this task.  Without
+                # this, n tasks updating one buffer would give n*(n-1)/2 edges instead of a chain.
+                live[:] = [e for e in live if not (lo <= e[0] and e[1] <= hi and e[2] != tid)]
+            live.append((lo, hi, tid, writes))
     return {"rank": log.rank, "device_id": log.device_id, "dispatch": log.dispatch, "tasks": tasks,
             "tensors": list(tensors.values()), "edges": edges}
 

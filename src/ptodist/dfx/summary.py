@@ -102,7 +102,10 @@ def load(root: Path, dispatch: int | None) -> tuple[int, list[dict], dict[int, l
         raise TraceError(f"{root} has no swimlane records of dispatch {dispatch}; dispatches with records: "
                          f"{', '.join(map(str, found))}")
     world = max(found[dispatch]) + 1
-    return dispatch, swimlane.load_records(root, dispatch, world), found
+    try:
+        return dispatch, swimlane.load_records(root, dispatch, world), found
+    except (OSError, ValueError) as e:  # a file cut short or edited by hand
+        raise TraceError(f"cannot read the swimlane records of dispatch {dispatch} under {root}: {e}") from e
 
 
 # -- numbers ---------------------------------------------------------------------------------------
@@ -286,7 +289,7 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
             n, src = pairs[id(rec)]
             out.append(f"  {'':>12} released by {_label(src, devices)} notify at {_where(n['where'])} "
                        f"({n['args']['op']} {n['args']['value']}: {n['args']['old']} -> {n['args']['new']}, "
-                       f"at {_ms(n['start'] - t0)})")
+                       f"at {_ms(n['start'] - t0)} ms)")
         else:
             out.append(f"  {'':>12} released by: no recorded notify on this cell produced the value seen")
 

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 RECORDS = "chip_swimlane_records.json"
-FLOW_INSET_US = 0.01  # how far inside its slice a flow arrow's end lies (10 ns)
+FLOW_INSET_NS = 10  # how far inside its slice a flow arrow's end lies
 
 
 def write_records(log, out: Path, device_markers: bool = True) -> Path:
@@ -89,8 +89,8 @@ def chrome_trace(ranks: list[dict], device_ids: list[int], dispatch: int | None 
     """Build the Chrome-trace JSON object (timestamps in microseconds from the earliest record)."""
     t0 = min((data["start"] for data in ranks), default=0)
 
-    def us(ns: int) -> float:
-        return (ns - t0) / 1000.0
+    def us(ns: float) -> float:
+        return round((ns - t0) / 1000.0, 3)  # nanosecond resolution, without float noise in the file
 
     events: list[dict] = []
     for data in ranks:
@@ -111,10 +111,10 @@ def chrome_trace(ranks: list[dict], device_ids: list[int], dispatch: int | None 
         # wait's slice it released: the notify's write lies between those two instants, so the arrow never
         # points back in time (slice midpoints would, for a long wait released near its end).
         events.append({"ph": "s", "id": i, "name": "notify→wait", "cat": "signal", "pid": src, "tid": n["lane"],
-                       "ts": us(n["start"]) + min(max(n["end"] - n["start"], 0) / 2000.0, FLOW_INSET_US)})
+                       "ts": us(n["start"] + min(max(n["end"] - n["start"], 0) / 2, FLOW_INSET_NS))})
         events.append({"ph": "f", "bp": "e", "id": i, "name": "notify→wait", "cat": "signal", "pid": dst,
                        "tid": w["lane"],
-                       "ts": us(w["end"]) - min(max(w["end"] - w["start"], 0) / 2000.0, FLOW_INSET_US)})
+                       "ts": us(w["end"] - min(max(w["end"] - w["start"], 0) / 2, FLOW_INSET_NS))})
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"producer": "ptodist", "clock": "CLOCK_MONOTONIC", "dispatch": dispatch}}
 

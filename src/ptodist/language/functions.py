@@ -77,7 +77,8 @@ class Function:
 
     @property
     def line(self) -> int:
-        return self.fn.__code__.co_firstlineno
+        """The line of the ``def`` (``co_firstlineno`` is the first decorator's line)."""
+        return _def_line(self.fn)
 
     @property
     def location(self) -> str:
@@ -148,6 +149,18 @@ class Function:
                 "compile the host orchestrator (the @pl.jit.host function that dispatches it with device=r)"
             )
         return CompiledProgram.build(self, config=config, example_args=args)
+
+
+@functools.lru_cache(maxsize=1024)
+def _def_line(fn) -> int:
+    try:
+        lines, start = inspect.getsourcelines(fn)
+    except (OSError, TypeError):
+        return fn.__code__.co_firstlineno
+    for i, text in enumerate(lines):
+        if text.lstrip().startswith(("def ", "async def ")):
+            return start + i
+    return start
 
 
 def _closure_namespace(fn) -> dict:

@@ -152,7 +152,7 @@ class CompiledProgram:
         return values, hosts, created
 
     def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
-        where = f"{self.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})"
+        where = f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})"
         if p.ttype is None or p.ttype.shape is None:
             return
         if p.ttype.dtype is not None and h.dtype.np_dtype != p.ttype.dtype.np_dtype:

@@ -15,7 +15,14 @@ from .. import collectives, context
 from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
-from ..errors import KernelIndexError, KernelValueError, PeerRangeError, ProgramError, ProgramTypeError
+from ..errors import (
+    KernelIndexError,
+    KernelValueError,
+    PeerRangeError,
+    ProgramError,
+    ProgramTypeError,
+    RankIdentityError,
+)
 from ..language import dtypes as dt
 from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
 from ..language.functions import Function, Kind
@@ -219,8 +226,10 @@ class RankContext(context.Context):
         return {"name": name, "direction": direction, "tensor": t.name, "tensor_id": tensor_id,
                 "dtype": t.dtype.name, "shape": t.shape, "offset": lo - base, "nbytes": hi - lo}
 
-    def _log(self, kind: str, name: str, start: int, **args) -> dict:
-        return self.events.op(kind, name, start, self._task_id, self._block_idx, str(user_location(4)), **args)
+    def _log(self, kind: str, name: str, start: int, where=None, **args) -> dict:
+        """Record an operation; ``where`` defaults to the user's line that called it."""
+        return self.events.op(kind, name, start, self._task_id, self._block_idx,
+                              str(where if where is not None else user_location(4)), **args)
 
     def collective(self, name, args, kwargs):
         loc = user_location(3)
@@ -297,7 +306,7 @@ class RankContext(context.Context):
 
     def _identity(self, op, comm) -> CommCtx:
         if self._kernel_depth == 0:
-            raise ProgramError(
+            raise RankIdentityError(
                 f"{op}() at {user_location(4)} is called outside a kernel (in the per-device orchestration). "
                 "Rank identity is read inside a kernel; or pass the host loop variable r as a scalar argument.")
         if not isinstance(comm, CommCtx):
@@ -518,8 +527,10 @@ class RankContext(context.Context):
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.status.set_running(self.rank, self.task or "")
         if self.events is not None:
-            self._log("wait", "pld.system.wait", start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=self.rank,
-                      cell=[int(i) for i in idx], offset=byte, cmp=cmp.name, expected=expected, seen=seen)
+            # loc: a deferred wait runs at its task's end, but is attributed to its defer_wait line
+            self._log("wait", "pld.system.wait", start, where=loc, buffer=w.buffer.name, buffer_id=w.buffer.id,
+                      owner=self.rank, cell=[int(i) for i in idx], offset=byte, cmp=cmp.name, expected=expected,
+                      seen=seen)
 
     # -- remote memory access ---------------------------------------------------------
     def _accumulate(self, op, t, dst: np.ndarray, sl, data, owner: int | None):

@@ -1,0 +1,1107 @@
+"""Generate docs/debugging.md from real runs of the bug zoo.
+
+Each entry of :data:`ZOO` is a complete PyPTO-style script with one bug of SPEC §8
+on the line marked ``# BUG`` (two entries, a clean run and the build-time
+flags, have none).  :func:`run` writes it as ``prog.py`` into a
+directory and runs ``python -m ptodist run --report-json report.json prog.py``
+with ``PTODIST_HANG_TIMEOUT=5``; :func:`render` turns the programs and what
+ptodist printed on stderr (:func:`normalise`d: the directory dropped from paths,
+timings such as ``0.53 s`` shown as ``N s``) into the markdown page.
+``tests/test_bug_zoo.py`` runs every entry, checks its finding, and compares the
+output with the committed page, so the page stays true.
+
+Usage: ``python docs/gen_debugging.py`` (rewrites docs/debugging.md) or
+``python docs/gen_debugging.py --check`` (exit 1 when the page is out of date).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parent
+PAGE = DOCS / "debugging.md"
+HANG_TIMEOUT = "5"
+BUG_MARK = "# BUG"
+
+HEADER = """\
+import numpy as np
+
+import pypto.language as pl
+import pypto.language.distributed as pld
+from pypto import ir
+from pypto.ir.distributed_compiled_program import DistributedConfig
+"""
+
+
+@dataclass(frozen=True)
+class Bug:
+    """One zoo program and what ptodist must report for it.
+
+    ``kinds``: the accepted finding kinds (empty: the program is correct and the run must be clean);
+    ``ranks``: the finding's ranks; ``pitfall``: text the finding's SPEC §8 row must contain (None: no row
+    applies); the finding's locations must hold the line marked ``# BUG``.
+    """
+
+    name: str
+    title: str
+    source: str
+    kinds: tuple[str, ...] = ()
+    ranks: tuple[int, ...] = ()
+    pitfall: str | None = None
+    before: str = ""   # prose above the program
+    after: str = ""    # prose below the output
+    env: dict = field(default_factory=dict)
+    level: int = 3     # the heading level of its section
+    # Known ptodist shortcomings, by check ("location", "pitfall", ...): the test expects that check to fail
+    # (and fails when it passes, so the entry is removed once ptodist is fixed).
+    issues: dict = field(default_factory=dict)
+
+    @property
+    def program(self) -> str:
+        return HEADER + "\n" + textwrap.dedent(self.source).lstrip("\n")
+
+    @property
+    def bug_line(self) -> int | None:
+        """The 1-based line of the ``# BUG`` marker, or None for a correct program."""
+        for i, line in enumerate(self.program.splitlines(), 1):
+            if BUG_MARK in line:
+                return i
+        return None
+
+
+def _bug(name, title, source, kinds=(), ranks=(), pitfall=None, before="", after="", **kw) -> Bug:
+    if isinstance(kinds, str):
+        kinds = (kinds,)
+    return Bug(name, title, source, tuple(kinds), tuple(ranks), pitfall, textwrap.dedent(before).strip(),
+               textwrap.dedent(after).strip(), **kw)
+
+
+ZOO: list[Bug] = [
+    _bug("hang", "All ranks hang", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Barrier:
+            @pl.function(type=pl.FunctionType.InCore)
+            def barrier(self, sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(sig)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)  # BUG: nobody has notified yet
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, sig: pl.InOut[Sig]):
+                self.barrier(sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+        compiled = ir.compile(Barrier, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', "hang", [0, 1], "8.1 all ranks hang",
+         before="""
+         Every rank waits for every peer's arrival before announcing its own, so
+         no cell ever changes. On the device all ranks hang; under ptodist every
+         unfinished rank is blocked in a wait whose cell cannot change, so the
+         hang is certain and is reported within about a second (whatever
+         `PTODIST_HANG_TIMEOUT` says).
+         """,
+         after="""
+         Fix: move the notify loop before the wait loop. When a wait and the send
+         it depends on are separate tasks, pin the order with
+         `pl.submit(..., deps=[send_task])`. A hang where some rank is still
+         computing (not blocked in a wait) is reported only after the hang
+         timeout (`RunConfig(hang_timeout_s=...)`, `PTODIST_HANG_TIMEOUT`,
+         default 60 s), as "no progress for ... s".
+         """),
+    _bug("set_clobber", "A signal cell never reaches its expected value", '''
+        P = 4
+        NR = pl.dynamic("NR")
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Barrier:
+            @pl.function(type=pl.FunctionType.InCore)
+            def barrier(self, sig: pl.InOut[Sig]):
+                n = pld.nranks(pld.get_comm_ctx(sig))
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [0, 0], 1, op=pld.NotifyOp.Set)  # BUG: every rank Sets one cell
+                pld.system.wait(sig, [0, 0], n, cmp=pld.WaitCmp.Eq)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, sig: pl.InOut[Sig]):
+                self.barrier(sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+        compiled = ir.compile(Barrier, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', ("hang", "set_clobber"), [0, 1, 2, 3], "8.1",
+         before="""
+         A barrier of four ranks on one shared cell: each arrival *sets* the
+         cell to 1 instead of adding 1, so the cell never reaches 4 (SPEC §8.3
+         step 04 is the same bug).
+         """,
+         after="""
+         Fix: use `NotifyOp.AtomicAdd` with `WaitCmp.Ge` for a barrier with
+         several writers; keep `Set` for a 1:1 exchange where one writer owns
+         the cell.
+         """),
+    _bug("hardcoded_nr", "Shape mismatch at compile time", '''
+        P = 4
+
+
+        @pl.program
+        class Copy:
+            @pl.function(type=pl.FunctionType.InCore)
+            def copy(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.copy(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[2, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[2, 1, 8], pl.FP32]]):  # BUG: 2 ranks
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Copy, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "shape_mismatch", [], "8.3 step 07",
+         before="""
+         The program was written for two ranks and is now run on four: the host
+         annotations still say 2 where they mean "the rank count" (SPEC §8.3
+         step 07 is the same bug).
+         """,
+         after="""
+         Fix: `NR = pl.dynamic("NR")` and `pl.Tensor[[NR, 1, 8], pl.FP32]`; the
+         name binds to the argument's size at each call, and every use of it
+         must agree.
+         """),
+    _bug("allreduce_in_loop", "allreduce rejected in a loop", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Steps:
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                grad = pld.window(pld.alloc_window_buffer([1, 8], dtype=pl.FP32), [1, 8], dtype=pl.FP32)
+                for step in pl.range(3):
+                    grad = pld.tensor.allreduce(grad)  # BUG: no signal inside a loop
+
+
+        compiled = ir.compile(Steps, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', "collective_in_loop", [], "8.1 allreduce rejected in a loop",
+         before="""
+         On the host orchestrator `pld.tensor.allreduce` may omit its signal:
+         one is synthesised per call site. Inside a loop that one signal would
+         serve every iteration at once, so the call is rejected before any rank
+         starts.
+         """,
+         after="""
+         Fix: allocate a signal window (`[NR, 1]` INT32 for mesh) outside the
+         loop and pass it, or hoist the allreduce out of the loop.
+         """),
+    _bug("window_bytes", "alloc_window_buffer(NR): a rank count as the byte size", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Signals:
+            @pl.function(type=pl.FunctionType.InCore)
+            def ping(self, sig: pl.InOut[Sig]):
+                me = pld.rank(pld.get_comm_ctx(sig))
+                pld.system.notify(sig, 0, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, sig: pl.InOut[Sig]):
+                self.ping(sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                sig_buf = pld.alloc_window_buffer(pld.world_size())  # BUG: the size is in bytes
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+        compiled = ir.compile(Signals, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', "window_too_small", [], "8.2 alloc_window_buffer",
+         before="""
+         `pld.alloc_window_buffer(n)` takes **bytes**; `NR` bytes hold a
+         quarter of `NR` INT32 cells. The allocation warns (its size equals the
+         world size) and the view, larger than its buffer, is an error.
+         """,
+         after="""
+         Fix: the shape form, `pld.alloc_window_buffer([pld.world_size(), 1],
+         dtype=pl.INT32)`.
+         """),
+    _bug("dispatch_range", "Dispatch loop trip count differs from len(device_ids)", '''
+        P = 4
+
+
+        @pl.program
+        class Copy:
+            @pl.function(type=pl.FunctionType.InCore)
+            def copy(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.copy(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[4, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 1, 8], pl.FP32]]):  # BUG: see loop
+                for r in pl.range(2):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Copy, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "dispatch_coverage", [], "8.2 dispatch loop",
+         before="""
+         Four device ids, but the dispatch loop covers `range(2)`: ranks 2 and 3
+         would never run. After planning, every rank in `[0, len(device_ids))`
+         must have been dispatched; the error names the host function and the
+         ranks left out.
+         """,
+         after="""
+         Fix: `for r in pl.range(pld.world_size()):`, which always matches
+         `len(device_ids)`.
+         """),
+    _bug("device_id_as_rank", "device= outside [0, world)", '''
+        DEVICES = [4, 5]  # physical device ids, e.g. from --device 4,5
+
+
+        @pl.program
+        class Copy:
+            @pl.function(type=pl.FunctionType.InCore)
+            def copy(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.copy(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[2, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[2, 1, 8], pl.FP32]]):
+                for r, dev in enumerate(DEVICES):
+                    self.per_rank(x[r], y[r], device=dev)  # BUG: device= takes the rank index r
+                return y
+
+
+        compiled = ir.compile(Copy, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=DEVICES))
+        compiled(np.zeros((2, 1, 8), np.float32))
+        ''', "dispatch_coverage", [], "8.2 dispatch loop",
+         before="""
+         `device_ids` are physical device labels and need not start at 0;
+         `device=` is always the logical rank index in `[0, world)`, mapped to
+         `device_ids[r]` by the runtime.
+         """,
+         after="Fix: `device=r`.", level=4),
+    _bug("scalar_first", "A scalar parameter before a tensor parameter", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Hello:
+            @pl.function(type=pl.FunctionType.InCore)
+            def add_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         r: pl.Scalar[pl.INT32]):
+                return pl.store(pl.add(pl.load(x, [0, 0], [1, 8]), r), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, r: pl.Scalar[pl.INT32], x: pl.Tensor[[1, 8], pl.FP32],  # BUG: scalar first
+                         y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.add_rank(x, y, r)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(r, x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Hello, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "task_args_order", [], "8.2 scalar before tensor",
+         before="""
+         The runtime packs a task's arguments as all tensors, then all scalars
+         (`TaskArgs: cannot add tensor after scalar` on the device). ptodist
+         checks every function the host reaches when the program is compiled
+         (SPEC §8.3 step 01 is the same bug).
+         """,
+         after="Fix: put the scalar parameters last, and the arguments likewise."),
+    _bug("rank_on_host", "Step 02: rank identity read outside the dispatch loop", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Hello:
+            @pl.function(type=pl.FunctionType.InCore)
+            def add_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         r: pl.Scalar[pl.INT32]):
+                return pl.store(pl.add(pl.load(x, [0, 0], [1, 8]), r), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         r: pl.Scalar[pl.INT32]):
+                return self.add_rank(x, y, r)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                me = pld.rank(pld.get_comm_ctx(pld.window(buf, [1, 8], dtype=pl.FP32)))  # BUG: on the host
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], me, device=r)
+                return y
+
+
+        compiled = ir.compile(Hello, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "invalid_argument", [], "8.3 step 02",
+         before="""
+         The host orchestrator runs once, not once per rank, so a rank read
+         there would give every rank the same value. In ptodist `pld.rank` and
+         `pld.nranks` exist only inside a kernel: on the host (and in a
+         per-device orchestration function) they are an error.
+         """,
+         after="""
+         Fix: pass the loop variable `r` (`self.per_rank(x[r], y[r], r,
+         device=r)`), or read `pld.rank(pld.get_comm_ctx(window))` in the
+         kernel.
+
+         Not detected: the other half of this step — a program that gets the
+         rank some other wrong way and writes identical outputs on every rank.
+         ptodist prints no warning about identical per-rank outputs; the run
+         completes and only the program's golden check can fail.
+         """),
+    _bug("window_as_tensor", "Step 03: DistributedTensor used as Tensor, or the reverse", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Stage:
+            @pl.function(type=pl.FunctionType.InCore)
+            def stage(self, x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.stage(x, data)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+                buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                for r in pl.range(pld.world_size()):
+                    data = pld.window(buf, [1, 8], dtype=pl.FP32)
+                    self.per_rank(x[r], data, device=r)  # BUG: 'data' is declared pl.Tensor
+
+
+        compiled = ir.compile(Stage, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "type_mismatch", [], "8.3 step 03",
+         before="""
+         Every dispatch checks each argument's kind (tensor, window, scalar),
+         dtype and shape against the per-device function's annotations.
+         """,
+         after="Fix: annotate the parameter `pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]]`."),
+    _bug("tensor_as_window", "A host tensor where pld.DistributedTensor is declared", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+
+
+        @pl.program
+        class Stage:
+            @pl.function(type=pl.FunctionType.InCore)
+            def stage(self, x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[Win]):
+                return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[Win]):
+                return self.stage(x, data)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)  # BUG: y[r] is host memory, not a window
+                return y
+
+
+        compiled = ir.compile(Stage, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "type_mismatch", [], "8.3 step 03", level=4,
+         after="""
+         Fix: pass `pld.window(buf, [1, 8], dtype=pl.FP32)` of a buffer from
+         `pld.alloc_window_buffer`; RMA, signals and collectives reach only
+         window memory.
+         """),
+    _bug("negative_neighbour", "Step 10: negative left neighbour under truncated modulo", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class RingShift:
+            @pl.function(type=pl.FunctionType.InCore)
+            def shift(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                      data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(data)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                data = pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)
+                left = pld.tile.remote_load(data, (me - 1) % n, [0, 0], [1, 8])  # BUG: -1 on rank 0
+                return pl.store(left, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                return self.shift(x, y, data, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    data = pld.window(data_buf, [1, 8], dtype=pl.FP32)
+                    sig = pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32)
+                    self.per_rank(x[r], y[r], data, sig, device=r)
+                return y
+
+
+        compiled = ir.compile(RingShift, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "peer_out_of_range", [0], "8.3 step 10",
+         before="""
+         Scalar arithmetic in a kernel follows the device's C semantics: `%`
+         truncates toward zero, so on rank 0 `(0 - 1) % n` is `-1`, not
+         `n - 1`. ptodist computes the same `-1` and rejects the peer.
+         """,
+         after="Fix: `(me - 1 + n) % n`."),
+    _bug("ring_signal_shape", "Step 11: signal shape does not match the collective mode", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Reduce:
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                data = pld.window(pld.alloc_window_buffer([1, 8], dtype=pl.FP32), [1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                sig = pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32)
+                pld.tensor.allreduce(data, sig, mode="ring")  # BUG: ring needs [2*(NR-1), NR]
+
+
+        compiled = ir.compile(Reduce, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', "signal_layout", [], "steps 11, 16",
+         before="""
+         Mesh collectives take an `[NR, 1]` signal, `mode="ring"` a
+         `[2*(NR-1), NR]` one (one row per ring round). The check runs where the
+         collective is called: on the host while planning, in a kernel before
+         any cell is touched.
+         """,
+         after="Fix: shape the signal for the mode, or use `mode=\"mesh\"`."),
+    _bug("all_to_all_in_place", "Step 15: one window as both source and result", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Exchange:
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                buf = pld.alloc_window_buffer([pld.world_size(), 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                data = pld.window(buf, [pld.world_size(), 8], dtype=pl.FP32)
+                sig = pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32)
+                pld.tensor.all_to_all(data, data, sig)  # BUG: source and result are one window
+
+
+        compiled = ir.compile(Exchange, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', "aliasing", [], "8.3 step 15",
+         before="""
+         A peer's block would land on rows this rank has not sent yet. The
+         builtin `allgather`, `all_to_all` and `all_to_all_v` reject one window
+         as both operands.
+         """,
+         after="""
+         Fix: separate windows for the source and the result.
+
+         Not detected: the same aliasing in a hand-rolled exchange (notify,
+         wait and `remote_store` written out) is a data race; ptodist has no
+         race detector yet, so that run completes and only the golden check can
+         fail.
+         """),
+    _bug("two_layouts", "Step 16: one signal window with two layouts", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Compose:
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 8], pl.FP32]):
+                nr = pld.world_size()
+                data = pld.window(pld.alloc_window_buffer([nr, 8], dtype=pl.FP32), [nr, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([2 * (nr - 1), nr], dtype=pl.INT32)
+                pld.tensor.allreduce(data, pld.window(sig_buf, [nr, 1], dtype=pl.INT32))
+                ring = pld.window(sig_buf, [2 * (nr - 1), nr], dtype=pl.INT32)
+                pld.tensor.allreduce(data, ring, mode="ring")  # BUG: sig_buf already serves the mesh layout
+
+
+        compiled = ir.compile(Compose, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 8), np.float32))
+        ''', "signal_layout", [], "steps 11, 16",
+         before="""
+         Collective signals clear themselves only within one layout: the mesh
+         and ring protocols count in different cells, so a buffer shared by
+         both would hand one protocol the other's counts. A signal buffer
+         serves the layout (mode and shape) of the first collective that used
+         it in the run.
+         """,
+         after="Fix: one signal window per layout."),
+    _bug("load_out_of_bounds", "Silent data corruption", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Split:
+            @pl.function(type=pl.FunctionType.InCore)
+            def take(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]],
+                     r: pl.Scalar[pl.INT32]):
+                part = pl.load(x, [0, r * 8], [1, 4])  # BUG: the chunks are 4 wide, not 8
+                return pl.store(part, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]],
+                         r: pl.Scalar[pl.INT32]):
+                return self.take(x, y, r)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x, y[r], r, device=r)
+                return y
+
+
+        compiled = ir.compile(Split, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((1, 8), np.float32), np.zeros((P, 1, 4), np.float32))
+        ''', "out_of_bounds", [1], None,
+         before="""
+         Each rank should take its 4-column half of `x`, but the offset steps by
+         8: rank 0's region fits, rank 1's starts at column 8 and runs past the
+         end. `pl.load`, `pl.store`, `pl.slice`, `pl.read`, `pl.write`,
+         `pld.tile.remote_load` / `remote_store` and the region form of
+         `pld.tensor.put` / `get` check their region against the tensor or
+         window.
+         """,
+         after="""
+         Fix: `[0, r * 4]`.
+
+         Not detected: a region that fits but is not the one the peer stored
+         (offsets or shape that do not match the peer's `store`) — the silent
+         data corruption row of SPEC §8.1. ptodist does not track which regions
+         were written, so that run completes and only the golden check can
+         fail.
+         """),
+    _bug("python_error", "Any other error in a rank", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        SCALES = [1.0]  # one entry per rank (but only one rank was planned for)
+
+
+        @pl.program
+        class Scale:
+            @pl.function(type=pl.FunctionType.InCore)
+            def scale(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                      r: pl.Scalar[pl.INT32]):
+                s = SCALES[r]  # BUG: IndexError on rank 1
+                return pl.store(pl.mul(pl.load(x, [0, 0], [1, 8]), s), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         r: pl.Scalar[pl.INT32]):
+                return self.scale(x, y, r)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], r, device=r)
+                return y
+
+
+        compiled = ir.compile(Scale, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        compiled(np.zeros((P, 1, 8), np.float32))
+        ''', "rank_error", [1], None,
+         before="""
+         A plain Python exception raised in a kernel ends the run with a
+         `RankError`: the rank, its device, the task, and the rank's traceback
+         cut to the program's own frames. Ranks that fail the same way are
+         reported once, as a group.
+         """),
+    _bug("correct", "A clean run", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class RingShift:
+            @pl.function(type=pl.FunctionType.InCore)
+            def shift(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                      data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(data)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                data = pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)
+                left = pld.tile.remote_load(data, (me - 1 + n) % n, [0, 0], [1, 8])
+                return pl.store(left, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                return self.shift(x, y, data, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    data = pld.window(data_buf, [1, 8], dtype=pl.FP32)
+                    sig = pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32)
+                    self.per_rank(x[r], y[r], data, sig, device=r)
+                return y
+
+
+        compiled = ir.compile(RingShift, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), np.roll(x, 1, axis=0))
+        print("OK")
+        ''',
+         before="""
+         The ring shift of step 10 with `(me - 1 + n) % n`: the run succeeds, the
+         report says `{"status": "ok", "findings": []}`, and stderr carries only
+         the platform notice.
+         """),
+    _bug("build_flags", "Build-time flags", '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Copy:
+            @pl.function(type=pl.FunctionType.InCore)
+            def copy(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.copy(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Copy, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.ones((P, 1, 8), np.float32)
+        for _ in range(2):
+            assert np.array_equal(compiled(x), x)
+        print("OK")
+        ''', level=2, env={"SIMPLER_HOST_STRACE": "1", "SIMPLER_DFX": "1"},
+         before="""
+         `SIMPLER_HOST_STRACE` and `SIMPLER_DFX` are compile-time switches (C
+         preprocessor macros) of the simpler runtime, fixed when the runtime is
+         built; setting them in the shell changes nothing, on the device or
+         under ptodist. ptodist says so, once per process, when it sees them. The
+         runtime variable `SIMPLER_DEVICE_STRACE_ENABLE=0` is honoured: the
+         swimlane records then carry tasks and collectives only, without the
+         per-operation slices.
+
+         The program below calls the compiled program twice, with both build
+         switches set (`SIMPLER_HOST_STRACE=1 SIMPLER_DFX=1`):
+         """,
+         after="""
+         To get diagnostic outputs, use the `RunConfig` flags of
+         [Diagnostic outputs](#diagnostic-outputs-dfx).
+         """),
+]
+
+BY_NAME = {bug.name: bug for bug in ZOO}
+
+
+# -- running ----------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    """One zoo program's run: exit status, stderr (raw and normalised), the --report-json document."""
+
+    bug: Bug
+    script: Path
+    returncode: int
+    stdout: str
+    stderr: str
+    output: str
+    report: dict
+
+
+def run(bug: Bug, workdir: Path, timeout: float = 60) -> Run:
+    """Write ``bug``'s program as ``workdir/prog.py`` and run it under ``ptodist run --report-json``."""
+    workdir = Path(workdir).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    script = workdir / "prog.py"
+    script.write_text(bug.program)
+    report = workdir / "report.json"
+    env = dict(os.environ)
+    for name in ("SIMPLER_HOST_STRACE", "SIMPLER_DFX", "SIMPLER_DEVICE_STRACE_ENABLE"):
+        env.pop(name, None)
+    env.pop("PYTHONWARNINGS", None)
+    env.update({"PTODIST_HANG_TIMEOUT": HANG_TIMEOUT, "PTODIST_OUTPUT_ROOT": str(workdir / "build_output")})
+    env.update(bug.env)
+    proc = subprocess.run([sys.executable, "-m", "ptodist", "run", "--report-json", str(report), str(script)],
+                          capture_output=True, text=True, cwd=workdir, env=env, timeout=timeout)
+    doc = json.loads(report.read_text()) if report.exists() else {}
+    return Run(bug, script, proc.returncode, proc.stdout, proc.stderr, normalise(proc.stderr, workdir), doc)
+
+
+_TIMING = re.compile(r"\b\d+\.\d+ s\b")
+
+
+def normalise(text: str, workdir: Path) -> str:
+    """Drop ``workdir`` from paths (the script becomes ``prog.py``) and show timings as ``N s``."""
+    text = text.replace(str(Path(workdir).resolve()) + os.sep, "").replace(str(workdir) + os.sep, "")
+    text = _TIMING.sub("N s", text)
+    return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
+
+
+# -- rendering --------------------------------------------------------------------------------------------------
+
+COMMAND = f"PTODIST_HANG_TIMEOUT={HANG_TIMEOUT} ptodist run --report-json report.json prog.py"
+_BLOCK = re.compile(r"^<!-- begin (\S+) -->\n(.*?)^<!-- end \1 -->\n", re.S | re.M)
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor for a heading (as tests/test_docs.py computes it)."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def link(name: str) -> str:
+    """A markdown link to zoo entry ``name``'s section."""
+    title = BY_NAME[name].title
+    return f"[{title}](#{slug(title)})"
+
+
+def output_block(r: Run) -> str:
+    """The generated part of a zoo entry's section: how it was run, the exit status and stderr."""
+    env = "".join(f"{k}={v} " for k, v in r.bug.env.items())
+    lines = [f"`{env}{COMMAND}` exits with status {r.returncode}; stderr:", "", "```text", r.output, "```"]
+    if r.bug.kinds:
+        found = ", ".join(f"`{f['kind']}`" for f in r.report.get("findings", [])) or "none"
+        lines += ["", f"`report.json`: status `{r.report.get('status')}`, findings: {found}."]
+    elif r.report:
+        lines += ["", f"`report.json`: `{json.dumps(r.report, separators=(', ', ': '))}`"]
+    return "\n".join(lines)
+
+
+def report_block(r: Run) -> str:
+    """A whole --report-json document, paths and timings normalised like the stderr."""
+    text = normalise(json.dumps(r.report, indent=2, ensure_ascii=False), r.script.parent)
+    return "\n".join(["```json", text, "```"])
+
+
+def blocks_of(runs: dict[str, Run]) -> dict[str, str]:
+    """Every generated block of the page, by block name."""
+    out = {name: output_block(r) for name, r in runs.items()}
+    out["hang.report"] = report_block(runs["hang"])
+    return out
+
+
+def _wrap(block_name: str, text: str) -> str:
+    return f"<!-- begin {block_name} -->\n{text}\n<!-- end {block_name} -->\n"
+
+
+def section(name: str, blocks: dict[str, str]) -> str:
+    bug = BY_NAME[name]
+    parts = ["#" * bug.level + " " + bug.title, ""]
+    if bug.before:
+        parts += [bug.before, ""]
+    parts += ["```python", bug.program.rstrip("\n"), "```", "", _wrap(name, blocks[name])]
+    if bug.after:
+        parts += [bug.after, ""]
+    return "\n".join(parts)
+
+
+def parse(page: str) -> dict[str, str]:
+    """The generated blocks of a rendered page, by block name."""
+    return {m.group(1): m.group(2).rstrip("\n") for m in _BLOCK.finditer(page)}
+
+
+def _md(text: str) -> str:
+    return textwrap.dedent(text).strip("\n") + "\n"
+
+
+def render(blocks: dict[str, str]) -> str:
+    """The whole page from its generated blocks (see :func:`blocks_of` and :func:`parse`)."""
+    s = lambda name: section(name, blocks)  # noqa: E731
+    parts = [
+        _md("""
+        # Debugging distributed programs
+
+        Distributed bugs rarely leave a local stack trace: the symptom shows on
+        one rank, the cause sits on another, and on the device the usual result
+        is a hang or silently wrong data. ptodist turns each pitfall of the
+        PyPTO *Debugging and Pitfalls* index (SPEC §8) into a report that names
+        the rank(s), the source line(s), the cell or region, and the fix —
+        or, for the pitfalls it cannot see yet, this page says so.
+
+        Every program below is complete; each faulty one has exactly one bug,
+        on the line marked `# BUG`. Each was run as `prog.py` with the command shown (the rank
+        count is `P` in the program); the text under it is what ptodist printed
+        on stderr, with the run's directory dropped from paths and timings
+        shown as `N s`. This page is generated by
+        [`docs/gen_debugging.py`](gen_debugging.py) from real runs, and
+        `tests/test_bug_zoo.py` runs every program again and compares.
+        [errors.md](errors.md) lists every check with its message.
+        """),
+        _md("""
+        ## Reading a report
+
+        `ptodist run SCRIPT` runs a PyPTO script (`pypto.*` imports resolve to
+        ptodist). When ptodist stops the run it prints, on stderr:
+
+        - `ptodist: ErrorType: message` — the message names what is wrong and
+          where (`prog.py:LINE`); for a rank error it is followed by each
+          failing rank's traceback, cut to the program's own frames;
+        - `raised by FILE:LINE in FUNCTION: SOURCE` — the innermost line of the
+          script in the driver's traceback (for errors inside ranks and hangs,
+          the call of the compiled program);
+        - one `ptodist: finding KIND (SPEC §ROW) on ranks R` block per finding,
+          with `at` (the source locations, the root cause first) and `fix`.
+
+        The exit status is 0 for a clean run and 1 when ptodist stopped it (3
+        for a bug in ptodist itself).
+        `--report-json PATH` writes the same findings as JSON whatever ends the
+        run: `status` (`"ok"` or `"error"`) and `findings`, each with `kind`,
+        `message`, `ranks`, `locations`, `pitfall` (the SPEC §8 row, or
+        `null`) and `fix`. For the first program below:
+        """),
+        _wrap("hang.report", blocks["hang.report"]),
+        _md("""
+        Errors found before any rank starts (types, shapes, the dispatch plan,
+        collective arguments on the host) have no ranks. Errors inside a rank
+        and hangs list the ranks involved.
+
+        ## Chapter-level failure modes (SPEC §8.1)
+        """),
+        s("hang"),
+        s("load_out_of_bounds"),
+        s("set_clobber"),
+        s("hardcoded_nr"),
+        _md("""
+        ### TypeError at dispatch: a host tensor not in shared memory
+
+        Not applicable today: ptodist has no `compiled.prepare()` /
+        `DistributedWorker` yet. Every call of a compiled program is one shot;
+        it copies the host tensors (numpy arrays or torch tensors, in shared
+        memory or not) in and the outputs back, so `.share_memory_()` changes
+        nothing. A script that calls `compiled.prepare()` stops with
+        `AttributeError: 'CompiledProgram' object has no attribute 'prepare'`.
+        """),
+        s("allreduce_in_loop"),
+        _md("""
+        ## Fatal pitfalls (SPEC §8.2)
+
+        ### Missing .share_memory_()
+
+        See [TypeError at dispatch](#typeerror-at-dispatch-a-host-tensor-not-in-shared-memory):
+        not applicable until ptodist has `prepare()`.
+        """),
+        s("window_bytes"),
+        s("dispatch_range"),
+        s("device_id_as_rank"),
+        s("scalar_first"),
+        _md(f"""
+        ## Per-step pitfalls (SPEC §8.3)
+
+        The sixteen steps of the tutorial ladder (`examples/01_*.py` …
+        `16_*.py`), each with the pitfall its page warns about:
+
+        | Step | Pitfall | What ptodist does today |
+        |---|---|---|
+        | 01 | scalar parameter before a tensor parameter | `TaskArgsError` before running: {link("scalar_first")} |
+        | 02 | rank identity read outside the dispatch loop | error on the host and in the orchestration: {link("rank_on_host")}; no warning on identical per-rank outputs |
+        | 03 | DistributedTensor used as Tensor, or the reverse | `ProgramTypeError` at the dispatch: {link("window_as_tensor")} |
+        | 04 | `Set`/`Eq` on a shared-cell barrier | the hang, diagnosed as `set_clobber`: {link("set_clobber")} |
+        | 05 | RMA before the ordering barrier | not detected ([data races](#steps-05-06-08-data-races)) |
+        | 06 | put without notify/wait | not detected ([data races](#steps-05-06-08-data-races)) |
+        | 07 | hard-coded rank count in host shapes | `ShapeError`: {link("hardcoded_nr")} |
+        | 08 | missing barrier: load races store | not detected ([data races](#steps-05-06-08-data-races)) |
+        | 09 | two barriers reuse one signal row | not detected with `Ge` ([stale signals](#step-09-stale-signals)) |
+        | 10 | negative left neighbour | `PeerRangeError` in the rank: {link("negative_neighbour")} |
+        | 11 | signal shape does not match the collective mode | `SignalLayoutError` before running: {link("ring_signal_shape")} |
+        | 12 | broadcast from the own slice instead of root's | not detected ([logic bugs](#steps-12-13-14-logic-bugs)) |
+        | 13 | gather into the wrong slot | not detected ([logic bugs](#steps-12-13-14-logic-bugs)) |
+        | 14 | own row left out of the reduction | not detected ([logic bugs](#steps-12-13-14-logic-bugs)) |
+        | 15 | one window as both source and result | `AliasingError` for the builtins: {link("all_to_all_in_place")}; not detected when hand-rolled |
+        | 16 | one signal window with two layouts | `SignalLayoutError` before running: {link("two_layouts")} |
+
+        Steps 01, 04 and 07 are the chapter-level rows above.
+        """),
+        s("rank_on_host"),
+        s("window_as_tensor"),
+        s("tensor_as_window"),
+        _md("""
+        ### Steps 05, 06, 08: data races
+
+        RMA before the ordering barrier (05), a `put` not paired with
+        notify/wait (06), and a load racing the peer's store for want of a
+        barrier (08) are data races. ptodist has no happens-before analysis
+        yet and reports nothing: the ranks run to the end and the result
+        depends on timing, so the program's own golden check may pass at P = 2
+        and fail at P = 4, or pass on one run and fail on the next.
+        """),
+        _md("""
+        ### Step 09: stale signals
+
+        Two barriers that reuse one signal row with `WaitCmp.Ge` and the same
+        threshold: the counters only grow, so the second barrier's waits are
+        satisfied by the first barrier's arrivals and return at once. ptodist
+        does not detect the stale signal: the ranks run to the end with no
+        finding, and whatever the second barrier was meant to order is a
+        race. With `WaitCmp.Eq` the counter can overshoot (a fast peer's
+        second arrival lands before the wait looks), and the run then hangs;
+        the hang report names the reused row as the likely cause ("counters
+        only grow"). Give each barrier its own row, or raise the threshold per
+        phase.
+        """),
+        s("negative_neighbour"),
+        s("ring_signal_shape"),
+        _md("""
+        ### Steps 12, 13, 14: logic bugs
+
+        Broadcasting from the rank's own slice instead of the root's (12),
+        gathering into the wrong output slot (13) and leaving the own row out
+        of a reduction (14) run without any error: ptodist does not compare
+        per-rank outputs, track which output regions were written, or note
+        broadcast results that differ from the root's. The ranks run to the
+        end with no finding; the program's golden check is what fails.
+        """),
+        s("all_to_all_in_place"),
+        s("two_layouts"),
+        _md("""
+        ## Other failures
+        """),
+        s("python_error"),
+        s("correct"),
+        _md("""
+        ## Diagnostic outputs (DFX)
+
+        When a run completes but is slow or wrong, the diagnostic outputs show
+        what each rank did. They are switched on in the `RunConfig` the program
+        is compiled or called with, e.g.
+        `compiled(x, config=RunConfig(platform="a2a3sim", distributed_config=cfg, enable_chip_swimlane=True))`
+        (`from pypto.runtime import RunConfig`), and written under the
+        compiled program's `output_dir`, per rank and per call (`d0`, `d1`, …):
+
+        - **Swimlane** — `RunConfig(enable_chip_swimlane=True)`:
+          `dfx_outputs/rank{r}/d{k}/chip_swimlane_records.json` (per-task
+          timing), and per call a merged Chrome-trace / Perfetto file
+          `dfx_outputs/merged_swimlane_*.json`: one process per rank, a slice
+          per task and per communication op, and flow arrows from each notify
+          to the wait it released.
+        - **Scope statistics** — `RunConfig(enable_scope_stats=True)`:
+          `dfx_outputs/rank{r}/d{k}/scope_stats/scope_stats.jsonl`, with the
+          task-window, heap and tensormap high-water marks.
+        - **Dependency graph** — `RunConfig(enable_dep_gen=True)`:
+          `dfx_outputs/rank{r}/d{k}/deps.json`, the tasks, tensors and
+          dependency edges the scheduler saw.
+
+        `ptodist trace OUTPUT_DIR` summarises a call's swimlane: per-rank busy,
+        waiting and communicating time, the longest waits and what released
+        them, and the critical path. [dfx.md](dfx.md) describes the files and
+        the command in full.
+        """),
+        s("build_flags"),
+    ]
+    return "\n".join(p.rstrip("\n") + "\n" for p in parts)
+
+
+# -- main -------------------------------------------------------------------------------------------------------
+
+
+def run_all(root: Path, jobs: int = 2) -> dict[str, Run]:
+    """Run every zoo program, each in ``root/<name>``."""
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {bug.name: pool.submit(run, bug, Path(root) / bug.name) for bug in ZOO}
+        return {name: f.result() for name, f in futures.items()}
+
+
+def main(argv: list[str]) -> int:
+    check = "--check" in argv
+    with tempfile.TemporaryDirectory(prefix="ptodist-zoo-") as root:
+        page = render(blocks_of(run_all(Path(root))))
+    if check:
+        if PAGE.exists() and PAGE.read_text() == page:
+            return 0
+        print(f"{PAGE} is out of date: run python docs/gen_debugging.py", file=sys.stderr)
+        return 1
+    PAGE.write_text(page)
+    print(f"wrote {PAGE}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

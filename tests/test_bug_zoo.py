@@ -1,0 +1,130 @@
+"""The bug zoo: one program per SPEC §8 pitfall, run through ``ptodist run --report-json``.
+
+The programs live in ``docs/gen_debugging.py`` (``ZOO``), which also renders
+``docs/debugging.md`` from their output. Each buggy program must end (within
+60 s; hangs are certain deadlocks, reported in about a second), exit non-zero,
+and report status ``"error"`` with a finding of the expected kind, ranks and
+SPEC §8 row whose locations hold the line marked ``# BUG``. The correct
+programs must give status ``"ok"`` and no findings. Then the committed page must
+hold exactly what the runs printed (regenerate it with
+``python docs/gen_debugging.py``).
+
+A zoo entry's ``issues`` names checks that fail because of a known ptodist
+shortcoming: the test expects exactly those to fail (xfail), and fails once one
+of them passes, so the entry is updated when ptodist is fixed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _load_generator():
+    spec = importlib.util.spec_from_file_location("gen_debugging", REPO / "docs" / "gen_debugging.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _load_generator()
+BUGGY = [bug for bug in gen.ZOO if bug.kinds]
+CLEAN = [bug for bug in gen.ZOO if not bug.kinds]
+REGENERATE = "docs/debugging.md is out of date: run `python docs/gen_debugging.py`"
+
+
+@pytest.fixture(scope="module")
+def zoo_run(tmp_path_factory):
+    """``zoo_run(name)``: the entry's run, made once per module."""
+    cache: dict = {}
+
+    def get(name: str):
+        if name not in cache:
+            cache[name] = gen.run(gen.BY_NAME[name], tmp_path_factory.mktemp(name), timeout=60)
+        return cache[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def page_blocks():
+    return gen.parse(gen.PAGE.read_text()) if gen.PAGE.exists() else {}
+
+
+def _failed_checks(bug, finding: dict, where: str) -> dict[str, str]:
+    """The checks ``finding`` fails, with what was expected."""
+    failed = {}
+    if finding["ranks"] != list(bug.ranks):
+        failed["ranks"] = f"ranks {list(bug.ranks)}, got {finding['ranks']}"
+    if where not in finding["locations"]:
+        failed["location"] = f"{where} among the locations, got {finding['locations']}"
+    if bug.pitfall and bug.pitfall not in (finding["pitfall"] or ""):
+        failed["pitfall"] = f"a pitfall naming {bug.pitfall!r}, got {finding['pitfall']!r}"
+    return failed
+
+
+@pytest.mark.parametrize("bug", BUGGY, ids=lambda b: b.name)
+def test_buggy_program_is_reported(bug, zoo_run):
+    r = zoo_run(bug.name)
+    assert r.returncode != 0, r.stderr
+    assert r.report.get("status") == "error", (r.report, r.stderr)
+    assert bug.bug_line is not None, f"{bug.name}: no {gen.BUG_MARK} marker"
+    where = f"{r.script}:{bug.bug_line}"
+    candidates = [f for f in r.report["findings"] if f["kind"] in bug.kinds]
+    assert candidates, f"no finding of kind {bug.kinds}: {r.report['findings']}\n{r.stderr}"
+    if "hang" in bug.kinds:  # a certain deadlock, reported at once, not after the hang timeout
+        assert any(f["message"].startswith("deadlock:") for f in candidates), r.stderr
+    failed = min((_failed_checks(bug, f, where) for f in candidates), key=len)
+    unexpected = {k: v for k, v in failed.items() if k not in bug.issues}
+    assert not unexpected, f"expected {'; '.join(unexpected.values())}\n{r.stderr}"
+    fixed = sorted(set(bug.issues) - set(failed))
+    assert not fixed, f"known issue(s) {fixed} no longer happen: remove them from the zoo entry '{bug.name}'"
+    if failed:
+        pytest.xfail("; ".join(f"{k}: {bug.issues[k]} (expected {v})" for k, v in failed.items()))
+
+
+@pytest.mark.parametrize("bug", CLEAN, ids=lambda b: b.name)
+def test_correct_program_runs_clean(bug, zoo_run):
+    r = zoo_run(bug.name)
+    assert r.returncode == 0, r.stderr
+    assert r.report == {"status": "ok", "findings": []}
+    assert r.stdout.splitlines()[-1:] == ["OK"], r.stdout
+
+
+def test_build_time_switches_are_named_once(zoo_run):
+    r = zoo_run("build_flags")
+    for name in ("SIMPLER_HOST_STRACE", "SIMPLER_DFX"):
+        assert r.stderr.count(f"ptodist: {name} is a build-time switch") == 1, r.stderr
+
+
+def test_zoo_covers_every_detected_kind():
+    kinds = {k for bug in BUGGY for k in bug.kinds}
+    assert kinds >= {"hang", "shape_mismatch", "task_args_order", "dispatch_coverage", "type_mismatch",
+                     "window_too_small", "peer_out_of_range", "out_of_bounds", "signal_layout", "aliasing",
+                     "collective_in_loop", "rank_error"}
+    names = [bug.name for bug in gen.ZOO]
+    assert len(names) == len(set(names))
+
+
+@pytest.mark.parametrize("bug", gen.ZOO, ids=lambda b: b.name)
+def test_page_shows_what_the_program_printed(bug, zoo_run, page_blocks):
+    r = zoo_run(bug.name)
+    assert bug.name in page_blocks, REGENERATE
+    assert gen.output_block(r) == page_blocks[bug.name], REGENERATE
+    if bug.name == "hang":
+        assert gen.report_block(r) == page_blocks["hang.report"], REGENERATE
+
+
+def test_page_text_is_generated(page_blocks):
+    """Everything around the runs' output (prose, programs, links) is what the generator renders."""
+    try:
+        page = gen.render(page_blocks)
+    except KeyError as e:
+        pytest.fail(f"block {e} missing: {REGENERATE}")
+    assert page == gen.PAGE.read_text(), REGENERATE
