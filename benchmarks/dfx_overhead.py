@@ -15,11 +15,12 @@ Modes: ``off`` (``RunConfig()`` defaults: no event log, the hooks see
 ``events is None``) and ``on`` (``enable_chip_swimlane``, ``enable_dep_gen``,
 ``enable_scope_stats``: every operation is recorded, and each rank writes its
 files when its dispatch ends, outside the timed region; *call wall* includes
-that).  When the git history has the revision before the hooks were added,
-a third mode, ``no hooks``, runs the ranks with that revision's
-``runtime/rank.py`` (loaded at run time; nothing under ``src/`` changes), an
-events-free baseline for ``off``.  Modes are interleaved per repetition (order
-rotating) and the table shows medians.
+that).  A third mode, ``no hooks`` (skipped with ``--no-baseline``), is the
+events-free baseline for ``off``: the ranks run the current ``runtime/rank.py``
+compiled with every ``self.events is [not] None`` test replaced by a constant,
+so that CPython drops the hook code (built at run time; nothing under ``src/``
+changes).  Modes are interleaved per repetition (order rotating) and the table
+shows medians.
 
 The cost of the disabled hooks is also estimated from first principles: each
 signal or RMA operation runs two ``self.events is not None`` tests when off
@@ -260,7 +261,7 @@ def main(argv=None) -> int:
     print(f"DFX cost, P = 2, median of {args.repeat} ({os.cpu_count()} CPUs, load {load:.2f}); ping-pong: "
           f"{args.rounds} round trips per run, allreduce: {args.calls} calls of 4 KiB per run\n")
     print("| program | unit | ops on the path per unit | mode | µs per unit | min | max | call wall (ms) "
-          "| on − off per op (µs) |")
+          "| (mode − off) / op (µs) |")
     print("|---|---|---:|---|---:|---:|---:|---:|---:|")
     for name in benches:
         off = statistics.median(samples[name, "off"])
