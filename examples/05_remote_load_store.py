@@ -21,8 +21,8 @@ Pitfall (SPEC §8.3, step 05): RMA before the ordering barrier. In load mode
 the pull must come after the peer's store, in store mode the local read after
 the peer's push; without the barrier between them they race and the result
 depends on timing (the golden may catch it on one run and miss it on the
-next). The race is what ptodist's checker is specified to name (SPEC §8.1):
-the read, the unordered write, both ranks and both source lines.
+next). It is a data race (SPEC §8.1): the read and the unordered write, on
+two ranks.
 """
 
 from __future__ import annotations

@@ -25,8 +25,7 @@ zero, so ``(r - 1) % n`` is -1 for rank 0.
 Pitfall (SPEC §8.3, step 06): a put (or get) without the notify/wait. The
 receiver's read is then unordered with the sender's write — a data race
 that may pass on one run and fail on the next. It is the same race as in
-step 05, and ptodist's checker is specified to name it the same way: both
-ranks, both lines (SPEC §8.1).
+step 05 (SPEC §8.1).
 """
 
 from __future__ import annotations

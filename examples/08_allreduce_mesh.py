@@ -24,8 +24,8 @@ serves any P.
 Pitfall (SPEC §8.3, step 08): leaving out the barrier. The remote loads then
 race the peers' staging stores. At P = 2 the peer usually wins the race and
 the run passes; at P = 4 some rank reads a window that is still zero, and the
-sum is silently wrong. The race is there at every P; ptodist's checker is
-specified to report it at any P, naming both ranks and both source lines.
+sum is silently wrong. The race is there at every P, whether or not a given
+run shows it.
 """
 
 from __future__ import annotations

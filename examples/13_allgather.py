@@ -20,8 +20,7 @@ rank's ``[P * ROWS, COLS]`` gather window holds block ``src`` in rows
 Pitfall (SPEC §8.3, step 13): gathering into the wrong slot — say offsets
 ``[me, 0]`` instead of ``[me * ROWS, 0]``. Slots then overlap (two ranks
 write the same rows) and the tail of the window is never written; the
-output looks plausible and is wrong. ptodist is specified to report
-overlapping and unwritten output regions.
+output looks plausible and is wrong; the golden check catches it.
 """
 
 from __future__ import annotations
