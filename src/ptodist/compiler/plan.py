@@ -7,7 +7,7 @@ holds as ``dispatch_plan.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
@@ -147,7 +147,6 @@ class DispatchPlan:
     windows: list[WindowBuffer]
     tasks: list[list[TaskSpec]]
     window_heap_bytes: int = 0
-    notes: list[str] = field(default_factory=list)
 
     def to_json(self) -> dict:
         """Return a JSON-serialisable description (the plan as a reader wants it)."""
@@ -179,7 +178,6 @@ class DispatchPlan:
                 }
                 for r in range(self.world)
             ],
-            "notes": list(self.notes),
         }
 
 

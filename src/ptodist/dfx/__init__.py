@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,12 +35,15 @@ class DfxRequest:
         return self.root / f"rank{rank}" / f"d{self.dispatch}"
 
 
-def request_for(config, output_dir: Path, dispatch: int) -> DfxRequest | None:
-    """Return what ``config`` asks for, or None when no diagnostic output is enabled."""
+def request_for(config, output_dir: Callable[[], Path], dispatch: int) -> DfxRequest | None:
+    """Return what ``config`` asks for, or None when no diagnostic output is enabled.
+
+    ``output_dir`` is called only when something is enabled (it creates the directory).
+    """
     notice_build_time_switches()
     if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats):
         return None
-    return DfxRequest(Path(output_dir) / "dfx_outputs", dispatch, bool(config.enable_chip_swimlane),
+    return DfxRequest(Path(output_dir()) / "dfx_outputs", dispatch, bool(config.enable_chip_swimlane),
                       bool(config.enable_dep_gen), bool(config.enable_scope_stats),
                       os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0")
 

@@ -205,7 +205,7 @@ class CompiledProgram:
         cfg.announce_platform()
         plan, values, hosts, created = self._plan_for(args)
         arrays = [h.array if h is not None else None for h in hosts]
-        dfx_request = dfx.request_for(cfg, self.output_dir, self._dispatches) if _wants_dfx(cfg) else None
+        dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self._dispatches)
         self._dispatches += 1
         get_backend(cfg.resolved_backend()).run(plan, arrays, cfg, dfx_request)
         outs = []
@@ -216,11 +216,6 @@ class CompiledProgram:
         if not outs:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
-
-
-def _wants_dfx(cfg: RunConfig) -> bool:
-    dfx.notice_build_time_switches()
-    return cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats
 
 
 def _scalar_key(v):
