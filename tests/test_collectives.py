@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RankError, ir
+from ptodist import DistributedConfig, RankError, RunConfig, ir
 from ptodist.backends.shm import ShmBackend
 from ptodist.errors import ProgramError, ProgramTypeError, ProgramValueError
 
@@ -117,13 +117,14 @@ def build(nr: int, dtype, xs, sig, *, ws=None, ys=None, sig2=None, kernel=None, 
     return Prog
 
 
-def compile_prog(prog, nr: int):
-    return ir.compile(prog, distributed_config=DistributedConfig(device_ids=list(range(nr))))
+def compile_prog(prog, nr: int, backend: str | None = None):
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=backend)
+    return ir.compile(prog, config=config)
 
 
-def run(prog, nr: int, x: np.ndarray, ys, sig):
-    """Compile and run ``prog`` on ``nr`` ranks; return (y, s, compiled).  ``s`` starts non-zero."""
-    compiled = compile_prog(prog, nr)
+def run(prog, nr: int, x: np.ndarray, ys, sig, backend: str | None = None):
+    """Compile and run ``prog`` on ``nr`` ranks (on ``backend``); return (y, s, compiled).  ``s`` starts non-zero."""
+    compiled = compile_prog(prog, nr, backend)
     y = np.zeros((nr, *ys), x.dtype)
     s = np.full((nr, *sig), -7, np.int32)
     compiled(x, y, s)
@@ -180,6 +181,7 @@ def assert_reduced(got: np.ndarray, x: np.ndarray, op, dtype) -> None:
 # -- strategies --------------------------------------------------------------------------------------
 
 NRS = st.sampled_from([2, 3, 4, 8])
+BACKENDS = ["shm", "sim"]  # the sim backend must give the same results
 SEEDS = st.integers(0, 2 ** 32 - 1)
 
 
@@ -204,10 +206,11 @@ MOVE_CASES = [pytest.param(where, dtype, id=f"{where}-{dtype.name}")
               for where in ("kernel", "host") for dtype in (pl.FP32, pl.INT32)]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where, mode, dtype", ALLREDUCE_CASES)
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
-def test_allreduce_matches_numpy(where, mode, dtype, data):
+def test_allreduce_matches_numpy(where, mode, dtype, data, backend):
     nr = data.draw(NRS, "P")
     # The host ring is Sum only.
     op = Sum if where == "host" and mode == "ring" else data.draw(st.sampled_from([Sum, Max, Min, Prod]), "op")
@@ -228,17 +231,18 @@ def test_allreduce_matches_numpy(where, mode, dtype, data):
             return pld.tensor.allreduce(w.a, op=op, core_num=core_num)
         return pld.tensor.allreduce(w.a, w.g, op=op, mode=mode, core_num=core_num)
 
-    y, s, _ = run(build(nr, dtype, xs, sig, **at_site(where, call)), nr, x, xs, sig)
+    y, s, _ = run(build(nr, dtype, xs, sig, **at_site(where, call)), nr, x, xs, sig, backend=backend)
     for r in range(nr):
         assert_reduced(y[r], x, op, dtype)
         np.testing.assert_array_equal(y[r], y[0])  # every rank holds the same bits
     assert_signals_clear(s)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where, dtype", MOVE_CASES)
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
-def test_broadcast_matches_numpy(where, dtype, data):
+def test_broadcast_matches_numpy(where, dtype, data, backend):
     nr = data.draw(NRS, "P")
     root = data.draw(st.integers(0, nr - 1), "root")
     sig = data.draw(st.sampled_from([[nr, 1], [nr]]), "signal")
@@ -248,15 +252,16 @@ def test_broadcast_matches_numpy(where, dtype, data):
     def call(w):
         return pld.tensor.broadcast(w.a, w.g, root=root)
 
-    y, s, _ = run(build(nr, dtype, xs, sig, **at_site(where, call)), nr, x, xs, sig)
+    y, s, _ = run(build(nr, dtype, xs, sig, **at_site(where, call)), nr, x, xs, sig, backend=backend)
     np.testing.assert_array_equal(y, np.broadcast_to(x[root], y.shape))
     assert_signals_clear(s)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where, dtype", MOVE_CASES)
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
-def test_allgather_matches_numpy(where, dtype, data):
+def test_allgather_matches_numpy(where, dtype, data, backend):
     nr = data.draw(NRS, "P")
     stacked = data.draw(st.booleans(), "target [NR, *local]")
     # In a kernel the local data may also be a tile; from the host it is a window.
@@ -269,16 +274,17 @@ def test_allgather_matches_numpy(where, dtype, data):
         local = whole(w.a, xs) if as_tile else w.a
         return pld.tensor.allgather(local, w.b, w.g)
 
-    y, s, _ = run(build(nr, dtype, xs, [nr, 1], ws=ws, ys=ws, **at_site(where, call)), nr, x, ws, [nr, 1])
+    y, s, _ = run(build(nr, dtype, xs, [nr, 1], ws=ws, ys=ws, **at_site(where, call)), nr, x, ws, [nr, 1], backend=backend)
     want = x if stacked else x.reshape(ws)
     np.testing.assert_array_equal(y, np.broadcast_to(want, y.shape))
     assert_signals_clear(s)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where, dtype", MOVE_CASES)
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
-def test_reduce_scatter_matches_numpy(where, dtype, data):
+def test_reduce_scatter_matches_numpy(where, dtype, data, backend):
     nr = data.draw(NRS, "P")
     rows, cols = draw_shape(data, (1, 3), (1, 8))
     xs = [nr * rows, cols]
@@ -287,7 +293,7 @@ def test_reduce_scatter_matches_numpy(where, dtype, data):
     def call(w):
         return pld.tensor.reduce_scatter(w.a, w.g, op=Sum)
 
-    y, s, _ = run(build(nr, dtype, xs, [nr, 1], **at_site(where, call)), nr, x, xs, [nr, 1])
+    y, s, _ = run(build(nr, dtype, xs, [nr, 1], **at_site(where, call)), nr, x, xs, [nr, 1], backend=backend)
     for r in range(nr):
         block = slice(r * rows, (r + 1) * rows)
         assert_reduced(y[r, block], x[:, block], Sum, dtype)
@@ -296,10 +302,11 @@ def test_reduce_scatter_matches_numpy(where, dtype, data):
     assert_signals_clear(s)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where, dtype", MOVE_CASES)
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
-def test_all_to_all_matches_numpy(where, dtype, data):
+def test_all_to_all_matches_numpy(where, dtype, data, backend):
     nr = data.draw(NRS, "P")
     rows, cols = draw_shape(data, (1, 3), (1, 8))
     xs = [nr * rows, cols]
@@ -308,16 +315,17 @@ def test_all_to_all_matches_numpy(where, dtype, data):
     def call(w):
         return pld.tensor.all_to_all(w.a, w.b, w.g)
 
-    y, s, _ = run(build(nr, dtype, xs, [nr, 1], ws=xs, ys=xs, **at_site(where, call)), nr, x, xs, [nr, 1])
+    y, s, _ = run(build(nr, dtype, xs, [nr, 1], ws=xs, ys=xs, **at_site(where, call)), nr, x, xs, [nr, 1], backend=backend)
     blocks = x.reshape(nr, nr, rows, cols)  # [sender, block, rows, cols]
     np.testing.assert_array_equal(y.reshape(nr, nr, rows, cols), blocks.transpose(1, 0, 2, 3))
     assert_signals_clear(s)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where, dtype", MOVE_CASES)
 @settings(max_examples=8, deadline=None)
 @given(data=st.data())
-def test_all_to_all_v_matches_numpy(where, dtype, data):
+def test_all_to_all_v_matches_numpy(where, dtype, data, backend):
     nr = data.draw(NRS, "P")
     rows, cols = draw_shape(data, (1, 3), (1, 8))
     xs = [nr * rows, cols]
@@ -330,7 +338,7 @@ def test_all_to_all_v_matches_numpy(where, dtype, data):
     def call(w):
         return pld.tensor.all_to_all_v(w.a, w.b, w.g, send, recv)
 
-    y, s, _ = run(build(nr, dtype, xs, [nr, 1], ws=xs, ys=xs, **at_site(where, call)), nr, x, xs, [nr, 1])
+    y, s, _ = run(build(nr, dtype, xs, [nr, 1], ws=xs, ys=xs, **at_site(where, call)), nr, x, xs, [nr, 1], backend=backend)
     want = np.zeros_like(y).reshape(nr, nr, rows, cols)  # [receiver, sender, rows, cols]
     blocks = x.reshape(nr, nr, rows, cols)
     for src in range(nr):
@@ -341,10 +349,11 @@ def test_all_to_all_v_matches_numpy(where, dtype, data):
     assert_signals_clear(s)
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["kernel", "host"])
 @settings(max_examples=10, deadline=None)
 @given(data=st.data())
-def test_barrier_orders_a_neighbour_read(where, data):
+def test_barrier_orders_a_neighbour_read(where, data, backend):
     # Each rank stages its row, crosses the barrier(s), then reads its right neighbour's window.
     nr = data.draw(NRS, "P")
     reps = data.draw(st.integers(1, 3), "barriers")
@@ -360,7 +369,7 @@ def test_barrier_orders_a_neighbour_read(where, data):
     def read(win, me, n):
         return pld.tile.remote_load(win, (me + 1) % n, zeros(xs), xs)
 
-    y, s, _ = run(build(nr, pl.FP32, xs, sig, read=read, **at_site(where, call)), nr, x, xs, sig)
+    y, s, _ = run(build(nr, pl.FP32, xs, sig, read=read, **at_site(where, call)), nr, x, xs, sig, backend=backend)
     np.testing.assert_array_equal(y, np.roll(x, -1, axis=0))
     assert_signals_clear(s)
 
@@ -466,14 +475,15 @@ def chain_program(nr: int, where: str):
     return Chain, xs, ws, gs, qs
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("where", ["kernel", "host"])
 @pytest.mark.parametrize("nr", [2, 3, 4, 8])
-def test_reused_signals_give_correct_results_and_end_clear(nr, where):
+def test_reused_signals_give_correct_results_and_end_clear(nr, where, backend):
     prog, xs, ws, gs, qs = chain_program(nr, where)
     x = np.random.default_rng(nr).integers(-3, 4, (nr, *xs)).astype(np.float32)
     y = np.zeros((nr, *ws), np.float32)
     sg, sq = np.full((nr, *gs), -7, np.int32), np.full((nr, *qs), -7, np.int32)
-    compile_prog(prog, nr)(x, y, sg, sq)
+    compile_prog(prog, nr, backend)(x, y, sg, sq)
     gathered = nr ** 4 * x.sum(axis=0) + x[nr - 1] + x  # [P, *xs]: slot p on every rank
     np.testing.assert_array_equal(y, np.broadcast_to(gathered, y.shape))
     assert_signals_clear(sg)

@@ -1,4 +1,4 @@
-"""The tutorial ladder (examples/01..07): every example runs, checks its golden and prints OK."""
+"""The tutorial ladder (examples/01..07): every example runs, checks its golden and prints OK, on shm and sim."""
 
 from __future__ import annotations
 
@@ -25,6 +25,13 @@ def load_example(stem: str):
         spec.loader.exec_module(module)
         _loaded[stem] = module
     return _loaded[stem]
+
+
+@pytest.fixture(autouse=True, params=["shm", "sim"])
+def backend(request, monkeypatch) -> str:
+    """Every example runs on both local backends: the same program must pass the same golden."""
+    monkeypatch.setenv("PTODIST_BACKEND", request.param)
+    return request.param
 
 
 def run_example(capsys, stem: str, *argv: str) -> None:

@@ -1,4 +1,7 @@
-"""The collective steps of the tutorial ladder (examples/08..16): every mode runs, checks its golden, prints OK."""
+"""The collective steps of the tutorial ladder (examples/08..16): every mode runs, checks its golden, prints OK.
+
+Every case runs on both local backends, shm and sim.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +27,13 @@ def load_example(stem: str):
 
 def devices(nranks: int) -> str:
     return ",".join(str(i) for i in range(nranks))
+
+
+@pytest.fixture(autouse=True, params=["shm", "sim"])
+def backend(request, monkeypatch) -> str:
+    """Every example runs on both local backends: the same program must pass the same golden."""
+    monkeypatch.setenv("PTODIST_BACKEND", request.param)
+    return request.param
 
 
 def run_example(capsys, stem: str, *argv: str) -> None:

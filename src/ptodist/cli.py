@@ -1,4 +1,5 @@
 """``ptodist run SCRIPT [ARGS...]``: run a ptodist or PyPTO script on the local backend;
+``ptodist check SCRIPT [ARGS...]``: run it under simulated schedules and report races, stale signals, ...;
 ``ptodist trace DIR``: summarise a run's diagnostic outputs."""
 
 from __future__ import annotations
@@ -56,13 +57,69 @@ def _run(args) -> int:
         code = 130
     except Exception as e:
         # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
-        print("Traceback (most recent call last):\n" + "".join(_script_frames(e).format())
-              + "".join(traceback.format_exception_only(type(e), e)), end="", file=sys.stderr)
+        print(format_script_error(e), end="", file=sys.stderr)
         found = findings.from_exception(e)
     finally:
         if args.report_json:
             _write_report(args.report_json, code, found)
     return code
+
+
+def format_script_error(e: BaseException) -> str:
+    """The script's own error as ``python SCRIPT`` would print it, without the frames of this tool."""
+    return ("Traceback (most recent call last):\n" + "".join(_script_frames(e).format())
+            + "".join(traceback.format_exception_only(type(e), e)))
+
+
+def _check(args) -> int:
+    from .check import explore
+
+    script = args.script
+    if not os.path.isfile(script):
+        print(f"ptodist check: no such script: {script}", file=sys.stderr)
+        return 2
+    if args.schedules < 1:
+        print(f"ptodist check: --schedules must be at least 1, got {args.schedules}", file=sys.stderr)
+        return 2
+    compat.install()
+    sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
+    replay = " ".join(["ptodist check --seed {seed} --schedules 1", script, *args.args])
+    outcome = None
+    for k in range(args.schedules):
+        seed = args.seed + k
+        outcome = explore.run_schedule(script, list(args.args), seed)
+        s = outcome.session
+        head = f"ptodist check: schedule {k + 1}/{args.schedules} (seed {seed}"
+        head += f", {s.policy}): " if s.policy else "): "
+        if outcome.findings or outcome.exit_code:
+            n = len(outcome.findings)
+            print(head + (f"{n} finding(s)" if n else f"the script exited with status {outcome.exit_code}"),
+                  file=sys.stderr)
+            if outcome.stdout:
+                print("--- the script's output ---\n" + outcome.stdout.rstrip(), file=sys.stderr)
+            if outcome.traceback:
+                print(outcome.traceback.rstrip(), file=sys.stderr)
+            for f in outcome.findings:
+                print(f.render(), file=sys.stderr)
+            print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
+            break
+        print(head + f"no findings ({s.world} ranks, {s.dispatches} dispatch(es), {s.events} events)",
+              file=sys.stderr)
+        if not s.dispatches:
+            print("ptodist check: the script made no dispatch; nothing was checked.", file=sys.stderr)
+            break
+    else:
+        print(f"ptodist check: no findings in {args.schedules} schedule(s) "
+              f"(seeds {args.seed}..{args.seed + args.schedules - 1}).", file=sys.stderr)
+    failed = bool(outcome.findings or outcome.exit_code)
+    if args.report_json:
+        doc = findings.report("findings" if outcome.findings else ("error" if failed else "ok"), outcome.findings)
+        doc.update(seed=outcome.session.seed, policy=outcome.session.policy,
+                   replay=replay.format(seed=outcome.session.seed))
+        with open(args.report_json, "w") as f:
+            json.dump(doc, f, indent=2)
+            f.write("\n")
+    return 1 if failed else 0
 
 
 def _summary_line(item) -> str:
@@ -127,6 +184,19 @@ def main(argv=None) -> int:
                      help='write {"status": "ok" | "error", "findings": [...]} to PATH, whatever happens')
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
+    check = sub.add_parser("check", help="run a script under several simulated schedules and report races, "
+                                         "stale signals, clobbered cells, uninitialised reads and hangs",
+                           description="Run every dispatch of SCRIPT on the sim backend (one rank at a time, "
+                                       "switching at every communication operation under a seeded schedule) and "
+                                       "check each with the happens-before checker. Stops at the first schedule "
+                                       "with findings, prints them and the seed that replays it, and exits 1.")
+    check.add_argument("--schedules", type=int, default=8, metavar="N",
+                       help="how many schedules to try (default 8): seeds S, S+1, ..., S+N-1")
+    check.add_argument("--seed", type=int, default=0, metavar="S", help="the first schedule's seed (default 0)")
+    check.add_argument("--report-json", metavar="PATH", default=None,
+                       help='write {"status": "ok" | "findings" | "error", "seed": S, "findings": [...]} to PATH')
+    check.add_argument("script", help="the Python script to check")
+    check.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     trace = sub.add_parser("trace", help="summarise a run's diagnostic outputs (swimlane records)",
                            description="Summarise one dispatch's swimlane records: per-rank busy, waiting and "
                                        "communicating time, the longest waits and what released them, and the "
@@ -141,6 +211,8 @@ def main(argv=None) -> int:
         return _run(args)
     if args.command == "trace":
         return _trace(args)
+    if args.command == "check":
+        return _check(args)
     return 2  # pragma: no cover - argparse enforces the choices
 
 

@@ -210,7 +210,13 @@ class HangError(PtodistError):
 
 
 class CheckError(PtodistError):
-    """The checker found problems in the program."""
+    """The checker (``ptodist check``) found problems in a dispatch; ``findings`` lists them."""
+
+    kind = "race"
+
+    def __init__(self, message: str, findings=()):
+        self.findings = list(findings)
+        super().__init__(message)
 
 
 class PtodistInternalError(Exception):

@@ -11,4 +11,8 @@ def get_backend(name: str):
         from .shm import ShmBackend
 
         return ShmBackend()
-    raise ConfigError(f"unknown backend {name!r}; available: shm")
+    if name == "sim":
+        from .sim import SimBackend
+
+        return SimBackend()
+    raise ConfigError(f"unknown backend {name!r}; available: shm, sim")

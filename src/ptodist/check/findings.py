@@ -12,7 +12,7 @@ import re
 import traceback
 from dataclasses import asdict, dataclass, field
 
-from ..errors import HangError, PtodistError, RankError
+from ..errors import CheckError, HangError, PtodistError, RankError
 from ..source import is_internal
 
 KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
@@ -23,6 +23,13 @@ KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "p
 FIXES = {
     "hang": "Notify before you wait (put the notify loop before the wait loop); order a wait after the send it "
             "needs with pl.submit(..., deps=[send_task]); use AtomicAdd + WaitCmp.Ge on cells with several writers.",
+    "race": "Order the two accesses: the writer notifies after its write and the reader waits for that notify "
+            "before it reads (a barrier between the phases); for reads of a peer's data, wait until the peer says "
+            "it is written; before overwriting data peers read, wait until they say they are done.",
+    "uninitialized_read": "Make the read match a write: the same peer, offsets and shape the writer used (a "
+                          "gather writes slot r of every peer; a load reads the slot the peer filled).",
+    "stale_signal": "Give each barrier its own signal row (or cell), or wait for the next count (WaitCmp.Ge with "
+                    "a threshold that grows each phase), or consume the tokens after each wait.",
     "set_clobber": "Use NotifyOp.AtomicAdd with WaitCmp.Ge on a cell that several ranks notify; Set is for 1:1 "
                    "exchanges.",
     "peer_out_of_range": "Keep peers in [0, world): write the left neighbour as (r - 1 + n) % n.",
@@ -94,6 +101,8 @@ def from_exception(exc: BaseException) -> list[Finding]:
         return _from_rank_error(exc)
     if isinstance(exc, HangError):
         return _from_hang(exc)
+    if isinstance(exc, CheckError):
+        return list(exc.findings)
     if isinstance(exc, PtodistError):
         kind = exc.kind
         return [Finding(kind, str(exc), [], _locations(str(exc)), exc.pitfall, exc.fix or FIXES.get(kind, ""))]

@@ -89,14 +89,18 @@ def _lines(events: list[dict]) -> list[str]:
     return out
 
 
-def hang_report(states: list[dict], certain: bool, idle_s: float, timeout_s: float,
+def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout_s: float,
                 diagnosis: dict | None = None) -> str:
-    """Return the HangError message: every rank's state, then the likely cause and fixes."""
+    """Return the HangError message: every rank's state, then the likely cause and fixes.
+
+    ``idle_s`` is None when the deadlock was detected exactly (no rank could run), not by watching.
+    """
     diagnosis = diagnosis or {}
     waiting = [s for s in states if s["state"] == "waiting"]
     if certain:
-        head = (f"deadlock: every unfinished rank is blocked in a wait that no running rank can satisfy "
-                f"(nothing changed for {idle_s:.1f} s).")
+        head = ("deadlock: every unfinished rank is blocked in a wait that no running rank can satisfy "
+                + (f"(nothing changed for {idle_s:.1f} s)." if idle_s is not None else
+                   "(the sim scheduler had no rank left to run)."))
     else:
         head = (f"no progress for {idle_s:.1f} s (hang timeout {timeout_s:g} s): the ranks stopped making progress.")
     lines = [head]
@@ -137,3 +141,38 @@ def hang_report(states: list[dict], certain: bool, idle_s: float, timeout_s: flo
         lines.append("If a rank is legitimately computing for longer, raise RunConfig(hang_timeout_s=...) or "
                      "PTODIST_HANG_TIMEOUT.")
     return "\n".join(lines)
+
+
+def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s: float | None, timeout_s: float):
+    """Return the HangError for a stall, read off the status board.
+
+    ``board``: the StatusBoard; ``cell_load(buffer_id, rank, offset)`` reads a signal cell; ``finished``:
+    the ranks that already ended (their board row may still say what they did last).
+    """
+    import time
+
+    from ..backends.base import DONE, STATE_NAMES, WAITING
+    from ..errors import HangError
+
+    rows = board.rows
+    states = []
+    for r in range(plan.world):
+        row = rows[r]
+        st = {"rank": r, "device_id": plan.device_ids[r], "state": STATE_NAMES[int(row["state"])],
+              "task": row["task"].decode() or None}
+        if r in finished:
+            st["state"] = STATE_NAMES[DONE]
+        elif row["state"] == WAITING:
+            buffer_id, offset = int(row["wait_buffer"]), int(row["wait_offset"])
+            st.update(wait=row["what"].decode(), where=row["where"].decode(),
+                      buffer=plan.windows[buffer_id].name, buffer_id=buffer_id, offset=offset,
+                      cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
+                      cmp="Ge" if row["wait_cmp"] else "Eq", current=cell_load(buffer_id, r, offset),
+                      waiting_s=round(time.time() - float(row["since"]), 3))
+        states.append(st)
+    sent = [e for r in range(plan.world) for e in board.sent(r)]
+    for st in states:
+        if "buffer_id" in st:
+            st["received"] = received(st, sent)
+    diagnosis = diagnose_hang(states, sent)
+    return HangError(hang_report(states, certain, idle_s, timeout_s, diagnosis), states, certain, diagnosis)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 
 PLATFORMS = ("a2a3sim", "a2a3", "a5sim", "a5")
-BACKENDS = ("shm",)
+BACKENDS = ("shm", "sim")
 DEFAULT_HANG_TIMEOUT_S = 60.0
 _announced: set[str] = set()
 
@@ -103,6 +103,10 @@ class RunConfig:
         return self.distributed_config or DistributedConfig(device_ids=[self.device_id])
 
     def resolved_backend(self) -> str:
+        from ..check import explore
+
+        if explore.active() is not None:
+            return "sim"  # under `ptodist check` every dispatch runs on the simulator, whatever was asked
         name = self.backend or os.environ.get("PTODIST_BACKEND") or "shm"
         if name not in BACKENDS:
             raise ConfigError(f"PTODIST_BACKEND={name!r}: available backends are {', '.join(BACKENDS)}")

@@ -1,10 +1,16 @@
 """The per-rank event log: what one rank did during one dispatch, on one clock.
 
 Off by default; the rank context records into it only when a diagnostic
-output asks for it (``RunConfig(enable_chip_swimlane=...)`` and friends), so a
-plain run pays one ``is None`` test per operation.  The DFX writers
-(``ptodist/dfx/``) are its readers.  Times are ``time.monotonic_ns()``:
+output asks for it (``RunConfig(enable_chip_swimlane=...)`` and friends) or
+``ptodist check`` runs, so a plain run pays one ``is None`` test per operation.
+The DFX writers (``ptodist/dfx/``) and the happens-before checker
+(``ptodist/check/hb.py``) are its readers.  Times are ``time.monotonic_ns()``:
 CLOCK_MONOTONIC, the same clock in every rank process of a machine.
+
+For the checker a log also records every access to window memory
+(``accesses=True``; in :attr:`EventLog.accesses`, apart from the timed records) and stamps each record with ``seq`` from a ``clock``
+shared by all ranks, which gives one global order (the ``sim`` backend runs
+one rank at a time, so that order is the order things happened).
 """
 
 from __future__ import annotations
@@ -17,8 +23,11 @@ now_ns = time.monotonic_ns
 class EventLog:
     """Records of tasks, communication operations and scopes, in the order they happened."""
 
-    def __init__(self, rank: int, device_id: int, dispatch: int):
+    def __init__(self, rank: int, device_id: int, dispatch: int, *, accesses: bool = False, clock=None):
         self.rank = rank
+        self.record_accesses = accesses  # record window reads and writes (for the checker)
+        self.accesses: list[dict] = []   # those reads and writes; not slices, so kept apart from records
+        self._clock = clock       # an iterator of global sequence numbers, or None
         self.device_id = device_id
         self.dispatch = dispatch
         self.records: list[dict] = []   # slices: tasks and communication operations
@@ -35,6 +44,8 @@ class EventLog:
         """Open a task slice; return it (closed by :meth:`task_end`)."""
         rec = {"id": len(self.records), "kind": kind, "name": name, "task_id": task_id, "lane": lane,
                "start": now_ns(), "end": None, "where": where}
+        if self._clock is not None:
+            rec["seq"] = next(self._clock)
         self.records.append(rec)
         self.tasks.append({"task_id": task_id, "name": name, "kind": kind, "where": where, "args": args,
                            "deps": list(deps)})
@@ -62,8 +73,23 @@ class EventLog:
         """Record one communication operation (a closed slice)."""
         rec = {"id": len(self.records), "kind": kind, "name": name, "task_id": task_id, "lane": lane,
                "start": start, "end": now_ns(), "where": where, "args": args}
+        if self._clock is not None:
+            rec["seq"] = next(self._clock)
         self.records.append(rec)
         return rec
+
+    def access(self, name: str, write: bool, atomic: bool, owner: int, buffer_id: int, offset: int,
+               shape: tuple, strides: tuple, itemsize: int, tensor: str, where: str) -> None:
+        """Record a read or write of window memory: rank ``owner``'s copy of buffer ``buffer_id``.
+
+        The bytes touched are those of an array with ``shape``/``strides``/``itemsize`` whose first
+        element sits ``offset`` bytes into the buffer.
+        """
+        self.accesses.append({"kind": "access", "name": name, "rank": self.rank,
+                              "seq": next(self._clock) if self._clock is not None else len(self.accesses),
+                              "write": write, "atomic": atomic, "owner": owner, "buffer_id": buffer_id,
+                              "offset": offset, "shape": shape, "strides": strides, "itemsize": itemsize,
+                              "tensor": tensor, "where": where})
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "device_id": self.device_id, "dispatch": self.dispatch,

@@ -9,6 +9,8 @@ driver can explain a hang.
 
 from __future__ import annotations
 
+import bisect
+
 import numpy as np
 
 from .. import collectives, context
@@ -72,6 +74,9 @@ class RankContext(context.Context):
         self._builtins: dict = {}
         # The event log, when a diagnostic output asked for one; every hook below is skipped when None.
         self.events = events
+        # Under `ptodist check` the log also takes every window access (for the happens-before checker).
+        self._trace = events is not None and events.record_accesses
+        self._spans: tuple[list, list] | None = None  # window copies by address, for _touch
         self._task_id: int | None = None
         self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
@@ -287,6 +292,28 @@ class RankContext(context.Context):
     def block_num(self):
         return Scalar(self._spmd_blocks or 1, dt.INDEX)
 
+    def _touch(self, op: str, t: RankTensor, view: np.ndarray, write: bool, atomic: bool = False) -> None:
+        """Record an access to window memory for the checker; ``view`` holds exactly the elements touched.
+
+        Whatever tensor the op was given (a window, a pl.slice of one, a host tensor), the address
+        decides: only bytes inside some rank's copy of a window buffer are recorded.
+        """
+        if view.size == 0:
+            return
+        if self._spans is None:
+            spans = sorted((byte_bounds(self.memory.window_bytes(b.id, r)), r, b.id)
+                           for b in self.plan.windows if b.nbytes for r in range(self.world))
+            self._spans = ([lo for (lo, _), _, _ in spans], spans)
+        starts, spans = self._spans
+        addr = view.__array_interface__["data"][0]
+        i = bisect.bisect_right(starts, addr) - 1
+        if i < 0 or addr >= spans[i][0][1]:
+            return
+        (lo, _), owner, buffer_id = spans[i]
+        site = user_frame(2)
+        self.events.access(op, write, atomic, owner, buffer_id, addr - lo, view.shape, view.strides, view.itemsize,
+                           t.name, f"{site[0]}:{site[1]}" if site else "")
+
     # -- identity ---------------------------------------------------------------
     def world_size(self):
         raise ProgramError(f"pld.world_size() at {user_location(3)} is host-only. Inside a kernel use "
@@ -375,7 +402,10 @@ class RankContext(context.Context):
 
     def _load(self, op, tensor, offsets, shapes, valid_shape):
         t = self._tensor(op, tensor)
-        data = t.array[self._region(op, t, offsets, shapes)].copy()
+        region = t.array[self._region(op, t, offsets, shapes)]
+        if self._trace:
+            self._touch(op, t, region, False)
+        data = region.copy()
         return Tile(self._valid_mask(data, valid_shape), t.dtype, valid_shape)
 
     def _tile_data(self, op: str, tile, t: RankTensor) -> np.ndarray:
@@ -404,6 +434,8 @@ class RankContext(context.Context):
         if atomic is AtomicType.Add:
             self._accumulate(op, t, t.array, sl, data, t.rank if isinstance(t, WindowTensor) else None)
         else:
+            if self._trace:
+                self._touch(op, t, t.array[sl], True)
             t.array[sl] = data
         return tensor
 
@@ -426,12 +458,16 @@ class RankContext(context.Context):
     def _read(self, op, tensor, offset):
         t = self._tensor(op, tensor)
         idx = self._flat_index(op, t, offset)
+        if self._trace:
+            self._touch(op, t, t.array[tuple(slice(i, i + 1) for i in idx)], False)
         return Scalar(t.array[idx].item(), t.dtype)
 
     def _write(self, op, tensor, offset, value):
         t = self._tensor(op, tensor)
         self._writable(op, t)
         idx = self._flat_index(op, t, offset)
+        if self._trace:
+            self._touch(op, t, t.array[tuple(slice(i, i + 1) for i in idx)], True)
         t.array[idx] = value.value if isinstance(value, Scalar) else value
 
     def _slice(self, op, tensor, shape, offset):
@@ -537,6 +573,8 @@ class RankContext(context.Context):
         if t.dtype not in ATOMIC_ADD_DTYPES:
             raise ProgramTypeError(f"{op} at {user_location(5)}: atomic add supports "
                                    f"{', '.join(d.name for d in ATOMIC_ADD_DTYPES)}; {t.describe()} is {t.dtype.name}")
+        if self._trace:
+            self._touch(op, t, dst[sl], True, atomic=True)
         if owner is None:
             dst[sl] += data
             return
@@ -547,7 +585,10 @@ class RankContext(context.Context):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
         start = now_ns() if self.events is not None else 0
-        data = w.peer_array(p)[self._region(op, w, offsets, shape)].copy()
+        region = w.peer_array(p)[self._region(op, w, offsets, shape)]
+        if self._trace:
+            self._touch(op, w, region, False)
+        data = region.copy()
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=data.nbytes, direction="read")
         return Tile(self._valid_mask(data, valid_shape), w.dtype, valid_shape)
@@ -561,6 +602,8 @@ class RankContext(context.Context):
         if atomic is AtomicType.Add:
             self._accumulate(op, w, w.peer_array(p), sl, data, p)
         else:
+            if self._trace:
+                self._touch(op, w, w.peer_array(p)[sl], True)
             w.peer_array(p)[sl] = data
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=data.nbytes, direction="write",
@@ -618,9 +661,13 @@ class RankContext(context.Context):
         dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
                                           pipeline)
         data = src_array[ssl]
+        if self._trace:
+            self._touch(op, src, data, False)
         if atomic is AtomicType.Add:
             self._accumulate(op, dst, dst_array, dsl, data, owner)
         else:
+            if self._trace:
+                self._touch(op, dst, dst_array[dsl], True)
             dst_array[dsl] = data
         return data.nbytes
 

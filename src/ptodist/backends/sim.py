@@ -1,0 +1,369 @@
+"""The ``sim`` backend: every rank a thread of this process, exactly one running at a time.
+
+Ranks hand a single baton to each other: at every memory, RMA and signal
+operation the running rank asks the :class:`Scheduler` who runs next, chosen by
+a seeded policy, so a run is a function of its seed and replays exactly.  A
+wait that cannot be satisfied blocks its rank; when no rank can run and some
+have not finished, that is a deadlock, known exactly and reported at once with
+the same findings as the ``shm`` backend's hang diagnosis.
+
+Under ``ptodist check`` (an active :mod:`ptodist.check.explore` session) every
+rank records its window accesses, notifies and waits in one global order and
+the happens-before checker (:mod:`ptodist.check.hb`) reads the logs when the
+dispatch ends.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import os
+import random
+import threading
+import time
+from contextlib import nullcontext
+
+import numpy as np
+
+from ..check.hang import hang_error
+from ..compiler.plan import DispatchPlan
+from ..dfx import finish_run, write_rank_outputs
+from ..errors import CheckError, ConfigError, RankError, RankFailure
+from ..language.types import Direction
+from ..runtime.events import EventLog
+from ..runtime.rank import RankContext
+from .base import DONE, FAILED, WAITING, StatusBoard
+
+ALIGN = 64
+# Operations that touch no shared memory: no reason to let another rank in before them.
+_LOCAL_OPS = frozenset({"pl.slice", "pl.create_tensor"})
+# How often the driver looks at a rank that runs without reaching an operation (a long loop).
+WATCH_S = 0.2
+
+_RUNNABLE, _BLOCKED, _ENDED = 0, 1, 2
+
+
+class SimAbort(BaseException):
+    """Raised inside a rank thread to end it when the run stops (deadlock, failure, stall)."""
+
+
+def policy_for(seed: int, world: int) -> tuple[str, int | None]:
+    """The scheduling policy a seed selects: ``("random", None)`` or ``("delay", rank)``.
+
+    Seeds cycle through plain random scheduling and delaying each rank in turn, so a handful of
+    consecutive seeds covers every rank being the slow one.
+    """
+    k = seed % (world + 1)
+    return ("random", None) if k == 0 else ("delay", k - 1)
+
+
+def describe_policy(policy: tuple[str, int | None]) -> str:
+    return "random" if policy[0] == "random" else f"delay rank {policy[1]}"
+
+
+class Scheduler:
+    """Decides which rank runs; passes the baton between rank threads.
+
+    ``random`` picks uniformly among the ranks that can run at every operation; ``delay`` runs
+    its chosen rank only when no other rank can run (the slow-peer schedule that exposes a read
+    issued before the peer's write).
+    """
+
+    def __init__(self, world: int, seed: int):
+        self.world = world
+        self.policy = policy_for(seed, world)
+        self._rng = random.Random(seed)
+        self._turn = [threading.Semaphore(0) for _ in range(world)]
+        self._state = [_RUNNABLE] * world
+        self._ready: list = [None] * world   # per blocked rank: a callable saying whether it may go on
+        self.running: int | None = None
+        self.switches = 0
+        self.aborted = False
+        self.over = threading.Event()        # set when no rank can run any more
+        self.deadlock = False
+
+    # -- choosing -------------------------------------------------------------
+    def _candidates(self) -> list[int]:
+        out = []
+        for r in range(self.world):
+            st = self._state[r]
+            if st == _RUNNABLE or (st == _BLOCKED and self._ready[r]()):
+                out.append(r)
+        return out
+
+    def _pick(self) -> int | None:
+        cands = self._candidates()
+        if not cands:
+            return None
+        if self.policy[0] == "delay" and len(cands) > 1 and self.policy[1] in cands:
+            cands.remove(self.policy[1])
+        return cands[0] if len(cands) == 1 else cands[self._rng.randrange(len(cands))]
+
+    # -- passing the baton ----------------------------------------------------------
+    def start(self) -> None:
+        """Called by the driver once every rank thread waits for its turn."""
+        self._give(None)
+
+    def _give(self, me: int | None) -> None:
+        """Hand the baton to the rank the policy picks (maybe ``me`` again); park ``me`` until it returns."""
+        nxt = self._pick()
+        if nxt is None:
+            self.running = None
+            self.deadlock = any(st == _BLOCKED for st in self._state)
+            self.over.set()
+        else:
+            self._state[nxt] = _RUNNABLE
+            self._ready[nxt] = None
+            self.switches += 1
+            if nxt == me:
+                return
+            self.running = nxt
+            self._turn[nxt].release()
+        if me is not None:
+            self._turn[me].acquire()
+            if self.aborted:
+                raise SimAbort
+
+    def enter(self, me: int) -> None:
+        """A rank thread's first step: wait for its first turn."""
+        self._turn[me].acquire()
+        if self.aborted:
+            raise SimAbort
+
+    def switch(self, me: int) -> None:
+        """At an operation: let the policy choose who runs next."""
+        self._give(me)
+
+    def block(self, me: int, ready) -> None:
+        """``me`` cannot go on until ``ready()``: run others until it can (or no rank can)."""
+        self._state[me] = _BLOCKED
+        self._ready[me] = ready
+        self._give(me)
+
+    def end(self, me: int) -> None:
+        """``me`` finished (or failed): pass the baton for good."""
+        self._state[me] = _ENDED
+        self._give(None)
+
+    def abort(self) -> None:
+        """Release every parked rank thread with SimAbort (the driver calls this to stop the run)."""
+        self.aborted = True
+        for t in self._turn:
+            t.release()
+
+
+class SimMemory:
+    """RankMemory over per-rank numpy heaps shared by the rank threads."""
+
+    def __init__(self, heaps: list[np.ndarray], plan: DispatchPlan, rank: int, status: StatusBoard,
+                 sched: Scheduler):
+        self.heaps = heaps
+        self.cells = [h.view(np.int32) for h in heaps]
+        self.offsets = [w.offset for w in plan.windows]
+        self.sizes = [w.nbytes for w in plan.windows]
+        self.rank = rank
+        self.world = plan.world
+        self.status = status
+        self._sched = sched
+
+    def window_bytes(self, buffer_id: int, rank: int) -> np.ndarray:
+        off = self.offsets[buffer_id]
+        return self.heaps[rank][off:off + self.sizes[buffer_id]]
+
+    def cell_load(self, buffer_id, rank, offset):
+        return int(self.cells[rank][(self.offsets[buffer_id] + offset) >> 2])
+
+    def _update(self, buffer_id, rank, offset, new) -> int:
+        cells, i = self.cells[rank], (self.offsets[buffer_id] + offset) >> 2
+        old = int(cells[i])
+        cells[i] = np.int32(((new(old) + 2**31) % 2**32) - 2**31)  # INT32 wraps, as the device's atomics do
+        return old
+
+    def cell_add(self, buffer_id, rank, offset, value):
+        return self._update(buffer_id, rank, offset, lambda old: old + value)
+
+    def cell_set(self, buffer_id, rank, offset, value):
+        return self._update(buffer_id, rank, offset, lambda old: value)
+
+    def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
+        cells, i = self.cells[self.rank], (self.offsets[buffer_id] + offset) >> 2
+
+        def ready() -> bool:
+            v = int(cells[i])
+            return v >= expected if ge else v == expected
+
+        if ready():
+            return True, int(cells[i])
+        # The first miss returns, so the rank publishes what it waits on (for a hang report) and asks again.
+        if self.status.rows[self.rank]["state"] != WAITING:
+            return False, int(cells[i])
+        self._sched.block(self.rank, ready)
+        return True, int(cells[i])
+
+    def locked(self, rank: int):
+        return nullcontext()  # one rank runs at a time and an accumulate never yields
+
+
+class _SimRank(RankContext):
+    """A rank context that lets the scheduler switch before every shared-memory operation."""
+
+    def __init__(self, *args, sched: Scheduler, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._sched = sched
+
+    def memory_op(self, name, *args):
+        if name not in _LOCAL_OPS:
+            self._sched.switch(self.rank)
+        return super().memory_op(name, *args)
+
+
+class SimBackend:
+    """Runs a plan with every rank a thread of this process, one at a time, under a seeded schedule."""
+
+    name = "sim"
+
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
+        from ..check import explore
+
+        session = explore.active()
+        seed = session.seed if session is not None else _env_seed()
+        run = _SimRun(plan, host_arrays, config, dfx, seed, checking=session is not None)
+        try:
+            run.run()
+        finally:
+            if session is not None:
+                session.record(plan, run)
+            if dfx is not None:
+                finish_run(dfx, plan.world, plan.device_ids)
+        if session is not None and run.findings:
+            raise CheckError(_check_message(run.findings), findings=run.findings)
+
+
+def _env_seed() -> int:
+    text = os.environ.get("PTODIST_SIM_SEED", "0")
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"PTODIST_SIM_SEED={text!r}: the sim backend's schedule seed must be an integer") from None
+
+
+def _check_message(findings) -> str:
+    return f"{len(findings)} finding(s):\n" + "\n".join(f.render() for f in findings)
+
+
+class _SimRun:
+    """One dispatch on the sim backend: threads, memory, the driver's watch, and the results."""
+
+    def __init__(self, plan, host_arrays, config, dfx, seed: int, checking: bool):
+        self.plan = plan
+        self.world = plan.world
+        self.host_arrays = host_arrays
+        self.dfx = dfx
+        self.hang_timeout = config.resolved_hang_timeout()
+        self.sched = Scheduler(plan.world, seed)
+        self.checking = checking
+        heap = -(-max(plan.window_heap_bytes, ALIGN) // ALIGN) * ALIGN
+        self.heaps = [np.zeros(heap, dtype=np.uint8) for _ in range(plan.world)]
+        self.board_raw = np.zeros(StatusBoard.nbytes(plan.world), dtype=np.uint8)
+        self.clock = itertools.count()
+        self.logs: list[EventLog | None] = [None] * plan.world
+        self.failures: list[RankFailure] = []
+        self.finished: set[int] = set()
+        self.findings: list = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        views = self._host_views()
+        threads = [threading.Thread(target=self._rank_main, args=(r, views), name=f"ptodist-sim-rank{r}",
+                                    daemon=True) for r in range(self.world)]
+        for t in threads:
+            t.start()
+        try:
+            self.sched.start()
+            self._watch(threads)
+        finally:
+            if not self.sched.over.is_set() or self.sched.deadlock:
+                self.sched.abort()
+            for t in threads:
+                t.join()
+        if self.checking:
+            from ..check import hb
+
+            self.findings = hb.analyze([log for log in self.logs if log is not None], self.plan)
+        if self.failures:
+            raise RankError(sorted(self.failures, key=lambda f: f.rank))
+        if self.sched.deadlock:
+            raise self._hang(True)
+        for spec in self.plan.host_tensors:
+            if spec.direction is not Direction.IN:
+                self.host_arrays[spec.index][...] = views[spec.index]
+
+    def _host_views(self) -> list:
+        """Private copies of the host tensors: outputs reach the caller only when the dispatch succeeds."""
+        views = [a.copy() if a is not None else None for a in self.host_arrays]
+        for spec in self.plan.host_tensors:
+            if spec.direction is Direction.IN:
+                views[spec.index].flags.writeable = False  # a store into an input is reported, not lost
+        return views
+
+    def _watch(self, threads) -> None:
+        """Wait for the end; stop a rank that runs for the hang timeout without reaching an operation."""
+        last, since = -1, time.monotonic()
+        while not self.sched.over.wait(WATCH_S):
+            now = time.monotonic()
+            if self.sched.switches != last:
+                last, since = self.sched.switches, now
+            elif now - since >= self.hang_timeout:
+                self.error = self._hang(False, now - since)
+                running = self.sched.running
+                if running is not None:
+                    _raise_in(threads[running], SimAbort)
+                self.sched.abort()
+                raise self.error
+
+    def _hang(self, certain: bool, idle: float | None = None):
+        loader = SimMemory(self.heaps, self.plan, -1, StatusBoard(self.board_raw, self.world), self.sched)
+        return hang_error(self.plan, loader.status, loader.cell_load, self.finished, certain, idle,
+                          self.hang_timeout)
+
+    def _rank_main(self, rank: int, views: list) -> None:
+        from .shm import _failure
+
+        status = StatusBoard(self.board_raw, self.world)  # one per rank: its notify-site table is its own
+        memory = SimMemory(self.heaps, self.plan, rank, status, self.sched)
+        log = None
+        if self.checking or self.dfx is not None:
+            log = EventLog(rank, self.plan.device_ids[rank], self.dfx.dispatch if self.dfx is not None else 0,
+                           accesses=self.checking, clock=self.clock if self.checking else None)
+        self.logs[rank] = log
+        ctx = _SimRank(self.plan, rank, memory, views, events=log, sched=self.sched)
+        try:
+            self.sched.enter(rank)
+        except SimAbort:
+            return
+        result = None
+        try:
+            ctx.run_all()
+        except SimAbort:
+            return
+        except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
+            result = _failure(self.plan, rank, ctx.failed_task or ctx.task, e)
+        if log is not None and self.dfx is not None:
+            try:
+                write_rank_outputs(log, self.dfx)
+            except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
+                result = result or _failure(self.plan, rank, None, e)
+        status.finish(rank, DONE if result is None else FAILED)
+        if result is None:
+            self.finished.add(rank)
+        else:
+            self.failures.append(result)
+        try:
+            self.sched.end(rank)
+        except SimAbort:
+            return
+
+
+def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
+    """Raise ``exc`` in ``thread`` at its next bytecode (a rank stuck in a loop that never yields)."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))

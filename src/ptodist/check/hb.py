@@ -1,0 +1,381 @@
+"""Happens-before analysis of one dispatch: data races, uninitialised reads, clobbered and stale signals.
+
+Input: every rank's event log from the ``sim`` backend under ``ptodist check``
+— window accesses, notifies (with the cell's value before and after) and waits
+(with the value that satisfied them) — each stamped with one global sequence
+number, the order things happened in this schedule.
+
+Happens-before is program order within a rank plus, for every satisfied wait,
+an edge from each notify the wait *needed*: replaying the cell's modifications
+since its last ``Set``, the waiting rank's own notifies count in full and the
+other ranks' notifies in the order they landed, up to the first that makes the
+wait's condition true.  A notify that landed earlier but was not needed (a
+stale token a reused row still holds) orders nothing, so a race that this
+schedule happened to hide is still reported.  Vector clocks carry the relation;
+window memory has an interval shadow per rank copy of each buffer.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .findings import FIXES, Finding
+
+RACE_PITFALL = "8.3 steps 05, 06, 08 (data race)"
+UNINIT_PITFALL = "8.1 silent data corruption; 8.3 step 13"
+STALE_PITFALL = "8.3 step 09 (stale signal)"
+CLOBBER_PITFALL = "8.1 signal never reaches expected; 8.3 step 04"
+
+
+def analyze(logs: list, plan) -> list[Finding]:
+    """Return the findings of one dispatch's logs (one EventLog per rank, recorded with a shared clock)."""
+    events = []
+    for log in logs:
+        for rec in log.records:
+            if rec["kind"] in ("notify", "wait") and "seq" in rec:
+                events.append((rec["seq"], log.rank, rec))
+        for rec in log.accesses:
+            events.append((rec["seq"], log.rank, rec))
+    events.sort(key=lambda e: e[0])
+    a = _Analysis(plan)
+    for _, rank, rec in events:
+        if rec["kind"] == "access":
+            a.access(rank, rec)
+        elif rec["kind"] == "notify":
+            a.notify(rank, rec)
+        else:
+            a.wait(rank, rec)
+    return a.findings()
+
+
+@dataclass
+class _Mod:
+    """One notify as the cell saw it."""
+
+    index: int
+    rank: int
+    op: str
+    value: int
+    new: int
+    vc: tuple
+    where: str
+
+
+@dataclass
+class _Cell:
+    mods: list = field(default_factory=list)
+    consumed: set = field(default_factory=set)      # indexes of mods some wait needed
+    needed: dict = field(default_factory=dict)      # rank -> (indexes its last satisfied wait needed, its line,
+                                                    #          how many notifies the rank had sent by then)
+    own_since: dict = field(default_factory=dict)   # rank -> it notified its own cell since its last wait
+
+
+# A shadow segment: (writes, reads, written).  writes: ((rank, clock, access id, atomic), ...) not ordered
+# with each other; reads: ((rank, clock, access id), ...), one per rank.
+_EMPTY = ((), (), False)
+
+
+class _Shadow:
+    """The access history of one rank's copy of one window buffer, as byte intervals."""
+
+    def __init__(self, size: int):
+        self.starts = [0]
+        self.states = [_EMPTY]
+        self.size = size
+
+    def _split(self, pos: int) -> int:
+        """Make ``pos`` a segment start (if inside the buffer); return the index of the segment starting there."""
+        i = bisect.bisect_right(self.starts, pos) - 1
+        if self.starts[i] != pos:
+            self.starts.insert(i + 1, pos)
+            self.states.insert(i + 1, self.states[i])
+            i += 1
+        return i
+
+    def segments(self, lo: int, hi: int):
+        """Yield (index, start, end) of the segments covering [lo, hi), split at both ends."""
+        i = self._split(lo)
+        if hi < self.size:
+            self._split(hi)
+        while i < len(self.starts) and self.starts[i] < hi:
+            end = self.starts[i + 1] if i + 1 < len(self.starts) else self.size
+            yield i, self.starts[i], end
+            i += 1
+
+
+def _intervals(offset: int, shape: tuple, strides: tuple, itemsize: int) -> list[tuple[int, int]]:
+    """The byte intervals an array view touches (``offset``: its first element), merged where adjacent."""
+    dims = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    # The innermost run of contiguous bytes, then every combination of the outer indexes.
+    run, inner = itemsize, len(dims)
+    while inner > 0 and dims[inner - 1][1] == run:
+        inner -= 1
+        run *= dims[inner][0]
+    outer = dims[:inner]
+    if not outer:
+        return [(offset, offset + run)]
+    starts = np.zeros(1, dtype=np.int64) + offset
+    for n, s in outer:
+        starts = (starts[:, None] + np.arange(n, dtype=np.int64)[None, :] * s).ravel()
+    starts.sort()
+    out: list[tuple[int, int]] = []
+    for st in starts.tolist():
+        if out and out[-1][1] >= st:
+            out[-1] = (out[-1][0], max(out[-1][1], st + run))
+        else:
+            out.append((st, st + run))
+    return out
+
+
+class _Analysis:
+    def __init__(self, plan):
+        self.plan = plan
+        world = plan.world
+        self.vc = [[1 if i == r else 0 for i in range(world)] for r in range(world)]
+        self.cells: dict = {}
+        self.shadows: dict = {}
+        self.accesses: list = []          # access id -> (rank, record)
+        self.races: dict = {}             # key -> [first, second, lo, hi, owner, buffer]
+        self.uninit: dict = {}            # read access id -> [owner, buffer, lo, hi]
+        self.writes: dict = {}            # buffer id -> {(owner, lo, hi, rank, where, name)}
+        self.stale: dict = {}
+        self.clobbers: dict = {}
+        self.sent = [0] * world           # notifies each rank has sent so far
+        self.signal_buffers: set = set()  # buffers notified or waited on: counters, zero until notified
+
+    # -- signals --------------------------------------------------------------------
+    def _cell(self, owner: int, buffer_id: int, offset: int) -> _Cell:
+        key = (owner, buffer_id, offset)
+        c = self.cells.get(key)
+        if c is None:
+            c = self.cells[key] = _Cell()
+        return c
+
+    def _ordered(self, mod_rank: int, mod_vc: tuple, rank: int) -> bool:
+        """Whether a notify made with vector clock ``mod_vc`` happens before ``rank``'s present."""
+        return mod_rank == rank or mod_vc[mod_rank] <= self.vc[rank][mod_rank]
+
+    def notify(self, rank: int, rec: dict) -> None:
+        a = rec["args"]
+        owner, buffer_id, offset = a["owner"], a["buffer_id"], a["offset"]
+        cell = self._cell(owner, buffer_id, offset)
+        mod = _Mod(len(cell.mods), rank, a["op"], a["value"], a["new"], tuple(self.vc[rank]), rec["where"])
+        if mod.op == "Set":
+            last = next((m for m in reversed(cell.mods) if m.op == "Set"), None)
+            if last is not None and last.rank != rank and last.index not in cell.consumed \
+                    and not self._ordered(last.rank, last.vc, rank):
+                key = (owner, buffer_id, offset, frozenset(((last.rank, last.where), (rank, mod.where))))
+                self.clobbers.setdefault(key, (last, mod, a["buffer"], a["cell"]))
+        if owner == rank and (mod.op == "Set" or mod.value > 0):
+            cell.own_since[rank] = True
+        cell.mods.append(mod)
+        self.vc[rank][rank] += 1
+        self.sent[rank] += 1
+        self.signal_buffers.add(buffer_id)
+        # The cell now holds something a notify wrote (an access that reads it is not uninitialised).
+        shadow = self._shadow(owner, buffer_id)
+        for i, _, _ in list(shadow.segments(offset, offset + 4)):
+            w, r, _ = shadow.states[i]
+            shadow.states[i] = (w, r, True)
+
+    def wait(self, rank: int, rec: dict) -> None:
+        a = rec["args"]
+        cell = self._cell(rank, a["buffer_id"], a["offset"])
+        expected, ge = a["expected"], a["cmp"] == "Ge"
+
+        def holds(v: int) -> bool:
+            return v >= expected if ge else v == expected
+
+        mods = cell.mods
+        last_set = max((m.index for m in mods if m.op == "Set"), default=-1)
+        needed = [last_set] if last_set >= 0 and mods[last_set].rank != rank else []
+        value = mods[last_set].new if last_set >= 0 else 0
+        after = mods[last_set + 1:]
+        value += sum(m.value for m in after if m.rank == rank)
+        if not holds(value):
+            for m in after:
+                if m.rank != rank:
+                    value += m.value
+                    needed.append(m.index)
+                    if holds(value):
+                        break
+        vc = self.vc[rank]
+        for i in needed:
+            for u, c in enumerate(mods[i].vc):
+                if c > vc[u]:
+                    vc[u] = c
+        fresh = set(needed)
+        prev = cell.needed.get(rank)
+        own = cell.own_since.get(rank, False)
+        self.signal_buffers.add(a["buffer_id"])
+        # Stale: nothing new satisfied it although the rank began a new round (it notified since its last
+        # wait here) — a second wait in the same round (left and right the same peer at P=2) is only redundant.
+        if not own and (fresh <= prev[0] and self.sent[rank] > prev[2] if prev is not None else not fresh):
+            key = (rank, a["buffer_id"], a["offset"], rec["where"])
+            self.stale.setdefault(key, (rank, rec, prev, [mods[i] for i in needed]))
+        cell.consumed.update(fresh)
+        cell.needed[rank] = (fresh, rec["where"], self.sent[rank])
+        cell.own_since[rank] = False
+
+    # -- window memory ------------------------------------------------------------------
+    def _shadow(self, owner: int, buffer_id: int) -> _Shadow:
+        key = (owner, buffer_id)
+        s = self.shadows.get(key)
+        if s is None:
+            s = self.shadows[key] = _Shadow(self.plan.windows[buffer_id].nbytes)
+        return s
+
+    def access(self, rank: int, rec: dict) -> None:
+        aid = len(self.accesses)
+        self.accesses.append((rank, rec))
+        owner, buffer_id = rec["owner"], rec["buffer_id"]
+        write, atomic = rec["write"], rec["atomic"]
+        vc = self.vc[rank]
+        epoch = vc[rank]
+        shadow = self._shadow(owner, buffer_id)
+        unwritten: list[tuple[int, int]] = []
+        for lo, hi in _intervals(rec["offset"], rec["shape"], rec["strides"], rec["itemsize"]):
+            if write:
+                self.writes.setdefault(buffer_id, set()).add((owner, lo, hi, rank, rec["where"], rec["name"]))
+            for i, s_lo, s_hi in list(shadow.segments(lo, hi)):
+                writes, reads, written = shadow.states[i]
+                for (u, c, other, other_atomic) in writes:
+                    if u != rank and c > vc[u] and not (atomic and other_atomic):
+                        self._race(other, aid, s_lo, s_hi, owner, buffer_id)
+                if write:
+                    for (u, c, other) in reads:
+                        if u != rank and c > vc[u]:
+                            self._race(other, aid, s_lo, s_hi, owner, buffer_id)
+                    # Keep only writes and reads this one is not ordered after: later accesses check those.
+                    writes = tuple(w for w in writes if w[0] != rank and w[1] > vc[w[0]]) + \
+                        ((rank, epoch, aid, atomic),)
+                    reads = tuple(r for r in reads if r[0] != rank and r[1] > vc[r[0]])
+                    shadow.states[i] = (writes, reads, True)
+                else:
+                    if not written:
+                        unwritten.append((s_lo, s_hi))
+                    shadow.states[i] = (writes, tuple(r for r in reads if r[0] != rank) + ((rank, epoch, aid),),
+                                        written)
+        if unwritten:
+            self.uninit[aid] = [owner, buffer_id, min(lo for lo, _ in unwritten), max(hi for _, hi in unwritten)]
+
+    def _race(self, first: int, second: int, lo: int, hi: int, owner: int, buffer_id: int) -> None:
+        self.uninit.pop(first, None)  # a read that raced with the write explains its missing bytes
+        (ra, a), (rb, b) = self.accesses[first], self.accesses[second]
+        key = (owner, buffer_id, (ra, a["where"], a["write"]), (rb, b["where"], b["write"]))
+        entry = self.races.get(key)
+        if entry is None:
+            self.races[key] = [first, second, lo, hi, owner, buffer_id]
+        else:
+            entry[2], entry[3] = min(entry[2], lo), max(entry[3], hi)
+
+    # -- reports -------------------------------------------------------------------
+    def findings(self) -> list[Finding]:
+        out = [self._race_finding(*e) for e in self.races.values()]
+        # A signal window is a set of counters: its zeros are its initial count, not missing data.
+        out += [self._uninit_finding(aid, *e) for aid, e in self.uninit.items() if e[1] not in self.signal_buffers]
+        out += [self._stale_finding(*e) for e in self.stale.values()]
+        out += [self._clobber_finding(*e) for e in self.clobbers.values()]
+        return _dedupe(out)
+
+    def _region(self, owner: int, buffer_id: int, lo: int, hi: int, itemsize: int | None = None) -> str:
+        name = self.plan.windows[buffer_id].name
+        text = f"bytes [{lo}, {hi}) of window buffer '{name}' on rank {owner}"
+        if itemsize and itemsize > 1 and lo % itemsize == 0 and hi % itemsize == 0:
+            text += f" (elements [{lo // itemsize}, {hi // itemsize}) of its flat view)"
+        return text
+
+    def _race_finding(self, first, second, lo, hi, owner, buffer_id) -> Finding:
+        (ra, a), (rb, b) = self.accesses[first], self.accesses[second]
+
+        def who(r, x):
+            what = "atomic add" if x["atomic"] else ("write" if x["write"] else "read")
+            return f"rank {r}: {x['name']} ({what} of '{x['tensor']}') at {x['where']}"
+
+        message = (f"data race on {self._region(owner, buffer_id, lo, hi, a['itemsize'])}:\n"
+                   f"  {who(ra, a)}\n  {who(rb, b)}\n"
+                   "No notify/wait orders these two accesses, so the result depends on timing (in this schedule "
+                   f"rank {ra}'s came first; on another, rank {rb}'s will).")
+        return Finding("race", message, sorted({ra, rb}), _unique([a["where"], b["where"]]), RACE_PITFALL,
+                       FIXES["race"])
+
+    def _uninit_finding(self, aid, owner, buffer_id, lo, hi) -> Finding:
+        rank, rec = self.accesses[aid]
+        near = self._nearest_writes(owner, buffer_id, lo, hi)
+        message = (f"rank {rank} reads {self._region(owner, buffer_id, lo, hi, rec['itemsize'])} with {rec['name']} "
+                   f"('{rec['tensor']}') at {rec['where']}, but no rank wrote those bytes in this dispatch before "
+                   "the read: it gets the window's initial zeros.")
+        if near:
+            message += "\nNearest writes to the buffer:\n" + "\n".join(
+                f"  rank {r} wrote {self._region(o, buffer_id, w_lo, w_hi)} with {name} at {where}"
+                for o, w_lo, w_hi, r, where, name in near)
+        else:
+            message += f"\nNo rank wrote window buffer '{self.plan.windows[buffer_id].name}' at all."
+        return Finding("uninitialized_read", message, [rank], _unique([rec["where"]] + [n[4] for n in near]),
+                       UNINIT_PITFALL, FIXES["uninitialized_read"])
+
+    def _nearest_writes(self, owner, buffer_id, lo, hi) -> list:
+        """Up to two writes on the same rank's copy nearest [lo, hi), then one at those bytes on another copy."""
+        writes = self.writes.get(buffer_id, set())
+
+        def distance(w):
+            return max(w[1] - hi, lo - w[2], 0)
+
+        same = sorted((w for w in writes if w[0] == owner), key=lambda w: (distance(w), w[1], w[3]))
+        other = sorted((w for w in writes if w[0] != owner and w[1] < hi and lo < w[2]), key=lambda w: (w[0], w[3]))
+        return same[:2] + other[:1]
+
+    def _stale_finding(self, rank, rec, prev, used) -> Finding:
+        a = rec["args"]
+        sym = ">=" if a["cmp"] == "Ge" else "=="
+        cell = f"cell {a['cell']} of '{a['buffer']}' on rank {rank}"
+        if prev is None:
+            why = (f"it held {a['seen']} before any notify reached it: the wait needed no notify at all, so it "
+                   "orders nothing.")
+            locations = [rec["where"]]
+        else:
+            sources = ", ".join(f"{'+' if m.op == 'AtomicAdd' else '='}{m.value} from rank {m.rank} at {m.where}"
+                                for m in used) or "none"
+            why = (f"the notifies that satisfy it ({sources}) are ones its previous wait on this cell, at {prev[1]}, "
+                   "already consumed: nothing new had arrived, so it passed early (counters only grow; a reused "
+                   "row still holds the last phase's arrivals).")
+            locations = _unique([rec["where"], prev[1]])
+        message = (f"stale signal: rank {rank}'s pld.system.wait at {rec['where']} on {cell} (needs {sym} "
+                   f"{a['expected']}, saw {a['seen']}) was satisfied, but {why}")
+        return Finding("stale_signal", message, [rank], locations, STALE_PITFALL, FIXES["stale_signal"])
+
+    def _clobber_finding(self, first: _Mod, second: _Mod, buffer: str, cell) -> Finding:
+        message = (f"NotifyOp.Set from rank {first.rank} at {first.where} (={first.value}) and from rank {second.rank} "
+                   f"at {second.where} (={second.value}) to cell {cell} of '{buffer}' are not ordered, and no wait "
+                   f"consumed the first before the second overwrote it: the first arrival is lost.")
+        return Finding("set_clobber", message, sorted({first.rank, second.rank}), _unique([first.where, second.where]),
+                       CLOBBER_PITFALL, FIXES["set_clobber"])
+
+
+def _unique(items: list[str]) -> list[str]:
+    out: list[str] = []
+    for x in items:
+        if x and x not in out:
+            out.append(x)
+    return out
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    """Findings with the same kind and lines on several ranks become one naming every rank."""
+    groups: dict = {}  # (kind, locations) -> (the first finding, the ranks its message names)
+    for f in findings:
+        key = (f.kind, frozenset(f.locations))
+        if key in groups:
+            groups[key][0].ranks = sorted(set(groups[key][0].ranks) | set(f.ranks))
+        else:
+            groups[key] = (f, set(f.ranks))
+    out = []
+    for f, named in groups.values():
+        more = [r for r in f.ranks if r not in named]
+        if more:
+            f.message += f"\nThe same happens on rank(s) {', '.join(map(str, more))}."
+        out.append(f)
+    return out
