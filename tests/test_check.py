@@ -14,6 +14,7 @@ import runpy
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -409,3 +410,136 @@ def test_sim_stops_a_rank_that_never_reaches_an_operation_after_the_hang_timeout
     assert str(info.value).startswith("no progress for ")
     assert "raise RunConfig(hang_timeout_s=...)" in str(info.value)
     assert threading.active_count() == before  # the spinning rank thread was stopped, not left behind
+
+
+# -- more findings: uninitialised reads, clobbered Sets, races inside collectives ------------------------------
+
+def _program(nr: int, body):
+    """A one-kernel program: ``body(w)`` runs on every rank with ``w.x, w.y, w.data, w.sig, w.me, w.n``."""
+    @pl.program
+    class P:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+              data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            ctx = pld.get_comm_ctx(data)
+            body(SimpleNamespace(x=x, y=y, data=data, sig=sig, me=pld.rank(ctx), n=pld.nranks(ctx)))
+            return y
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            return self.k(x, y, data, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
+            data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+            sig_buf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], y[r], pld.window(data_buf, [1, SIZE], dtype=pl.FP32),
+                          pld.window(sig_buf, [nr, 1], dtype=pl.INT32), device=r)
+            return y
+
+    return P
+
+
+def _checked(nr: int, body, seed: int = 0) -> list:
+    """Run the program on ``nr`` ranks under ``ptodist check``'s session for ``seed``; return its findings."""
+    x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
+    compiled = ir.compile(_program(nr, body), distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    with explore.checking(seed) as session:
+        try:
+            compiled(x, np.zeros_like(x))
+        except CheckError as e:
+            assert e.findings == session.findings
+    return session.findings
+
+
+def _line(marker: str) -> str:
+    hits = [i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith(f"# @{marker}")]
+    assert len(hits) == 1, marker
+    return f"{__file__}:{hits[0]}"
+
+
+def _barrier_body(w) -> None:
+    for peer in range(w.n):
+        if peer != w.me:
+            pld.system.notify(w.sig, peer, [w.me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    for src in range(w.n):
+        if src != w.me:
+            pld.system.wait(w.sig, [src, 0], 1, cmp=pld.WaitCmp.Ge)
+
+
+def test_a_read_of_bytes_nobody_wrote_names_the_nearest_write():
+    half = SIZE // 2
+
+    def body(w):
+        pl.store(pl.load(w.x, [0, 0], [1, half]), [0, 0], w.data)  # @half_store
+        _barrier_body(w)
+        got = pld.tile.remote_load(w.data, (w.me + 1) % w.n, [0, half], [1, half])  # @wrong_half
+        pl.store(got, [0, 0], w.y)
+
+    found = _checked(2, body)
+    assert [f.kind for f in found] == ["uninitialized_read"], [f.render() for f in found]
+    f = found[0]
+    assert f.ranks == [0, 1] and f.locations == [_line("wrong_half"), _line("half_store")]
+    reader = int(f.message.split()[1])
+    owner = (reader + 1) % 2
+    assert f.message.startswith(f"rank {reader} reads bytes [16, 32) of window buffer 'data_buf' on rank {owner} "
+                                "(elements [4, 8) of its flat view) with pld.tile.remote_load ('data') at "
+                                f"{_line('wrong_half')}, but no rank wrote those bytes in this dispatch"), f.message
+    assert f"Nearest writes to the buffer:\n  rank {owner} wrote bytes [0, 16) of window buffer 'data_buf' on rank " \
+           f"{owner} (elements [0, 4) of its flat view) with pl.store at {_line('half_store')}" in f.message
+
+
+def test_unordered_set_notifies_to_one_cell_are_a_set_clobber():
+    def body(w):
+        if w.me != 0:
+            pld.system.notify(w.sig, 0, [0, 0], w.me, op=pld.NotifyOp.Set)  # @set
+        else:
+            pld.system.wait(w.sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+
+    # Seed 1 at P=4 delays rank 0: every Set lands before its wait consumes any.
+    found = _checked(4, body, seed=1)
+    clobbers = [f for f in found if f.kind == "set_clobber"]
+    assert clobbers, [f.render() for f in found]
+    assert clobbers[0].locations == [_line("set")]
+    assert "are not ordered, and no wait consumed the first before the second overwrote it" in clobbers[0].message
+
+
+def test_a_race_inside_a_collective_is_reported_at_the_users_call():
+    def body(w):
+        pl.store(pl.load(w.x, [0, 0], [1, SIZE]), [0, 0], w.data)
+        pld.tensor.allreduce(w.data, w.sig)  # @allreduce
+        # The allreduce's last write into each window comes after its last barrier: a peer may still be in it.
+        pld.tile.remote_store(pl.load(w.x, [0, 0], [1, SIZE]), w.data, (w.me + 1) % w.n, [0, 0])  # @push
+
+    found = _checked(3, body)
+    races = [f for f in found if f.kind == "race"]
+    assert races and all(set(f.locations) <= {_line("push"), _line("allreduce")} for f in races), \
+        [f.render() for f in found]
+    assert any(_line("push") in f.locations and _line("allreduce") in f.locations for f in races)
+
+
+def test_recording_for_the_checker_does_not_change_a_schedule(monkeypatch):
+    # A racy program whose result depends on the schedule: the same seed must give the same bits.
+    def body(w):
+        pl.store(pl.load(w.x, [0, 0], [1, SIZE]), [0, 0], w.data)
+        pl.store(pld.tile.remote_load(w.data, (w.me + 1) % w.n, [0, 0], [1, SIZE]), [0, 0], w.y)
+
+    nr = 4
+    x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE) + 1
+    compiled = ir.compile(_program(nr, body), distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    results = set()
+    for seed in range(6):
+        plain = np.zeros_like(x)
+        monkeypatch.setenv("PTODIST_SIM_SEED", str(seed))
+        compiled(x, plain, config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                                            backend="sim"))
+        checked = np.zeros_like(x)
+        with explore.checking(seed), pytest.raises(CheckError):
+            compiled(x, checked)
+        np.testing.assert_array_equal(plain, checked)
+        results.add(plain.tobytes())
+    assert len(results) > 1  # the schedules differ, so the comparison means something

@@ -60,17 +60,27 @@ class Outcome:
     stdout: str = ""
 
 
+@contextlib.contextmanager
+def checking(seed: int):
+    """Within this block every dispatch runs on the sim backend under ``seed`` and is checked; yields the Session."""
+    global _active
+    if _active is not None:
+        raise RuntimeError("ptodist check: a check session is already active in this process")
+    _active = Session(seed)
+    try:
+        yield _active
+    finally:
+        _active = None
+
+
 def run_schedule(script: str, argv: list[str], seed: int) -> Outcome:
     """Run ``script`` once, every dispatch on the sim backend under ``seed``; collect its findings."""
-    global _active
-    session = Session(seed)
     out = io.StringIO()
     code, found, tb = 0, [], ""
     saved_argv = sys.argv
     sys.argv = [script, *argv]
-    _active = session
     try:
-        with contextlib.redirect_stdout(out):
+        with checking(seed) as session, contextlib.redirect_stdout(out):
             runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
@@ -86,6 +96,5 @@ def run_schedule(script: str, argv: list[str], seed: int) -> Outcome:
         if not isinstance(e, PtodistError):  # ptodist's own errors are whole in their findings
             tb = format_script_error(e)
     finally:
-        _active = None
         sys.argv = saved_argv
     return Outcome(session, session.findings + found, code, tb, out.getvalue())

@@ -140,7 +140,7 @@ class _Analysis:
         self.accesses: list = []          # access id -> (rank, record)
         self.races: dict = {}             # key -> [first, second, lo, hi, owner, buffer]
         self.uninit: dict = {}            # read access id -> [owner, buffer, lo, hi]
-        self.writes: dict = {}            # buffer id -> {(owner, lo, hi, rank, where, name)}
+        self.writes: dict = {}            # buffer id -> {(owner, lo, hi, rank, where, name, itemsize)}
         self.stale: dict = {}
         self.clobbers: dict = {}
         self.sent = [0] * world           # notifies each rank has sent so far
@@ -239,7 +239,8 @@ class _Analysis:
         unwritten: list[tuple[int, int]] = []
         for lo, hi in _intervals(rec["offset"], rec["shape"], rec["strides"], rec["itemsize"]):
             if write:
-                self.writes.setdefault(buffer_id, set()).add((owner, lo, hi, rank, rec["where"], rec["name"]))
+                self.writes.setdefault(buffer_id, set()).add((owner, lo, hi, rank, rec["where"], rec["name"],
+                                                              rec["itemsize"]))
             for i, s_lo, s_hi in list(shadow.segments(lo, hi)):
                 writes, reads, written = shadow.states[i]
                 for (u, c, other, other_atomic) in writes:
@@ -310,8 +311,8 @@ class _Analysis:
                    "the read: it gets the window's initial zeros.")
         if near:
             message += "\nNearest writes to the buffer:\n" + "\n".join(
-                f"  rank {r} wrote {self._region(o, buffer_id, w_lo, w_hi)} with {name} at {where}"
-                for o, w_lo, w_hi, r, where, name in near)
+                f"  rank {r} wrote {self._region(o, buffer_id, w_lo, w_hi, size)} with {name} at {where}"
+                for o, w_lo, w_hi, r, where, name, size in near)
         else:
             message += f"\nNo rank wrote window buffer '{self.plan.windows[buffer_id].name}' at all."
         return Finding("uninitialized_read", message, [rank], _unique([rec["where"]] + [n[4] for n in near]),
