@@ -64,6 +64,7 @@ class Bug:
     # Known ptodist shortcomings, by check ("location", "pitfall", ...): the test expects that check to fail
     # (and fails when it passes, so the entry is removed once ptodist is fixed).
     issues: dict = field(default_factory=dict)
+    command: str = "run"  # "check": run under `ptodist check` (bugs that a single run does not show)
 
     @property
     def program(self) -> str:
@@ -473,6 +474,125 @@ ZOO: list[Bug] = [
          `pld.alloc_window_buffer`; RMA, signals and collectives reach only
          window memory.
          """),
+    _bug("race", "Steps 05, 06, 08: data races", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+
+
+        @pl.program
+        class Shift:
+            @pl.function(type=pl.FunctionType.InCore)
+            def shift(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], data: pl.InOut[Win]):
+                ctx = pld.get_comm_ctx(data)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                data = pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+                nxt = pld.tile.remote_load(data, (me + 1) % n, [0, 0], [1, 8])  # BUG: no barrier since the store
+                return pl.store(nxt, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         data: pl.InOut[Win]):
+                return self.shift(x, y, data)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(data_buf, [1, 8], dtype=pl.FP32), device=r)
+                return y
+
+
+        compiled = ir.compile(Shift, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(1, P * 8 + 1, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), np.roll(x, -1, axis=0)), "mismatch"
+        ''', "race", [0, 1], "8.3 steps 05, 06, 08", command="check",
+         before="""
+         RMA before the ordering barrier (05), a `put` not paired with
+         notify/wait (06), and a load racing the peer's store for want of a
+         barrier (08) are data races: two ranks touch the same window bytes, at
+         least one writes, and no notify/wait orders them. On the device, and
+         under `ptodist run`, the result depends on timing: the golden check may
+         pass at P = 2 and fail at P = 4, or pass on one run and fail on the
+         next. `ptodist check` runs the ranks one at a time under a seeded
+         schedule, records every window access, notify and wait, and reports
+         the race from the happens-before relation — on its first schedule,
+         whether or not that schedule made the result wrong
+         ([check.md](check.md)). Here each rank pulls the next rank's row
+         right after storing its own:
+         """,
+         after="""
+         Fix: a barrier between the store and the pull (every rank notifies
+         every peer, then waits for every peer), as in `examples/05_*.py`; for
+         a `put`, notify the receiver after it and have the receiver wait
+         before it reads (`examples/06_*.py`).
+         """),
+    _bug("stale_signal", "Step 09: stale signals", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class TwoHops:
+            @pl.function(type=pl.FunctionType.InCore)
+            def hops(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                     a: pl.InOut[Win], b: pl.InOut[Win], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(a)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                # Hop 1: stage x in a, barrier on row sig[:, 0], pull the next rank's a.
+                a = pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], a)
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)
+                t = pld.tile.remote_load(a, (me + 1) % n, [0, 0], [1, 8])
+                # Hop 2: stage it in b, barrier again, pull the next rank's b.
+                b = pl.store(t, [0, 0], b)
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)  # BUG: the row still holds hop 1's
+                return pl.store(pld.tile.remote_load(b, (me + 1) % n, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         a: pl.InOut[Win], b: pl.InOut[Win], sig: pl.InOut[Sig]):
+                return self.hops(x, y, a, b, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                a_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                b_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(a_buf, [1, 8], dtype=pl.FP32),
+                                  pld.window(b_buf, [1, 8], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(TwoHops, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(1, P * 8 + 1, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), np.roll(x, -2, axis=0)), "mismatch"
+        ''', "stale_signal", [0, 1], "8.3 step 09", command="check",
+         before="""
+         Two barriers that reuse one signal row with `WaitCmp.Ge` and the same
+         threshold: the counters only grow, so the second barrier's waits are
+         satisfied by the first barrier's arrivals and return at once, and
+         what the second barrier was meant to order is a race. `ptodist check`
+         reports a wait that was satisfied only by notifies its previous wait
+         on the same cell had already consumed, although the rank had notified
+         its peers since (a new round) — and the race it lets through:
+         """,
+         after="""
+         Fix: give each barrier its own row (`sig` shaped `[NR, 2]`, cell
+         `[me, hop]`), or wait for 2 the second time. With `WaitCmp.Eq` the
+         counter can overshoot instead (a fast peer's second arrival lands
+         before the wait looks) and the run hangs; the hang report names the
+         reused row as the likely cause ("counters only grow").
+         """),
     _bug("negative_neighbour", "Step 10: negative left neighbour under truncated modulo", '''
         P = 2
         NR = pl.dynamic("NR")
@@ -545,6 +665,57 @@ ZOO: list[Bug] = [
          any cell is touched.
          """,
          after="Fix: shape the signal for the mode, or use `mode=\"mesh\"`."),
+    _bug("gather_wrong_slot", "Step 13: gathering into the wrong slot", '''
+        P = 2
+        ROWS = 2
+        NR = pl.dynamic("NR")
+        Gathered = pld.DistributedTensor[[P * ROWS, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Allgather:
+            @pl.function(type=pl.FunctionType.InCore)
+            def gather(self, x: pl.Tensor[[ROWS, 8], pl.FP32], y: pl.Out[pl.Tensor[[P * ROWS, 8], pl.FP32]],
+                       gathered: pl.InOut[Gathered], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(gathered)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                block = pl.load(x, [0, 0], [ROWS, 8])
+                for dst in pl.range(n):
+                    pld.tile.remote_store(block, gathered, dst, [me, 0])  # BUG: slot me starts at row me * ROWS
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)
+                return pl.store(pl.load(gathered, [0, 0], [P * ROWS, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[ROWS, 8], pl.FP32], y: pl.Out[pl.Tensor[[P * ROWS, 8], pl.FP32]],
+                         gathered: pl.InOut[Gathered], sig: pl.InOut[Sig]):
+                return self.gather(x, y, gathered, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, ROWS, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, P * ROWS, 8], pl.FP32]]):
+                buf = pld.alloc_window_buffer([P * ROWS, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(buf, [P * ROWS, 8], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(Allgather, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(1, P * ROWS * 8 + 1, dtype=np.float32).reshape(P, ROWS, 8)
+        assert np.array_equal(compiled(x)[0], x.reshape(P * ROWS, 8)), "mismatch"
+        ''', ("race", "uninitialized_read"), [0, 1], "8.3 step", command="check",
+         before="""
+         A hand-rolled allgather pushes each rank's `[ROWS, 8]` block into slot
+         `me` of every rank's gather window, but offsets `[me, 0]` instead of
+         `[me * ROWS, 0]`: slots overlap (rank 0 and rank 1 both write row 1)
+         and the last row is never written. `ptodist check` reports the
+         overlapping writes as a race, and the read of the row nobody wrote:
+         """,
+         after="Fix: offsets `[me * ROWS, 0]`."),
     _bug("all_to_all_in_place", "Step 15: one window as both source and result", '''
         P = 2
         NR = pl.dynamic("NR")
@@ -644,11 +815,64 @@ ZOO: list[Bug] = [
          after="""
          Fix: `[0, r * 4]`.
 
-         Not detected: a region that fits but is not the one the peer stored
-         (offsets or shape that do not match the peer's `store`) — the silent
-         data corruption row of SPEC §8.1. ptodist does not track which regions
-         were written, so that run completes and only the golden check can
-         fail.
+         A region that fits but is not the one the peer stored (offsets or
+         shape that do not match the peer's `store`) passes the bounds check:
+         see [the next section](#a-read-of-a-region-the-peer-did-not-write).
+         """),
+    _bug("wrong_region", "A read of a region the peer did not write", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 16], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Exchange:
+            @pl.function(type=pl.FunctionType.InCore)
+            def exchange(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(data)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                data = pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)  # columns 0..7
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)
+                other = pld.tile.remote_load(data, (me + 1) % n, [0, 8], [1, 8])  # BUG: the peer stored at [0, 0]
+                return pl.store(other, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                         data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                return self.exchange(x, y, data, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 16], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(data_buf, [1, 16], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(Exchange, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(1, P * 8 + 1, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), np.roll(x, -1, axis=0)), "mismatch"
+        ''', "uninitialized_read", [0, 1], "8.1 silent data corruption", command="check",
+         before="""
+         The region fits the window, so no bounds check fires: each rank stores
+         its 8 values in columns 0..7 of its window and reads columns 8..15 of
+         the peer's, which nobody wrote. On the device the data is silently
+         wrong; under `ptodist run` the golden check fails with no hint.
+         `ptodist check` records which bytes of each window every rank wrote and
+         reports a read of bytes nobody wrote in the dispatch, with the writes
+         that came nearest — here the peer's store at the other offsets.
+         """,
+         after="""
+         Fix: read what the peer wrote — offsets `[0, 0]`. A write at these
+         offsets of another rank's copy, listed as nearest, points at a wrong
+         peer instead.
          """),
     _bug("python_error", "Any other error in a rank", '''
         P = 2
@@ -811,7 +1035,7 @@ def run(bug: Bug, workdir: Path, timeout: float = 60) -> Run:
     env.pop("PYTHONWARNINGS", None)
     env.update({"PTODIST_HANG_TIMEOUT": HANG_TIMEOUT, "PTODIST_OUTPUT_ROOT": str(workdir / "build_output")})
     env.update(bug.env)
-    proc = subprocess.run([sys.executable, "-m", "ptodist", "run", "--report-json", str(report), str(script)],
+    proc = subprocess.run([sys.executable, "-m", "ptodist", bug.command, "--report-json", str(report), str(script)],
                           capture_output=True, text=True, cwd=workdir, env=env, timeout=timeout)
     doc = json.loads(report.read_text()) if report.exists() else {}
     return Run(bug, script, proc.returncode, proc.stdout, proc.stderr, normalise(proc.stderr, workdir), doc)
@@ -829,7 +1053,7 @@ def normalise(text: str, workdir: Path) -> str:
 
 # -- rendering --------------------------------------------------------------------------------------------------
 
-COMMAND = f"PTODIST_HANG_TIMEOUT={HANG_TIMEOUT} ptodist run --report-json report.json prog.py"
+COMMAND = f"PTODIST_HANG_TIMEOUT={HANG_TIMEOUT} ptodist {{command}} --report-json report.json prog.py"
 _BLOCK = re.compile(r"^<!-- begin (\S+) -->\n(.*?)^<!-- end \1 -->\n", re.S | re.M)
 
 
@@ -847,7 +1071,8 @@ def link(name: str) -> str:
 def output_block(r: Run) -> str:
     """The generated part of a zoo entry's section: how it was run, the exit status and stderr."""
     env = "".join(f"{k}={v} " for k, v in r.bug.env.items())
-    lines = [f"`{env}{COMMAND}` exits with status {r.returncode}; stderr:", "", "```text", r.output, "```"]
+    command = COMMAND.format(command=r.bug.command)
+    lines = [f"`{env}{command}` exits with status {r.returncode}; stderr:", "", "```text", r.output, "```"]
     if r.bug.kinds:
         found = ", ".join(f"`{f['kind']}`" for f in r.report.get("findings", [])) or "none"
         lines += ["", f"`report.json`: status `{r.report.get('status')}`, findings: {found}."]
@@ -933,6 +1158,12 @@ def render(blocks: dict[str, str]) -> str:
 
         The exit status is 0 for a clean run and 1 when ptodist stopped it (3
         for a bug in ptodist itself).
+
+        Bugs that a single run does not show (data races, stale signals, reads
+        of bytes nobody wrote) are run under `ptodist check SCRIPT`
+        ([check.md](check.md)): it prints one line per schedule, then each
+        finding as `[KIND] ranks R (SPEC §ROW)`, its message, `at` and `fix`,
+        and the command that replays the schedule.
         `--report-json PATH` writes the same findings as JSON whatever ends the
         run: `status` (`"ok"` or `"error"`) and `findings`, each with `kind`,
         `message`, `ranks`, `locations`, `pitfall` (the SPEC §8 row, or
@@ -948,6 +1179,7 @@ def render(blocks: dict[str, str]) -> str:
         """),
         s("hang"),
         s("load_out_of_bounds"),
+        s("wrong_region"),
         s("set_clobber"),
         s("hardcoded_nr"),
         _md("""
@@ -985,16 +1217,16 @@ def render(blocks: dict[str, str]) -> str:
         | 02 | rank identity read outside the dispatch loop | error on the host and in the orchestration: {link("rank_on_host")}; no warning on identical per-rank outputs |
         | 03 | DistributedTensor used as Tensor, or the reverse | `ProgramTypeError` at the dispatch: {link("window_as_tensor")} |
         | 04 | `Set`/`Eq` on a shared-cell barrier | the hang, diagnosed as `set_clobber`: {link("set_clobber")} |
-        | 05 | RMA before the ordering barrier | not detected ([data races](#steps-05-06-08-data-races)) |
-        | 06 | put without notify/wait | not detected ([data races](#steps-05-06-08-data-races)) |
+        | 05 | RMA before the ordering barrier | `race` under `ptodist check`: {link("race")} |
+        | 06 | put without notify/wait | `race` under `ptodist check`: {link("race")} |
         | 07 | hard-coded rank count in host shapes | `ShapeError`: {link("hardcoded_nr")} |
-        | 08 | missing barrier: load races store | not detected ([data races](#steps-05-06-08-data-races)) |
-        | 09 | two barriers reuse one signal row | not detected with `Ge` ([stale signals](#step-09-stale-signals)) |
+        | 08 | missing barrier: load races store | `race` under `ptodist check`: {link("race")} |
+        | 09 | two barriers reuse one signal row | `stale_signal` under `ptodist check`: {link("stale_signal")} |
         | 10 | negative left neighbour | `PeerRangeError` in the rank: {link("negative_neighbour")} |
         | 11 | signal shape does not match the collective mode | `SignalLayoutError` before running: {link("ring_signal_shape")} |
-        | 12 | broadcast from the own slice instead of root's | not detected ([logic bugs](#steps-12-13-14-logic-bugs)) |
-        | 13 | gather into the wrong slot | not detected ([logic bugs](#steps-12-13-14-logic-bugs)) |
-        | 14 | own row left out of the reduction | not detected ([logic bugs](#steps-12-13-14-logic-bugs)) |
+        | 12 | broadcast from the own slice instead of root's | not detected ([logic bugs](#steps-12-and-14-logic-bugs)) |
+        | 13 | gather into the wrong slot | `race` and `uninitialized_read` under `ptodist check`: {link("gather_wrong_slot")} |
+        | 14 | own row left out of the reduction | not detected ([logic bugs](#steps-12-and-14-logic-bugs)) |
         | 15 | one window as both source and result | `AliasingError` for the builtins: {link("all_to_all_in_place")}; not detected when hand-rolled |
         | 16 | one signal window with two layouts | `SignalLayoutError` before running: {link("two_layouts")} |
 
@@ -1003,42 +1235,21 @@ def render(blocks: dict[str, str]) -> str:
         s("rank_on_host"),
         s("window_as_tensor"),
         s("tensor_as_window"),
-        _md("""
-        ### Steps 05, 06, 08: data races
-
-        RMA before the ordering barrier (05), a `put` not paired with
-        notify/wait (06), and a load racing the peer's store for want of a
-        barrier (08) are data races. ptodist has no happens-before analysis
-        yet and reports nothing: the ranks run to the end and the result
-        depends on timing, so the program's own golden check may pass at P = 2
-        and fail at P = 4, or pass on one run and fail on the next.
-        """),
-        _md("""
-        ### Step 09: stale signals
-
-        Two barriers that reuse one signal row with `WaitCmp.Ge` and the same
-        threshold: the counters only grow, so the second barrier's waits are
-        satisfied by the first barrier's arrivals and return at once. ptodist
-        does not detect the stale signal: the ranks run to the end with no
-        finding, and whatever the second barrier was meant to order is a
-        race. With `WaitCmp.Eq` the counter can overshoot (a fast peer's
-        second arrival lands before the wait looks), and the run then hangs;
-        the hang report names the reused row as the likely cause ("counters
-        only grow"). Give each barrier its own row, or raise the threshold per
-        phase.
-        """),
+        s("race"),
+        s("stale_signal"),
         s("negative_neighbour"),
         s("ring_signal_shape"),
         _md("""
-        ### Steps 12, 13, 14: logic bugs
+        ### Steps 12 and 14: logic bugs
 
-        Broadcasting from the rank's own slice instead of the root's (12),
-        gathering into the wrong output slot (13) and leaving the own row out
-        of a reduction (14) run without any error: ptodist does not compare
-        per-rank outputs, track which output regions were written, or note
-        broadcast results that differ from the root's. The ranks run to the
-        end with no finding; the program's golden check is what fails.
+        Broadcasting from the rank's own slice instead of the root's (12) and
+        leaving the own row out of a reduction (14) run without any error, under
+        `ptodist run` and `ptodist check` alike: every access is ordered, only
+        the arithmetic is wrong. ptodist does not compare per-rank outputs or
+        note broadcast results that differ from the root's; the program's golden
+        check is what fails.
         """),
+        s("gather_wrong_slot"),
         s("all_to_all_in_place"),
         s("two_layouts"),
         _md("""
