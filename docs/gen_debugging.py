@@ -1227,7 +1227,7 @@ def render(blocks: dict[str, str]) -> str:
         | 12 | broadcast from the own slice instead of root's | not detected ([logic bugs](#steps-12-and-14-logic-bugs)) |
         | 13 | gather into the wrong slot | `race` and `uninitialized_read` under `ptodist check`: {link("gather_wrong_slot")} |
         | 14 | own row left out of the reduction | not detected ([logic bugs](#steps-12-and-14-logic-bugs)) |
-        | 15 | one window as both source and result | `AliasingError` for the builtins: {link("all_to_all_in_place")}; not detected when hand-rolled |
+        | 15 | one window as both source and result | `AliasingError` for the builtins: {link("all_to_all_in_place")}; hand-rolled, a `race` under `ptodist check` (as in {link("race")}) |
         | 16 | one signal window with two layouts | `SignalLayoutError` before running: {link("two_layouts")} |
 
         Steps 01, 04 and 07 are the chapter-level rows above.
