@@ -206,6 +206,48 @@ ZOO: list[Bug] = [
          name binds to the argument's size at each call, and every use of it
          must agree.
          """),
+    _bug("not_shared", "TypeError at dispatch: a host tensor not in shared memory", '''
+        import torch
+
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Double:
+            @pl.function(type=pl.FunctionType.InCore)
+            def double(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.mul(pl.load(x, [0, 0], [1, 8]), 2.0), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.double(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Double, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = torch.ones(P, 1, 8)
+        y = torch.zeros(P, 1, 8).share_memory_()
+        with compiled.prepare() as rt:
+            rt(x, y)  # BUG: x is not in shared memory
+        ''', "not_shared", [], "8.1 TypeError at dispatch",
+         before="""
+         A `DistributedWorker` (`compiled.prepare()`) keeps its rank processes
+         between dispatches, so host tensors reach them without a copy: they must
+         be in shared memory. A one-shot call copies its arguments and has no
+         such rule.
+         """,
+         after="""
+         Fix: `x = torch.ones(P, 1, 8).share_memory_()` (before or after
+         `prepare()`; for numpy, `ptodist.shared_array(shape, dtype)`), or copy
+         the data in with `rt.alloc_tensor(..., init=x)` / `rt.copy_to` and pass
+         the resident tensor.
+         """),
     _bug("allreduce_in_loop", "allreduce rejected in a loop", '''
         P = 2
         NR = pl.dynamic("NR")
@@ -1182,24 +1224,14 @@ def render(blocks: dict[str, str]) -> str:
         s("wrong_region"),
         s("set_clobber"),
         s("hardcoded_nr"),
-        _md("""
-        ### TypeError at dispatch: a host tensor not in shared memory
-
-        Not applicable today: ptodist has no `compiled.prepare()` /
-        `DistributedWorker` yet. Every call of a compiled program is one shot;
-        it copies the host tensors (numpy arrays or torch tensors, in shared
-        memory or not) in and the outputs back, so `.share_memory_()` changes
-        nothing. A script that calls `compiled.prepare()` stops with
-        `AttributeError: 'CompiledProgram' object has no attribute 'prepare'`.
-        """),
+        s("not_shared"),
         s("allreduce_in_loop"),
         _md("""
         ## Fatal pitfalls (SPEC §8.2)
 
         ### Missing .share_memory_()
 
-        See [TypeError at dispatch](#typeerror-at-dispatch-a-host-tensor-not-in-shared-memory):
-        not applicable until ptodist has `prepare()`.
+        See [TypeError at dispatch](#typeerror-at-dispatch-a-host-tensor-not-in-shared-memory).
         """),
         s("window_bytes"),
         s("dispatch_range"),

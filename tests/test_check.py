@@ -23,7 +23,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, RunConfig, cli, ir
 from ptodist.check import explore
-from ptodist.errors import CheckError
+from ptodist.errors import CheckError, ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
@@ -543,3 +543,12 @@ def test_recording_for_the_checker_does_not_change_a_schedule(monkeypatch):
         np.testing.assert_array_equal(plain, checked)
         results.add(plain.tobytes())
     assert len(results) > 1  # the schedules differ, so the comparison means something
+
+
+def test_a_distributed_worker_is_refused_under_check_with_the_way_out():
+    compiled = ir.compile(_program(2, _barrier_body), distributed_config=DistributedConfig(device_ids=[0, 1]))
+    with explore.checking(0), pytest.raises(ConfigError) as info:
+        compiled.prepare()
+    assert str(info.value) == ("DistributedWorker: ptodist check runs one-shot calls only (each on the sim backend); "
+                               "a worker's ranks are shm processes it cannot schedule. Check the program through "
+                               "one-shot calls (compiled(*args)), and run the worker with ptodist run or python.")

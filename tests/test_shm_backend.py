@@ -20,6 +20,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import children
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -29,23 +30,6 @@ from ptodist.errors import ConfigError
 
 def cfg(nr: int, **kw) -> RunConfig:
     return RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), **kw)
-
-
-def children() -> list[int]:
-    """Return the live (non-zombie) child processes of this process."""
-    me = str(os.getpid())
-    out = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == me and fields[0] != "Z":
-            out.append(int(pid))
-    return out
 
 
 def shm_segments() -> set[str]:

@@ -2,8 +2,10 @@
 
 Public tiers: ``ptodist.language`` (``pl``) and ``ptodist.language.distributed``
 (``pld``) are the language; ``ptodist.ir.compile`` and ``RunConfig`` /
-``DistributedConfig`` run programs; the exceptions live in ``ptodist.errors``.
-Everything else is internal.
+``DistributedConfig`` run programs, once per call or on a ``DistributedWorker``
+(``compiled.prepare()``, with its resident tensors and ``shared_array`` for
+numpy host tensors); the exceptions live in ``ptodist.errors``.  Everything
+else is internal.
 """
 
 from __future__ import annotations
@@ -21,10 +23,12 @@ from .errors import (
 )
 from .runtime.config import DistributedConfig, RunConfig
 from .runtime.program import CompiledProgram, compile
+from .runtime.worker import DeviceTensor, DistributedWorker, RunHandle, StackedDeviceTensor, shared_array
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "CheckError", "CompiledProgram", "ConfigError", "DispatchError", "DistributedConfig", "HangError",
-    "KernelError", "ProgramError", "PtodistError", "PtodistInternalError", "RankError", "RunConfig", "compile",
+    "CheckError", "CompiledProgram", "ConfigError", "DeviceTensor", "DispatchError", "DistributedConfig",
+    "DistributedWorker", "HangError", "KernelError", "ProgramError", "PtodistError", "PtodistInternalError",
+    "RankError", "RunConfig", "RunHandle", "StackedDeviceTensor", "compile", "shared_array",
 ]

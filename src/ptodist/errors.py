@@ -107,6 +107,15 @@ class DispatchTypeError(DispatchError, TypeError):
     """A dispatch argument has the wrong type (e.g. a host tensor not in shared memory)."""
 
 
+class NotSharedError(DispatchTypeError):
+    """A host tensor given to a DistributedWorker is not in shared memory, so its ranks cannot see it."""
+
+    kind = "not_shared"
+    pitfall = "8.1 TypeError at dispatch; 8.2 missing .share_memory_()"
+    fix = ("Share the tensor (tensor.share_memory_() for torch, ptodist.shared_array(...) for numpy), or copy it "
+           "to the worker with rt.alloc_tensor(..., init=tensor) / rt.copy_to and pass the DeviceTensor.")
+
+
 class DispatchValueError(DispatchError, ValueError):
     """A dispatch argument has the wrong shape, dtype or value."""
 

@@ -100,6 +100,10 @@ class StatusBoard:
                             "where": where})
         return sorted(out, key=lambda d: d["seq"])
 
+    def clear_history(self, rank: int) -> None:
+        """Forget the notifies ``rank`` sent so far (a new dispatch on long-lived ranks starts afresh)."""
+        ctypes.memset(ctypes.addressof(self._history[rank]), 0, ctypes.sizeof(self._history[rank]))
+
     def set_running(self, rank: int, task: str) -> None:
         row = self.rows[rank]
         row["task"] = task.encode()[:64]

@@ -1,41 +1,59 @@
-"""The ``shm`` backend: one forked process per rank over one shared anonymous mapping.
+"""The ``shm`` backend: rank processes over shared memory.
 
-Layout of the mapping (every region 64-byte aligned)::
+Two drivers share the rank body (``_run_plan``, ``_failure``) and the watch that
+turns failures and stalls into exceptions (``_Monitor``):
 
-    control   sleepers word | one accumulate lock per rank | status board
-    host      each host tensor, copied in before the fork, out after the run
-    windows   world x window heap (rank r's heap holds every window buffer)
+* ``ShmBackend.run`` (one-shot calls) forks one process per rank for one dispatch.
+  Layout of its one shared anonymous mapping (every region 64-byte aligned)::
 
-An anonymous ``MAP_SHARED`` mapping is inherited by the forked ranks and
-vanishes with the last process, so no shared-memory segment can leak.  Ranks
-ask the kernel to kill them if the driver dies, and the driver kills and reaps
-every rank on any ending: success, error, hang or Ctrl-C.
+      control   sleepers word | one accumulate lock per rank | status board
+      host      each host tensor, copied in before the fork, out after the run
+      windows   world x window heap (rank r's heap holds every window buffer)
+
+* ``RankGroup`` (a ``DistributedWorker``'s ranks) forks the ranks once; each then
+  serves one command after another (``_serve``): the driver writes a command into a
+  frame of the group's control mapping and rings a doorbell word, the ranks run it
+  and count themselves into a ``finished`` word.  Host tensors, resident tensors and
+  window heaps are separate shared files whose descriptors reach the ranks over a
+  unix socket (``SCM_RIGHTS``), so memory made after the fork is seen in place.
+
+An anonymous ``MAP_SHARED`` mapping vanishes with the last process that maps it,
+and the files are memfds, so no shared-memory segment can leak.  Ranks ask the
+kernel to kill them if the driver dies, and the driver kills and reaps every
+rank on any ending it cannot recover from: error, hang or Ctrl-C.
 """
 
 from __future__ import annotations
 
+import ctypes
+import dataclasses
+import gc
+import io
 import mmap
 import os
 import pickle
 import select
 import signal
+import socket
 import sys
 import time
 import traceback
+import weakref
 from contextlib import contextmanager
 
 import numpy as np
 
 from .. import _atomics
-from ..check.hang import diagnose_hang, hang_report, received
+from ..check.hang import hang_error
 from ..compiler.plan import DispatchPlan
 from ..dfx import finish_run, write_rank_outputs
 from ..errors import HangError, PtodistError, RankError, RankFailure
+from ..language import dtypes as dt
 from ..language.types import Direction
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
 from ..source import is_internal
-from .base import DONE, FAILED, RUNNING, STATE_NAMES, WAITING, StatusBoard
+from .base import DONE, FAILED, RUNNING, WAITING, StatusBoard
 
 ALIGN = 64
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
@@ -45,12 +63,15 @@ POLL_S = 0.02
 GRACE_S = 0.2
 
 
+_CPUS = os.cpu_count() or 1
+
+
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
 
 class Layout:
-    """Byte offsets of every region of the shared mapping."""
+    """Byte offsets of every region of a one-shot run's shared mapping."""
 
     def __init__(self, plan: DispatchPlan, host_arrays: list):
         world = plan.world
@@ -70,33 +91,57 @@ class Layout:
         self.sizes = [w.nbytes for w in plan.windows]
 
 
-class ShmMemory:
-    """RankMemory over the shared mapping (used by the ranks, and by the driver to read cells)."""
+class WindowHeap:
+    """Where a plan's window buffers lie: rank r's heap starts at ``base + r * stride`` of ``arena``."""
 
-    def __init__(self, arena: np.ndarray, layout: Layout, rank: int, world: int):
+    def __init__(self, arena: np.ndarray, base: int, stride: int, offsets: list[int], sizes: list[int]):
+        self.arena = arena
+        self.base = base
+        self.stride = stride
+        self.offsets = offsets
+        self.sizes = sizes
+
+    @classmethod
+    def for_plan(cls, arena: np.ndarray, base: int, stride: int, plan: DispatchPlan) -> WindowHeap:
+        return cls(arena, base, stride, [w.offset for w in plan.windows], [w.nbytes for w in plan.windows])
+
+
+class ShmMemory:
+    """RankMemory over shared memory (used by the ranks, and by the driver to read cells).
+
+    ``arena``/``layout`` hold the control words (sleepers, locks, status board); ``heap`` says
+    where the window buffers are (by default in the same arena, as ``layout`` describes).
+    """
+
+    def __init__(self, arena: np.ndarray, layout, rank: int, world: int, heap: WindowHeap | None = None,
+                 status: StatusBoard | None = None):
         self.arena = arena
         self.layout = layout
         self.rank = rank
         self.world = world
         self.base = arena.ctypes.data
         self.sleepers_addr = self.base + layout.sleepers
-        self.status = StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)], world)
+        self.heap = heap if heap is not None else \
+            WindowHeap(arena, layout.windows, layout.heap, layout.offsets, layout.sizes)
+        self._heap_base = self.heap.arena.ctypes.data
+        self.status = status if status is not None else \
+            StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)], world)
         # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they yield the core
         # for a while (the notifier may be waiting for it), then sleep.
-        if world <= (os.cpu_count() or 1):
+        if world <= _CPUS:
             self.spin_s, self.yield_s = 50e-6, 0.0
         else:
             self.spin_s, self.yield_s = 2e-6, 200e-6
 
     def _buffer_off(self, buffer_id: int, rank: int) -> int:
-        return self.layout.windows + rank * self.layout.heap + self.layout.offsets[buffer_id]
+        return self.heap.base + rank * self.heap.stride + self.heap.offsets[buffer_id]
 
     def window_bytes(self, buffer_id: int, rank: int) -> np.ndarray:
         off = self._buffer_off(buffer_id, rank)
-        return self.arena[off:off + self.layout.sizes[buffer_id]]
+        return self.heap.arena[off:off + self.heap.sizes[buffer_id]]
 
     def _addr(self, buffer_id: int, rank: int, offset: int) -> int:
-        return self.base + self._buffer_off(buffer_id, rank) + offset
+        return self._heap_base + self._buffer_off(buffer_id, rank) + offset
 
     def cell_add(self, buffer_id, rank, offset, value):
         return _atomics.fetch_add(self._addr(buffer_id, rank, offset), self.sleepers_addr, value)
@@ -120,6 +165,97 @@ class ShmMemory:
         finally:
             _atomics.unlock(addr)
 
+
+# -- the watch: failures and stalls ------------------------------------------------------
+
+class _Monitor:
+    """Decides, from the status board, when ranks that stopped making progress hang, and explains it."""
+
+    def __init__(self, memory: ShmMemory, plan: DispatchPlan, pids: dict[int, int], hang_timeout: float):
+        self.memory = memory
+        self.plan = plan
+        self.world = plan.world
+        self.pids = pids  # rank -> pid of the ranks still running (read, not owned)
+        self.hang_timeout = hang_timeout
+        self.rows = memory.status.rows
+        self.last = self.rows["progress"].copy()
+        self.last_cpu = self._running_cpu()
+        self.last_board_change = self.last_change = time.monotonic()
+
+    def check(self, done: set[int]) -> None:
+        """Raise HangError when the unfinished ranks are certainly blocked, or idle past the timeout."""
+        now = time.monotonic()
+        progress = self.rows["progress"]
+        if not np.array_equal(progress, self.last):
+            self.last = progress.copy()
+            self.last_board_change = self.last_change = now
+            return
+        # A running rank that uses CPU (long tile math, Python loops) is making progress too.
+        cpu = self._running_cpu()
+        if cpu != self.last_cpu:
+            self.last_cpu = cpu
+            self.last_change = now
+        if now - self.last_board_change >= CERTAIN_HANG_S and self._all_blocked(done):
+            raise self.hang(True, now - self.last_board_change, done)
+        if now - self.last_change >= self.hang_timeout:
+            raise self.hang(False, now - self.last_change, done)
+
+    def _running_cpu(self) -> dict:
+        """CPU time (clock ticks) used so far by each live rank in the RUNNING state; empty where unknown."""
+        out = {}
+        for r, pid in list(self.pids.items()):
+            if self.rows[r]["state"] != RUNNING:
+                continue
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+                out[r] = int(fields[11]) + int(fields[12])  # utime + stime
+            except (OSError, IndexError, ValueError):
+                pass  # no /proc (or the rank just exited): board progress alone decides
+        return out
+
+    def _all_blocked(self, done: set[int]) -> bool:
+        pending = [r for r in range(self.world) if r not in done]
+        if not pending:
+            return False
+        for r in pending:
+            row = self.rows[r]
+            if row["state"] != WAITING:
+                return False
+            value = self.memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"]))
+            expected = int(row["wait_expected"])
+            if (value >= expected) if row["wait_cmp"] else (value == expected):
+                return False
+        return True
+
+    def hang(self, certain: bool, idle: float, done: set[int]) -> HangError:
+        """Return the HangError describing every rank's state now."""
+        return hang_error(self.plan, self.memory.status, self.memory.cell_load, done, certain, idle,
+                          self.hang_timeout)
+
+
+def _kill_and_reap(pids: dict[int, int]) -> None:
+    """SIGKILL every process in ``pids`` (rank -> pid), wait for each, and empty the dict."""
+    for pid in pids.values():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids.values():
+        try:
+            os.waitpid(pid, 0)
+        except ChildProcessError:
+            pass
+    pids.clear()
+
+
+def _exit_reason(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {-os.waitstatus_to_exitcode(status)}"
+    return f"exited with status {os.waitstatus_to_exitcode(status)}"
+
+
+# -- one-shot runs -------------------------------------------------------------------------
 
 class ShmBackend:
     """Runs a plan with one forked process per rank."""
@@ -164,7 +300,7 @@ class ShmBackend:
 
 
 class _Driver:
-    """Forks the ranks, watches them, and turns failures and stalls into exceptions."""
+    """Forks the ranks of one run, watches them, and turns failures and stalls into exceptions."""
 
     def __init__(self, plan, arena, layout, host_views, config, dfx=None):
         self.plan = plan
@@ -188,7 +324,6 @@ class _Driver:
         finally:
             self._stop_all()
 
-    # -- start ------------------------------------------------------------------
     def _start(self) -> None:
         parent = os.getpid()
         sys.stdout.flush()
@@ -200,60 +335,29 @@ class _Driver:
                 os.close(rfd)
                 for fd in self.fds:
                     os.close(fd)
+                _close_group_fds()
                 _rank_main(self.plan, r, self.arena, self.layout, self.host_views, wfd, parent, self.dfx)
             os.close(wfd)
             self.pids[r] = pid
             self.fds[rfd] = r
             self.buffers[r] = bytearray()
 
-    # -- watch ------------------------------------------------------------------
     def _watch(self) -> None:
-        board = self.memory.status.rows
-        last = board["progress"].copy()
-        last_cpu = self._running_cpu()
-        last_board_change = last_change = time.monotonic()
+        monitor = _Monitor(self.memory, self.plan, self.pids, self.hang_timeout)
         first_failure = None
         while len(self.done) < self.world:
             ready, _, _ = select.select(list(self.fds), [], [], POLL_S)
             for fd in ready:
                 self._read(fd)
-            now = time.monotonic()
             if self.failures:
+                now = time.monotonic()
                 first_failure = first_failure or now
                 if now - first_failure >= GRACE_S:
                     break
                 continue
-            progress = board["progress"]
-            if not np.array_equal(progress, last):
-                last = progress.copy()
-                last_board_change = last_change = now
-                continue
-            # A running rank that uses CPU (long tile math, Python loops) is making progress too.
-            cpu = self._running_cpu()
-            if cpu != last_cpu:
-                last_cpu = cpu
-                last_change = now
-            if now - last_board_change >= CERTAIN_HANG_S and self._all_blocked():
-                self._hang(True, now - last_board_change)
-            if now - last_change >= self.hang_timeout:
-                self._hang(False, now - last_change)
+            monitor.check(self.done)
         if self.failures:
             raise RankError(sorted(self.failures, key=lambda f: f.rank))
-
-    def _running_cpu(self) -> dict:
-        """CPU time (clock ticks) used so far by each live rank in the RUNNING state; empty where unknown."""
-        rows = self.memory.status.rows
-        out = {}
-        for r, pid in self.pids.items():
-            if rows[r]["state"] != RUNNING:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                out[r] = int(fields[11]) + int(fields[12])  # utime + stime
-            except (OSError, IndexError, ValueError):
-                pass  # no /proc (or the rank just exited): board progress alone decides
-        return out
 
     def _read(self, fd: int) -> None:
         r = self.fds[fd]
@@ -271,74 +375,20 @@ class _Driver:
             if result is not None:
                 self.failures.append(result)
             return
-        why = f"killed by signal {-os.waitstatus_to_exitcode(status)}" if os.WIFSIGNALED(status) else \
-            f"exited with status {os.waitstatus_to_exitcode(status)}"
         row = self.memory.status.rows[r]
         task = row["task"].decode() or None
         self.failures.append(RankFailure(r, self.plan.device_ids[r], task, "RankDied",
-                                         f"the rank process {why} without reporting a result", ""))
+                                         f"the rank process {_exit_reason(status)} without reporting a result", ""))
 
-    def _all_blocked(self) -> bool:
-        rows = self.memory.status.rows
-        pending = [r for r in range(self.world) if r not in self.done]
-        if not pending:
-            return False
-        for r in pending:
-            row = rows[r]
-            if row["state"] != WAITING:
-                return False
-            value = self.memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"]))
-            expected = int(row["wait_expected"])
-            if (value >= expected) if row["wait_cmp"] else (value == expected):
-                return False
-        return True
-
-    def _hang(self, certain: bool, idle: float) -> None:
-        rows = self.memory.status.rows
-        states = []
-        for r in range(self.world):
-            row = rows[r]
-            st = {"rank": r, "device_id": self.plan.device_ids[r], "state": STATE_NAMES[int(row["state"])],
-                  "task": row["task"].decode() or None}
-            if r in self.done:
-                st["state"] = STATE_NAMES[DONE]
-            if row["state"] == WAITING and r not in self.done:
-                st.update(
-                    wait=row["what"].decode(), where=row["where"].decode(),
-                    buffer=self.plan.windows[int(row["wait_buffer"])].name,
-                    buffer_id=int(row["wait_buffer"]), offset=int(row["wait_offset"]), cell0=int(row["wait_cell0"]),
-                    expected=int(row["wait_expected"]), cmp="Ge" if row["wait_cmp"] else "Eq",
-                    current=self.memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"])),
-                    waiting_s=round(time.time() - float(row["since"]), 3))
-            states.append(st)
-        sent = [e for r in range(self.world) for e in self.memory.status.sent(r)]
-        for st in states:
-            if "buffer_id" in st:
-                st["received"] = received(st, sent)
-        diagnosis = diagnose_hang(states, sent)
-        raise HangError(hang_report(states, certain, idle, self.hang_timeout, diagnosis), states, certain,
-                        diagnosis)
-
-    # -- stop -------------------------------------------------------------------
     def _stop_all(self) -> None:
-        for pid in self.pids.values():
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in self.pids.values():
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
-        self.pids.clear()
+        _kill_and_reap(self.pids)
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
 
 
 def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> None:
-    """Body of a rank process; never returns."""
+    """Body of a one-shot rank process; never returns."""
     code = 0
     try:
         _atomics.die_with_parent()
@@ -348,17 +398,9 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
         memory = ShmMemory(arena, layout, rank, plan.world)
         log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
         ctx = RankContext(plan, rank, memory, host_views, events=log)
-        result = None
-        try:
-            ctx.run_all()
-        except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
-            result = _failure(plan, rank, ctx.failed_task or ctx.task, e)
+        result = _run_plan(ctx, plan, rank)
         if log is not None:
-            # Written before the rank reports, so the driver finds every rank's files when it merges.
-            try:
-                write_rank_outputs(log, dfx)
-            except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-                result = result or _failure(plan, rank, None, e)
+            result = _write_outputs(log, dfx, plan, rank, result)
         memory.status.finish(rank, DONE if result is None else FAILED)
         payload = pickle.dumps(result)
         view = memoryview(payload)
@@ -373,6 +415,28 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+# -- the rank body, shared by both drivers ---------------------------------------------------
+
+def _run_plan(ctx: RankContext, plan, rank: int) -> RankFailure | None:
+    """Run the context's tasks; return this rank's failure, or None."""
+    try:
+        ctx.run_all()
+    except _Aborted:
+        raise
+    except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
+        return _failure(plan, rank, ctx.failed_task or ctx.task, e)
+    return None
+
+
+def _write_outputs(log, dfx, plan, rank: int, result: RankFailure | None) -> RankFailure | None:
+    # Written before the rank reports, so the driver finds every rank's files when it merges.
+    try:
+        write_rank_outputs(log, dfx)
+    except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
+        return result or _failure(plan, rank, None, e)
+    return result
 
 
 def _user_traceback(e: BaseException) -> str:
@@ -394,3 +458,652 @@ def _failure(plan, rank, task, e: BaseException) -> RankFailure:
     except Exception:  # noqa: BLE001 - exceptions that do not survive pickling travel as text only
         exc = None
     return RankFailure(rank, plan.device_ids[rank], task, type(e).__name__, str(e), tb, exc)
+
+
+# -- long-lived ranks (a DistributedWorker's) ------------------------------------------------
+
+FRAME_BYTES = 1 << 20      # one command, pickled; a larger one travels as a shared file
+RESULT_BYTES = 256 << 10   # one rank's failure report, pickled
+ABORT_POLL_S = 0.02        # a rank blocked in a wait notices an abort this often
+STOP_S = 2.0               # ranks that do not stop this long after an abort are killed
+FDS_PER_MESSAGE = 200      # below the kernel's SCM_MAX_FD
+# Waiting for a command or for the ranks to finish: spin a moment when every process has a core of its
+# own (the next command, or the last rank, is often close).  The driver then sleeps on a futex: a waiting
+# driver must not take a core from a rank.  An idle rank first polls with sched_yield() for a while
+# (which hands the core to any runnable process, the driver included), because a caller dispatching in
+# a loop sends the next command within that time and waking a sleeping rank costs tens of µs; then
+# it sleeps.
+CTL_SPIN_S = 20e-6
+IDLE_YIELD_S = 250e-6
+OK, CMD_FAILED, ABORTED = 0, 1, 2
+
+_LIVE_GROUPS: weakref.WeakSet = weakref.WeakSet()
+
+
+def _close_group_fds() -> None:
+    """In a freshly forked rank: close the driver ends of every live group's sockets."""
+    for group in list(_LIVE_GROUPS):
+        for s in group.socks:
+            if s is not None:
+                try:
+                    s.close()
+                except OSError:
+                    pass
+
+
+class _Aborted(BaseException):
+    """Raised in a rank whose command the driver aborted (another rank failed, or the ranks hang)."""
+
+
+class GroupLayout:
+    """Byte offsets of a rank group's control mapping (every region 64-byte aligned)."""
+
+    def __init__(self, world: int):
+        self.world = world
+        self.sleepers = 0          # waiters on window signal cells (ShmMemory)
+        self.ctl_sleepers = 64     # waiters on the words below
+        self.doorbell = 128        # commands published
+        self.finished = 192        # rank completions, over all commands
+        self.started = 256         # ranks that came up
+        self.abort = 320           # commands with an index below this are aborted
+        self.zero = 384            # always 0: a sleepers word for atomics that must wake no one
+        self.locks = 448
+        self.up = _align(self.locks + 4 * world)
+        self.done = _align(self.up + 4 * world)      # per rank: index + 1 of its last finished command
+        self.result = _align(self.done + 4 * world)  # per rank: OK, CMD_FAILED or ABORTED
+        self.status = _align(self.result + 4 * world)
+        self.frame = _align(self.status + StatusBoard.nbytes(world))
+        self.results = _align(self.frame + 8 + FRAME_BYTES)
+        self.total = self.results + RESULT_BYTES * world
+
+
+class _GroupMemory(ShmMemory):
+    """ShmMemory for long-lived ranks: a wait also ends when the driver aborts the command."""
+
+    def __init__(self, *args, abort_addr: int, command: int, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.abort_addr = abort_addr
+        self.command = command
+
+    def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
+        addr = self._addr(buffer_id, self.rank, offset)
+        end = time.monotonic() + timeout_s
+        spin, yld = self.spin_s, self.yield_s
+        while True:
+            left = end - time.monotonic()
+            ok, value = _atomics.wait(addr, self.sleepers_addr, int(ge), expected, spin, yld,
+                                      max(min(ABORT_POLL_S, left), 0.0))
+            if ok:
+                return ok, value
+            if _atomics.load(self.abort_addr) > self.command:
+                raise _Aborted()
+            if left <= ABORT_POLL_S:
+                return ok, value
+            spin = yld = 0.0
+
+
+class PlanPickler(pickle.Pickler):
+    """Pickles plans for ranks forked earlier: program functions travel as references into ``objects``.
+
+    A rank is a fork of the driver made when the worker started, so every function of the
+    worker's programs (closures of program factories included) exists in it at the same id.
+    """
+
+    def __init__(self, file, objects: dict):
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.objects = objects
+
+    def persistent_id(self, obj):
+        from ..language.functions import Function
+
+        if isinstance(obj, Function) and id(obj.fn) in self.objects:
+            bound = obj.bound_self
+            if bound is None or id(bound) in self.objects:
+                return ("function", id(obj.fn), id(bound) if bound is not None else 0)
+        return None
+
+
+class _PlanUnpickler(pickle.Unpickler):
+    def __init__(self, file, objects: dict, cache: dict):
+        super().__init__(file)
+        self.objects = objects
+        self.cache = cache
+
+    def persistent_load(self, pid):
+        from ..language.functions import Function
+
+        _, fn_id, self_id = pid
+        f = self.cache.get((fn_id, self_id))
+        if f is None:
+            base = self.objects[fn_id]
+            bound = self.objects[self_id] if self_id else None
+            f = self.cache[(fn_id, self_id)] = Function(base.fn, base.kind, bound, base.options, base.scope)
+        return f
+
+
+class CommandWatch:
+    """The driver's watch over one command: how it ended (``error``), and whether the group broke.
+
+    ``poll(timeout)`` returns True once every rank has finished the command (or the group had
+    to be killed); then ``error`` is the RankError or HangError to raise (None when all went
+    well) and ``broken`` says why the group can run nothing more (None while it can).
+    """
+
+    def __init__(self, group: RankGroup, index: int, plan: DispatchPlan, heap: WindowHeap | None,
+                 hang_timeout: float):
+        self.group = group
+        self.index = index
+        self.plan = plan
+        self.target = group.world * (index + 1)
+        self.heap = heap
+        self.hang_timeout = hang_timeout
+        self.monitor: _Monitor | None = None  # made at the first check: most commands end before one
+        self.failures: dict[int, RankFailure] = {}
+        self.first_failure: float | None = None
+        self.aborted_at: float | None = None
+        self.hang: HangError | None = None
+        self.last_check = time.monotonic()
+        self.error: BaseException | None = None
+        self.broken: str | None = None
+        self.over = False
+
+    def poll(self, timeout: float) -> bool:
+        """Watch for at most ``timeout`` seconds; return True when the command is over."""
+        group = self.group
+        end = time.monotonic() + timeout
+        while not self.over:
+            n = _atomics.load(group.addr(group.layout.finished))
+            if n >= self.target:
+                self._finish()
+                break
+            left = end - time.monotonic()
+            ok, _ = _atomics.wait(group.addr(group.layout.finished), group.ctl_sleepers, 1, self.target,
+                                  group.ctl_spin_s, 0.0, max(min(POLL_S, left), 0.0))
+            if ok:
+                continue
+            now = time.monotonic()
+            if now - self.last_check >= POLL_S:  # a zero-timeout poll (RunHandle.done) checks no more often
+                self.last_check = now
+                self._check()
+            if self.over or time.monotonic() >= end:
+                break
+        return self.over
+
+    def _done(self) -> set[int]:
+        done = self.group.words("done")
+        return {r for r in range(self.group.world) if done[r] == self.index + 1}
+
+    def _check(self) -> None:
+        group = self.group
+        dead = group.reap()
+        if dead:
+            for f in dead:
+                self.failures.setdefault(f.rank, f)
+            self._break(f"rank {dead[0].rank} (device {dead[0].device_id}) died during a dispatch "
+                        f"({dead[0].message.removeprefix('the rank process ')})")
+            return
+        now = time.monotonic()
+        done = self._done()
+        results = group.words("result")
+        for r in done:
+            if results[r] == CMD_FAILED and r not in self.failures:
+                self.failures[r] = group.failure(r)
+                self.first_failure = self.first_failure or now
+        if self.aborted_at is not None:
+            if now - self.aborted_at >= STOP_S:
+                stuck = [r for r in range(group.world) if r not in done]
+                self._break(f"rank(s) {stuck} did not stop within {STOP_S:g} s after the dispatch was aborted "
+                            "and were killed")
+            return
+        if self.failures:
+            if now - self.first_failure >= GRACE_S:
+                self._abort(done)
+            return
+        if self.monitor is None:
+            group = self.group
+            heap = self.heap if self.heap is not None else WindowHeap(group.arena, 0, 0, [], [])
+            memory = ShmMemory(group.arena, group.layout, -1, group.world, heap, group.status)
+            self.monitor = _Monitor(memory, self.plan, group.pids, self.hang_timeout)
+        try:
+            self.monitor.check(done)
+        except HangError as e:
+            self.hang = e
+            self._abort(done)
+
+    def _abort(self, done: set[int]) -> None:
+        group = self.group
+        self.aborted_at = time.monotonic()
+        # Ranks blocked in a wait see the abort word; ranks busy elsewhere get a signal.
+        _atomics.exchange(group.addr(group.layout.abort), group.addr(group.layout.sleepers), self.index + 1)
+        for r, pid in group.pids.items():
+            if r not in done:
+                try:
+                    os.kill(pid, signal.SIGUSR1)
+                except ProcessLookupError:
+                    pass
+
+    def _finish(self) -> None:
+        results = self.group.words("result")
+        for r in range(self.group.world):
+            if results[r] == CMD_FAILED and r not in self.failures:
+                self.failures[r] = self.group.failure(r)
+        self.over = True
+        if self.failures:
+            self.error = RankError([self.failures[r] for r in sorted(self.failures)])
+        elif self.hang is not None:
+            self.error = self.hang
+
+    def _break(self, why: str) -> None:
+        self.group.kill()
+        self.broken = why
+        self.over = True
+        if self.failures:
+            self.error = RankError([self.failures[r] for r in sorted(self.failures)])
+        elif self.hang is not None:
+            self.error = self.hang
+        else:
+            self.error = RuntimeError(f"the worker's rank processes stopped: {why}")
+
+
+class RankGroup:
+    """Rank processes forked once, each serving one command after another (a DistributedWorker's ranks).
+
+    ``objects`` maps ``id()`` to the program functions (and program instances) plans refer to;
+    it must hold them before ``start()`` so the forked ranks have them too.
+    """
+
+    def __init__(self, device_ids: list[int], objects: dict, startup_timeout_s: float):
+        self.device_ids = list(device_ids)
+        self.world = len(device_ids)
+        self.objects = objects
+        self.startup_timeout_s = startup_timeout_s
+        self.layout = GroupLayout(self.world)
+        self._mm = mmap.mmap(-1, self.layout.total)
+        self.arena = np.frombuffer(self._mm, dtype=np.uint8)
+        self.base = self.arena.ctypes.data
+        self.ctl_sleepers = self.base + self.layout.ctl_sleepers
+        self.status = StatusBoard(self.arena[self.layout.status:self.layout.status + StatusBoard.nbytes(self.world)],
+                                  self.world)
+        self.ctl_spin_s = CTL_SPIN_S if self.world + 1 <= _CPUS else 0.0
+        self.pids: dict[int, int] = {}
+        self.socks: list[socket.socket | None] = []
+        self.sent = 0  # commands published
+        self.dead = False
+        _LIVE_GROUPS.add(self)
+
+    def addr(self, offset: int) -> int:
+        return self.base + offset
+
+    def words(self, name: str) -> np.ndarray:
+        off = getattr(self.layout, name)
+        return self.arena[off:off + 4 * self.world].view(np.int32)
+
+    # -- start and stop -------------------------------------------------------------------
+    def start(self) -> None:
+        """Fork the ranks and wait until every one is up (RankError if one dies or is late)."""
+        parent = os.getpid()
+        pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(self.world)]
+        self.socks = [a for a, _ in pairs]
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            for r in range(self.world):
+                pid = os.fork()
+                if pid == 0:
+                    own = pairs[r][1]
+                    for _, b in pairs:
+                        if b is not own:
+                            b.close()
+                    _close_group_fds()
+                    _serve(self, r, own, parent)
+                self.pids[r] = pid
+        finally:
+            for _, b in pairs:  # the ranks' ends: each rank keeps its own copy
+                b.close()
+        self._await_start()
+
+    def _await_start(self) -> None:
+        deadline = time.monotonic() + self.startup_timeout_s
+        started = self.addr(self.layout.started)
+        while True:
+            n = _atomics.load(started)
+            if n >= self.world:
+                return
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ok, _ = _atomics.wait(started, self.ctl_sleepers, 1, n + 1, 0.0, 0.0, min(POLL_S, left))
+            if ok:
+                continue
+            dead = self.reap()
+            if dead:
+                self.kill()
+                for f in dead:
+                    f.message = f"the rank process {f.message.removeprefix('the rank process ')}"
+                raise RankError(dead)
+        up = self.words("up")
+        late = [r for r in range(self.world) if not up[r]]
+        self.kill()
+        raise RankError([RankFailure(
+            r, self.device_ids[r], None, "StartupTimeout",
+            f"the rank process did not come up within startup_timeout_s={self.startup_timeout_s:g} s of "
+            "prepare(); nothing was dispatched. If starting is legitimately this slow, pass a larger "
+            "startup_timeout_s to prepare()", "") for r in late])
+
+    def reap(self) -> list[RankFailure]:
+        """Return a failure for every rank process that has exited (and reap it)."""
+        out = []
+        for r, pid in list(self.pids.items()):
+            try:
+                got, status = os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                got, status = pid, None
+            if got == 0 or self.pids.pop(r, None) is None:
+                continue
+            why = _exit_reason(status) if status is not None else "ended (reaped elsewhere)"
+            row = self.status.rows[r]
+            out.append(RankFailure(r, self.device_ids[r], row["task"].decode() or None, "RankDied",
+                                   f"the rank process {why}", ""))
+        return out
+
+    def kill(self) -> None:
+        """Kill and reap every rank; close the sockets.  Safe to call again."""
+        _kill_and_reap(self.pids)
+        for s in self.socks:
+            if s is not None:
+                s.close()
+        self.socks = [None] * len(self.socks)
+        self.dead = True
+        _LIVE_GROUPS.discard(self)
+
+    def close(self) -> None:
+        """Stop the ranks and release the control mapping."""
+        self.kill()
+        arena, self.arena = self.arena, None
+        del arena
+        try:
+            self._mm.close()
+        except BufferError:
+            pass  # a status view is still referenced; the GC unmaps it
+
+    # -- commands -------------------------------------------------------------------------
+    def encode_plan(self, payload) -> bytes:
+        """Pickle a plan (and what goes with it) for the ranks."""
+        buf = io.BytesIO()
+        PlanPickler(buf, self.objects).dump(payload)
+        return buf.getvalue()
+
+    def send(self, command: dict, fds: list[int]) -> int:
+        """Publish ``command`` to every rank, with ``fds`` (the files named in ``command['maps']``).
+
+        Returns the command's index.  The previous command must have finished.
+        """
+        index = self.sent
+        command["index"] = index
+        payload = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
+        frame = self.layout.frame
+        blob = None
+        if len(payload) > FRAME_BYTES:
+            blob = _SharedBytes(payload)
+            length = -len(payload)
+        else:
+            length = len(payload)
+            self.arena[frame + 8:frame + 8 + length] = np.frombuffer(payload, dtype=np.uint8)
+        try:
+            for s in self.socks:
+                if blob is not None:
+                    socket.send_fds(s, [b"b"], [blob.fd])
+                for i in range(0, len(fds), FDS_PER_MESSAGE):
+                    socket.send_fds(s, [b"m"], fds[i:i + FDS_PER_MESSAGE])
+        finally:
+            if blob is not None:
+                blob.close()
+        ctypes.c_int64.from_address(self.base + frame).value = length
+        self.sent += 1
+        _atomics.fetch_add(self.addr(self.layout.doorbell), self.ctl_sleepers, 1)
+        return index
+
+    def failure(self, rank: int) -> RankFailure:
+        off = self.layout.results + rank * RESULT_BYTES
+        n = int(ctypes.c_int64.from_address(self.base + off).value)
+        return pickle.loads(bytes(self.arena[off + 8:off + 8 + n]))
+
+
+class _SharedBytes:
+    """Bytes in a shared file (a command too large for the frame)."""
+
+    def __init__(self, data: bytes):
+        self.fd = os.memfd_create("ptodist-command", os.MFD_CLOEXEC)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self.fd, view):]
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+# -- the rank side of a group ---------------------------------------------------------------
+
+class _RankState:
+    """What a serving rank keeps between commands."""
+
+    def __init__(self, group: RankGroup, rank: int, sock: socket.socket):
+        self.group = group
+        self.rank = rank
+        self.sock = sock
+        self.layout = group.layout
+        self.maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self.plans: dict[int, tuple] = {}
+        self.functions: dict = {}
+        self.command = -1
+        self.running = False
+        self.dispatch = None  # (dispatch id, ctx, log, dfx) of the dispatch whose segments are running
+        self.memories: dict = {}  # (plan id, heap) -> _GroupMemory, reused by later dispatches
+        self.views: dict = {}     # host tensor descriptor -> its array, while its memory is mapped
+        self.result = group.words("result")
+        self.done = group.words("done")
+        self.finished = group.addr(group.layout.finished)
+        self.no_sleepers = group.addr(group.layout.zero)
+
+
+def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> None:
+    """Body of a long-lived rank: serve commands until killed; never returns."""
+    try:
+        _atomics.die_with_parent()
+        if os.getppid() != parent:
+            os._exit(1)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
+        state = _RankState(group, rank, sock)
+
+        def on_abort(signum, frame):
+            if state.running and _atomics.load(group.addr(group.layout.abort)) > state.command:
+                raise _Aborted()
+
+        signal.signal(signal.SIGUSR1, on_abort)
+        _rank_started(rank)
+        group.words("up")[rank] = 1
+        _atomics.fetch_add(group.addr(group.layout.started), group.ctl_sleepers, 1)
+        doorbell = group.addr(group.layout.doorbell)
+        while True:
+            c = state.command + 1
+            while not _atomics.wait(doorbell, group.ctl_sleepers, 1, c + 1, group.ctl_spin_s, IDLE_YIELD_S, 1.0)[0]:
+                if os.getppid() != parent:
+                    os._exit(1)
+            state.command = c
+            command = _read_command(state)
+            code, failure = _run_command(state, command)
+            _report(state, code, failure)
+    except BaseException:  # noqa: BLE001 - a rank that cannot serve dies; the driver reports it
+        os._exit(70)
+
+
+def _rank_started(rank: int) -> None:
+    """Called in a rank once it is set up, before it reports that it is up."""
+
+
+def _read_command(state: _RankState) -> dict:
+    group = state.group
+    frame = state.layout.frame
+    length = int(ctypes.c_int64.from_address(group.base + frame).value)
+    if length < 0:
+        _, fds, _, _ = socket.recv_fds(state.sock, 16, 1)
+        with mmap.mmap(fds[0], -length, prot=mmap.PROT_READ) as m:
+            payload = m[:]
+        os.close(fds[0])
+    else:
+        payload = bytes(group.arena[frame + 8:frame + 8 + length])
+    command = pickle.loads(payload)
+    maps = command.get("maps", ())
+    fds: list[int] = []
+    while len(fds) < len(maps):
+        _, got, _, _ = socket.recv_fds(state.sock, 16, FDS_PER_MESSAGE)
+        fds.extend(got)
+    for (token, size), fd in zip(maps, fds):
+        m = mmap.mmap(fd, size)
+        os.close(fd)  # the mapping keeps the file alive
+        state.maps[token] = (m, np.frombuffer(m, dtype=np.uint8))
+    drops = command.get("drop", ())
+    if drops:  # memories over a dropped heap, and views of dropped memory, go too
+        state.memories = {k: v for k, v in state.memories.items() if k[1] is None or k[1][0] not in drops}
+        state.views = {k: v for k, v in state.views.items() if k[0] not in drops}
+    busy = []
+    for token in drops:
+        entry = state.maps.pop(token, None)
+        if entry is not None:
+            busy.append(entry[0])
+            del entry
+    if busy:
+        _unmap(busy)
+    if command.get("forget_plans"):
+        state.plans.clear()
+        state.memories.clear()
+    return command
+
+
+def _unmap(mappings: list) -> None:
+    """Unmap dropped memory now; views of the last dispatch may hold it until a collection frees them."""
+    left = []
+    for m in mappings:
+        try:
+            m.close()
+        except BufferError:
+            left.append(m)
+    if left:
+        gc.collect()  # a finished RankContext is a reference cycle: only the collector frees its views
+        for m in left:
+            try:
+                m.close()
+            except BufferError:
+                pass  # still referenced: unmapped when the last view goes
+
+
+def _host_view(state: _RankState, desc) -> np.ndarray:
+    token, offset, shape, strides, dtype_name, writable = desc
+    dtype = dt.from_name(dtype_name).np_dtype
+    if token < 0:  # an empty tensor: nothing was mapped
+        a = np.zeros(shape, dtype=dtype)
+    else:
+        a = np.ndarray(shape, dtype=dtype, buffer=state.maps[token][1], offset=offset, strides=strides)
+    if not writable:
+        a.flags.writeable = False
+    return a
+
+
+def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | None]:
+    group, rank = state.group, state.rank
+    plan_id = command["plan_id"]
+    if command.get("plan") is not None:
+        plan, boundaries = _PlanUnpickler(io.BytesIO(command["plan"]), group.objects, state.functions).load()
+        state.plans[plan_id] = (plan, _segments(plan, boundaries))
+    plan, segments = state.plans[plan_id]
+    segment = command["segment"]
+    status = group.status
+    if segment == 0:
+        state.dispatch = None
+        status.clear_history(rank)
+        key = (plan_id, command["heap"])
+        memory = state.memories.get(key)
+        if memory is None:
+            if command["heap"] is not None:
+                token, stride = command["heap"]
+                heap = WindowHeap.for_plan(state.maps[token][1], 0, stride, plan)
+            else:
+                heap = WindowHeap(group.arena, 0, 0, [], [])
+            memory = state.memories[key] = _GroupMemory(
+                group.arena, state.layout, rank, group.world, heap, status,
+                abort_addr=group.addr(group.layout.abort), command=state.command)
+        hosts = []
+        for d in command["hosts"]:
+            if d is None:
+                hosts.append(None)
+                continue
+            view = state.views.get(d)
+            if view is None:
+                view = state.views[d] = _host_view(state, d)
+                if len(state.views) > 4096:  # descriptors of long-gone tensors: start afresh
+                    state.views = {d: view}
+            hosts.append(view)
+        dfx = command["dfx"]
+        log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
+        state.dispatch = (command["dispatch_id"], RankContext(plan, rank, memory, hosts, events=log), log, dfx)
+    dispatch_id, ctx, log, dfx = state.dispatch
+    if dispatch_id != command["dispatch_id"]:
+        raise RuntimeError("a later segment arrived for a dispatch this rank did not start")
+    ctx.memory.command = state.command
+    ctx.plan = segments[segment]
+    status.set_running(rank, "")
+    code, failure = OK, None
+    try:
+        try:
+            state.running = True
+            failure = _run_plan(ctx, plan, rank)
+        finally:
+            state.running = False
+    except _Aborted:
+        code = ABORTED
+    if failure is not None:
+        code = CMD_FAILED
+    last = segment == len(segments) - 1
+    if log is not None and code != ABORTED and (last or failure is not None):
+        failure = _write_outputs(log, dfx, plan, rank, failure)
+        code = CMD_FAILED if failure is not None else code
+    if last or code != OK:
+        state.dispatch = None
+    return code, failure
+
+
+def _report(state: _RankState, code: int, failure: RankFailure | None) -> None:
+    group, rank = state.group, state.rank
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    except Exception:  # noqa: BLE001 - a closed stdout must not stop the rank
+        pass
+    if failure is not None:
+        payload = pickle.dumps(failure)
+        if len(payload) > RESULT_BYTES - 8:
+            failure.exception = None
+            failure.traceback = failure.traceback[-(RESULT_BYTES // 4):]
+            failure.message = failure.message[:RESULT_BYTES // 4]
+            payload = pickle.dumps(failure)
+        off = state.layout.results + rank * RESULT_BYTES
+        group.arena[off + 8:off + 8 + len(payload)] = np.frombuffer(payload, dtype=np.uint8)
+        ctypes.c_int64.from_address(group.base + off).value = len(payload)
+    state.result[rank] = code
+    state.done[rank] = state.command + 1
+    group.status.finish(rank, DONE if code == OK else FAILED)
+    # Only the last rank wakes the driver; a failure is seen at the driver's next periodic check.
+    old = _atomics.fetch_add(state.finished, state.no_sleepers, 1)
+    if old + 1 >= group.world * (state.command + 1):
+        _atomics.fetch_add(state.finished, group.ctl_sleepers, 0)
+
+
+def _segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPlan]:
+    """Split each rank's tasks at the host's sub-worker calls: segment j runs between callback j-1 and j."""
+    out = []
+    for j in range(len(boundaries) + 1):
+        lo = boundaries[j - 1] if j else -1
+        hi = boundaries[j] if j < len(boundaries) else float("inf")
+        tasks = [[t for t in ts if lo < t.seq < hi] for ts in plan.tasks]
+        out.append(dataclasses.replace(plan, tasks=tasks))
+    return out

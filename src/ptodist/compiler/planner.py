@@ -136,8 +136,9 @@ class PlanningContext(context.Context):
                 f"kernel directly. Add a @pl.jit function that calls {fn.name}(...) and dispatch that.")
         if fn.kind is Kind.SUBWORKER:
             raise ProgramError(f"{fn.name}() at {loc}: '{fn.name}' is a sub-worker function (pl.Role.SubWorker), a "
-                               "host-side callback; a one-shot run dispatches only per-device functions and "
-                               "collectives. Call the Python function directly from the host code instead.")
+                               "host-side callback that a DistributedWorker runs: call the program through "
+                               f"compiled.prepare(callbacks={{'{fn.name}': python_function}}); a one-shot run "
+                               "dispatches only per-device functions and collectives.")
         if device is not None:
             raise ProgramError(f"{fn.name}() at {loc}: device= is only for dispatching a per-device function")
         return fn.invoke(*args, **kwargs)

@@ -3,5 +3,7 @@
 from __future__ import annotations
 
 from .config import DistributedConfig, RunConfig
+from .worker import DeviceTensor, DistributedWorker, RunHandle, StackedDeviceTensor, shared_array
 
-__all__ = ["DistributedConfig", "RunConfig"]
+__all__ = ["DeviceTensor", "DistributedConfig", "DistributedWorker", "RunConfig", "RunHandle", "StackedDeviceTensor",
+           "shared_array"]

@@ -1,9 +1,11 @@
-"""CompiledProgram: a host orchestrator bound to a RunConfig; call it to run.
+"""CompiledProgram: a host orchestrator bound to a RunConfig; call it to run, or prepare a worker.
 
 One-shot ``compiled(*args)`` takes host tensors (torch or numpy), either
 every parameter (outputs filled in place) or the inputs only (outputs are
 created and returned).  It plans (once per argument signature), runs the
 static checks, writes the plan to ``output_dir`` and hands it to the backend.
+``compiled.prepare()`` starts a :class:`~ptodist.runtime.worker.DistributedWorker`
+that keeps its rank processes for many dispatches.
 """
 
 from __future__ import annotations
@@ -57,8 +59,16 @@ class HostTensor:
             self.shared = value.flags.c_contiguous and value.flags.writeable
             self.array = value if self.shared else np.ascontiguousarray(value)
         else:
+            from .worker import DeviceTensor, StackedDeviceTensor
+
+            if isinstance(value, (DeviceTensor, StackedDeviceTensor)):
+                raise DispatchTypeError(f"parameter '{name}' is a {type(value).__name__}: resident tensors live in "
+                                        "the ranks of the DistributedWorker that allocated them. Dispatch through "
+                                        "that worker (rt(...) or rt.run(compiled, ...)), or copy the data to a host "
+                                        "tensor with rt.copy_from(...).")
             raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. "
                                     "Pass a torch tensor or a numpy array.")
+        self.shape = tuple(self.array.shape)
 
     def write_back(self) -> None:
         """Copy results into the caller's tensor when we had to work on a copy."""
@@ -85,6 +95,7 @@ class CompiledProgram:
         self.world = len(self.device_ids)
         self._extra = list(extra_functions)
         self._plans: dict = {}
+        self._where: dict[str, str] = {}  # parameter -> how messages name it (finding the source costs)
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
         checks.check_program_signatures(host, self._extra)
@@ -113,7 +124,12 @@ class CompiledProgram:
         return self._output_dir
 
     # -- arguments ----------------------------------------------------------------
-    def _bind(self, args: tuple) -> tuple[list, list[HostTensor | None], bool]:
+    def _bind(self, args: tuple, adapt=HostTensor, new_output=None) -> tuple[list, list, bool]:
+        """Bind ``args`` to the host parameters; tensors become ``adapt(value, name)`` objects.
+
+        ``adapt`` must give ``.dtype`` (a pl dtype), ``.shape``, ``.is_torch`` and ``.value``;
+        ``new_output(param, shape, like_torch)`` makes an output in the inputs-only form.
+        """
         params = self.host.params
         n_in = sum(1 for p in params if p.direction is not Direction.OUT)
         if len(args) == len(params):
@@ -138,29 +154,35 @@ class CompiledProgram:
                 continue
             v = next(it)
             if p.kind == "tensor" or (p.kind == "any" and not isinstance(v, (int, float, Scalar))):
-                h = HostTensor(v, p.name)
+                h = adapt(v, p.name)
                 self._check_host(p, h, bindings)
-                values.append(h.array)
+                values.append(getattr(h, "array", None))
                 hosts.append(h)
             else:
                 values.append(v)
                 hosts.append(None)
         like_torch = any(h is not None and h.is_torch for h in hosts)
         for i in pending_out:
-            hosts[i] = HostTensor(self._new_output(params[i], bindings, like_torch), params[i].name)
-            values[i] = hosts[i].array
+            shape = self._output_shape(params[i], bindings)
+            value = new_output(params[i], shape, like_torch) if new_output is not None else \
+                _zeros(shape, params[i].ttype.dtype, like_torch)
+            hosts[i] = adapt(value, params[i].name)
+            values[i] = getattr(hosts[i], "array", None)
         return values, hosts, created
 
     def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
-        where = f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})"
+        where = self._where.get(p.name)
+        if where is None:
+            where = self._where[p.name] = \
+                f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})"
         if p.ttype is None or p.ttype.shape is None:
             return
         if p.ttype.dtype is not None and h.dtype.np_dtype != p.ttype.dtype.np_dtype:
             raise DispatchTypeError(f"{where}: the host tensor is {h.dtype.name}, the annotation says "
                                     f"{p.ttype.dtype.name}")
-        checks.bind_shape(where, p.ttype.shape, tuple(h.array.shape), bindings, self.world)
+        checks.bind_shape(where, p.ttype.shape, tuple(h.shape), bindings, self.world)
 
-    def _new_output(self, p: ParamSpec, bindings: dict, like_torch: bool):
+    def _output_shape(self, p: ParamSpec, bindings: dict) -> list[int]:
         if p.ttype is None or p.ttype.shape is None or p.ttype.dtype is None:
             raise DispatchTypeError(f"{self.name}: cannot create output '{p.name}' without a shape and dtype in its "
                                     "annotation; pass it explicitly")
@@ -173,26 +195,32 @@ class CompiledProgram:
                 shape.append(bindings[d.name][0])
             else:
                 shape.append(d)
-        if like_torch:
-            import torch
-
-            return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype))
-        return np.zeros(shape, dtype=p.ttype.dtype.np_dtype)
+        return shape
 
     # -- planning -----------------------------------------------------------------
     def _plan_for(self, args: tuple) -> tuple[DispatchPlan, list, list, bool]:
         values, hosts, created = self._bind(args)
-        specs = [HostTensorSpec(i, p.name, tuple(h.array.shape), h.dtype, p.direction)
-                 for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
-        key = tuple((tuple(h.array.shape), h.dtype.name) if h is not None else _scalar_key(v)
-                    for h, v in zip(hosts, values))
+        key = self._plan_key(values, hosts)
         plan = self._plans.get(key)
         if plan is None:
-            plan = planner.make_plan(self.host, self.name, self.device_ids, specs, values)
+            plan = planner.make_plan(self.host, self.name, self.device_ids, self._host_specs(hosts), values)
             self._plans[key] = plan
-            path = self.output_dir / "dispatch_plan.json"
-            path.write_text(json.dumps(plan.to_json(), indent=2) + "\n")
+            self._write_plan(plan.to_json())
         return plan, values, hosts, created
+
+    def _host_specs(self, hosts: list) -> list[HostTensorSpec]:
+        return [HostTensorSpec(i, p.name, tuple(h.shape), h.dtype, p.direction)
+                for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
+
+    @staticmethod
+    def _plan_key(values: list, hosts: list) -> tuple:
+        """What a plan depends on: each tensor's shape and dtype, each scalar's value."""
+        return tuple((tuple(h.shape), h.dtype.name) if h is not None else _scalar_key(v)
+                     for h, v in zip(hosts, values))
+
+    def _write_plan(self, plan_json: dict) -> None:
+        path = self.output_dir / "dispatch_plan.json"
+        path.write_text(json.dumps(plan_json, indent=2) + "\n")
 
     # -- running ------------------------------------------------------------------
     def __call__(self, *args, config: RunConfig | None = None):
@@ -217,9 +245,31 @@ class CompiledProgram:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def prepare(self, config: RunConfig | None = None, *, extra_compiled=(), persistent: bool = False,
+                reset_persistent_windows: bool | None = None, callbacks: dict | None = None,
+                startup_timeout_s: float | None = None):
+        """Start a DistributedWorker for this program (and ``extra_compiled``): ranks start once.
+
+        Returns the worker; use it as a context manager, or call ``close()``.  See
+        :class:`ptodist.runtime.worker.DistributedWorker` for the arguments.
+        """
+        from .worker import DistributedWorker
+
+        return DistributedWorker(self, config, extra_compiled=extra_compiled, persistent=persistent,
+                                 reset_persistent_windows=reset_persistent_windows, callbacks=callbacks,
+                                 startup_timeout_s=startup_timeout_s)
+
 
 def _scalar_key(v):
     return ("scalar", v.value if isinstance(v, Scalar) else v)
+
+
+def _zeros(shape: list[int], dtype: dt.DataType, like_torch: bool):
+    if like_torch:
+        import torch
+
+        return torch.zeros(shape, dtype=dt.to_torch(dtype))
+    return np.zeros(shape, dtype=dtype.np_dtype)
 
 
 def compile(program, platform: str = "a2a3sim", distributed_config=None, *, output_dir=None, config=None,

@@ -1,0 +1,224 @@
+"""Dispatch latency: a prepared DistributedWorker vs. one-shot calls vs. a torch.distributed (gloo) barrier.
+
+Every contender runs P ranks that do (almost) nothing, so what is measured is the
+cost of getting work to P processes and learning that it is done:
+
+* **prepared** ``rt(x)``: a ``DistributedWorker`` (``compiled.prepare()``) dispatching a
+  program whose per-device function calls one empty kernel; the ranks were started
+  once, the host tensor is shared memory.
+* **prepared, submitted**: the same with ``rt.submit`` (two dispatches in flight),
+  time per dispatch over a stream of them.
+* **one-shot** ``compiled(x)``: the same program called directly, which forks the
+  ranks for every call.
+* **gloo barrier**: P processes in ``torch.distributed`` (gloo over loopback) doing
+  ``dist.barrier()``; a barrier is the smallest round trip that involves every rank.
+
+Each row interleaves the contenders (repetition 1 of each, then repetition 2, ...)
+and reports medians.  Prints a Markdown table; the header has the CPU count and the
+load average, which the numbers depend on.
+
+Run: ``python benchmarks/dispatch.py [--dispatches 2000] [--one-shot 20] [--barriers 2000] [--repeat 5]
+[--ps 2,4]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import socket
+import statistics
+import time
+
+import torch
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig
+
+GOAL_US = 200.0  # per prepared dispatch at P = 2
+
+
+@pl.jit.incore
+def empty_kernel(x: pl.Tensor[[1, 4], pl.FP32]):
+    pass
+
+
+@pl.jit
+def per_rank(x: pl.Tensor[[1, 4], pl.FP32]):
+    empty_kernel(x)
+
+
+@pl.jit.host
+def empty(x: pl.Tensor[[pl.dynamic("NR"), 1, 4], pl.FP32]):
+    for r in pl.range(pld.world_size()):
+        per_rank(x[r], device=r)
+
+
+def prepared_us(rt, x, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        rt(x)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def submitted_us(rt, compiled, x, n: int) -> float:
+    t0 = time.perf_counter()
+    pending = []
+    for _ in range(n):
+        pending.append(rt.submit(compiled, x))
+        if len(pending) == 2:
+            pending.pop(0).result()
+    for h in pending:
+        h.result()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def one_shot_us(compiled, x, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        compiled(x)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+# -- gloo: P forked processes, one Pipe each ----------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_worker(rank: int, p: int, port: int, conn) -> None:
+    try:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        import torch.distributed as dist
+
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+        conn.send(("ready", None))
+        while True:
+            k = conn.recv()
+            if k is None:
+                break
+            dist.barrier()  # warm-up, and everyone starts together
+            t0 = time.perf_counter()
+            for _ in range(k):
+                dist.barrier()
+            conn.send(("ok", (time.perf_counter() - t0) / k * 1e6))
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001 - reported to the driver
+        conn.send(("error", f"{type(e).__name__}: {e}"))
+
+
+class GlooBarrier:
+    """P gloo processes; ``measure(k)`` times k barriers on all of them (µs per barrier, slowest rank)."""
+
+    def __init__(self, p: int):
+        ctx = mp.get_context("fork")
+        port = _free_port()
+        self.conns, self.procs = [], []
+        for r in range(p):
+            a, b = ctx.Pipe()
+            proc = ctx.Process(target=_gloo_worker, args=(r, p, port, b), daemon=True)
+            proc.start()
+            b.close()
+            self.conns.append(a)
+            self.procs.append(proc)
+        self._collect()
+
+    def _collect(self) -> list[float]:
+        out = []
+        for conn, proc in zip(self.conns, self.procs):
+            while not conn.poll(0.5):
+                if not proc.is_alive():
+                    raise RuntimeError(f"a gloo process exited with status {proc.exitcode}")
+            status, value = conn.recv()
+            if status == "error":
+                raise RuntimeError(value)
+            out.append(value)
+        return out
+
+    def measure(self, k: int) -> float:
+        for conn in self.conns:
+            conn.send(k)
+        return max(self._collect())
+
+    def close(self) -> None:
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+
+
+def gloo_available() -> str | None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_gloo_available()):
+        return "torch.distributed was built without gloo"
+    return None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dispatches", type=int, default=2000, help="prepared dispatches per repetition")
+    ap.add_argument("--one-shot", type=int, default=20, help="one-shot calls per repetition")
+    ap.add_argument("--barriers", type=int, default=2000, help="gloo barriers per repetition")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--ps", default="2,4", help="comma-separated rank counts")
+    args = ap.parse_args(argv)
+    ps = [int(p) for p in args.ps.split(",")]
+    no_gloo = gloo_available()
+    load0 = os.getloadavg()
+    rows = []
+    for p in ps:
+        compiled = empty.compile(config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p)))))
+        x = torch.zeros(p, 1, 4).share_memory_()
+        compiled(x)  # plans (and says which backend runs it) before anything is timed
+        gloo = GlooBarrier(p) if no_gloo is None else None
+        samples: dict[str, list[float]] = {"prepared": [], "submitted": [], "one-shot": [], "gloo": []}
+        try:
+            with compiled.prepare() as rt:
+                prepared_us(rt, x, 100)  # warm-up
+                for _ in range(args.repeat):
+                    samples["prepared"].append(prepared_us(rt, x, args.dispatches))
+                    samples["submitted"].append(submitted_us(rt, compiled, x, args.dispatches))
+                    samples["one-shot"].append(one_shot_us(compiled, x, args.one_shot))
+                    if gloo is not None:
+                        samples["gloo"].append(gloo.measure(args.barriers))
+        finally:
+            if gloo is not None:
+                gloo.close()
+        rows.append((p, {k: statistics.median(v) if v else None for k, v in samples.items()}))
+    load1 = os.getloadavg()
+    print(f"## Dispatch latency — median µs per dispatch over {args.repeat} repetitions "
+          f"({os.cpu_count()} CPUs; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end)\n")
+    print("| P | prepared `rt(x)` | prepared, `submit` (2 in flight) | one-shot `compiled(x)` | gloo `barrier()` "
+          "| one-shot / prepared | prepared / gloo barrier |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+
+    def fmt(v):
+        return "n/a" if v is None else f"{v:.1f}"
+
+    for p, m in rows:
+        ratio_os = m["one-shot"] / m["prepared"]
+        ratio_g = "n/a" if m["gloo"] is None else f"{m['prepared'] / m['gloo']:.2f}"
+        print(f"| {p} | {fmt(m['prepared'])} | {fmt(m['submitted'])} | {fmt(m['one-shot'])} | {fmt(m['gloo'])} "
+              f"| {ratio_os:.0f} | {ratio_g} |")
+    if no_gloo is not None:
+        print(f"\ngloo: n/a ({no_gloo})")
+    two = next((m["prepared"] for p, m in rows if p == 2), None)
+    if two is not None:
+        verdict = "met" if two < GOAL_US else "not met"
+        print(f"\nGoal: under {GOAL_US:.0f} µs per prepared dispatch at P = 2 — {verdict} ({two:.1f} µs).")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
