@@ -1,4 +1,4 @@
-"""Collective throughput: ptodist host collectives vs. torch.distributed (gloo) vs. MPI (mpi4py).
+"""Collective throughput: ptodist host collectives (on shm and on MPI) vs. torch.distributed (gloo) vs. MPI (mpi4py).
 
 For each collective (allreduce Sum FP32, broadcast, allgather, reduce_scatter,
 all_to_all), each rank count P and each size, every contender runs K calls back
@@ -6,11 +6,15 @@ to back and reports the time per call.  Contenders are interleaved per
 repetition (their order rotates), so machine drift hits all alike; the table
 shows medians over the repetitions.
 
-* **ptodist**: a host orchestrator that warms up with one builtin collective,
-  dispatches a timer kernel (``time.perf_counter_ns()`` into an INT64 output) to
-  every rank, K builtin collectives on windows with an explicit signal (a host
-  loop), then the timer kernel again.  Per-call time = max over ranks of
-  (t1 - t0) / K, so process start-up and planning are not measured.
+* **ptodist** (the ``shm`` backend): a host orchestrator that warms up with one
+  builtin collective, dispatches a timer kernel (``time.perf_counter_ns()`` into
+  an INT64 output) to every rank, K builtin collectives on windows with an
+  explicit signal (a host loop), then the timer kernel again.  Per-call time =
+  max over ranks of (t1 - t0) / K, so process start-up and planning are not
+  measured.
+* **ptodist-mpi**: the same program on the ``mpi`` backend: ``mpirun -n P``
+  (the options below) running this file with ``--ptodist-mpi-worker``; each
+  measurement is one call of the compiled program (windows are MPI RMA windows).
 * **gloo**: P forked processes in ``init_process_group("gloo",
   init_method="tcp://127.0.0.1:<free port>")`` (TCP over loopback); a warm-up
   call, a barrier, K calls; max over ranks.
@@ -18,10 +22,10 @@ shows medians over the repetitions.
   ``self,sm`` from Open MPI 5: shared memory only) running this file with
   ``--mpi-worker``; a warm-up call, ``Barrier``, K calls; max over ranks.
 
-The gloo and MPI processes are started once per P and take commands through
-pipes (FIFOs for MPI), blocking in the kernel while idle, so they use no CPU
-while the other contenders run.  A contender that is not installed, or fails,
-shows "n/a" and the reason is listed under the table.
+The gloo, MPI and ptodist-mpi processes are started once per P and take
+commands through pipes (FIFOs for the MPI jobs), blocking in the kernel while
+idle, so they use no CPU while the other contenders run.  A contender that is
+not installed, or fails, shows "n/a" and the reason is listed under the table.
 
 Sizes are bytes of the largest per-rank buffer (the nccl-tests convention):
 allreduce/broadcast: the buffer; allgather: the gathered output (each rank
@@ -53,7 +57,9 @@ import time
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "all_to_all")
 SIZES = ("4K", "64K", "1M", "16M", "64M")
-CONTENDERS = ("ptodist", "gloo", "MPI")
+CONTENDERS = ("ptodist", "ptodist-mpi", "gloo", "MPI")
+MPI_JOBS = {"MPI": "--mpi-worker", "ptodist-mpi": "--ptodist-mpi-worker"}  # contender -> worker flag
+RATIOS = (("ptodist", "gloo"), ("ptodist", "MPI"), ("ptodist-mpi", "MPI"), ("ptodist-mpi", "ptodist"))
 QUICK = {"ops": "allreduce", "sizes": "4K,1M,16M", "ps": "2", "repeat": 3}
 COMMAND_TIMEOUT_S = 300.0  # one measurement of one contender
 
@@ -155,7 +161,7 @@ def _ptodist_functions():
     return _PTO
 
 
-def ptodist_program(op: str, p: int, n: int, k: int, output_dir: str):
+def ptodist_program(op: str, p: int, n: int, k: int, output_dir: str, backend: str | None = None):
     """Compile the timed host program: warm-up call, t0 stamps, K builtin ``op`` calls, t1 stamps."""
     f = _ptodist_functions()
     pl, pld, clock, NR = f["pl"], f["pld"], f["clock"], f["NR"]
@@ -198,7 +204,8 @@ def ptodist_program(op: str, p: int, n: int, k: int, output_dir: str):
 
     import numpy as np
 
-    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p))), output_dir=output_dir)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p))), output_dir=output_dir,
+                    backend=backend)
     t0, t1 = np.zeros((p, 1), np.int64), np.zeros((p, 1), np.int64)
     return bench.compile(t0, t1, config=cfg)
 
@@ -313,7 +320,7 @@ class GlooPool:
 
 
 # ---------------------------------------------------------------------------------------------
-# MPI: one mpirun per P running this file with --mpi-worker; one command FIFO per rank
+# MPI: one mpirun per P running this file with --mpi-worker (or --ptodist-mpi-worker); one command FIFO per rank
 
 def mpi_launcher() -> tuple[list[str] | None, str]:
     """Return (mpirun argv prefix without -n, description) or (None, why MPI is unavailable)."""
@@ -367,16 +374,41 @@ def _mpi_worker(fifo_dir: str) -> int:
     return 0
 
 
+def _ptodist_mpi_worker(fifo_dir: str) -> int:
+    """Body of one rank of ptodist on the mpi backend: like _mpi_worker, measuring ptodist_program."""
+    from ptodist.backends.mpi import load_mpi
+
+    rank = load_mpi().COMM_WORLD.Get_rank()
+    p = load_mpi().COMM_WORLD.Get_size()
+    outdir = os.path.join(fifo_dir, f"plans.{rank}")
+    compiled: dict = {}
+    with open(os.path.join(fifo_dir, f"cmd.{rank}")) as cmds:
+        for line in cmds:
+            cmd = json.loads(line)
+            if cmd is None:
+                break
+            op, n, k = cmd
+            try:
+                if (op, n, k) not in compiled:
+                    compiled[(op, n, k)] = ptodist_program(op, p, n, k, outdir, backend="mpi")
+                result = {"ok": ptodist_measure(compiled[(op, n, k)], p, k)}
+            except Exception as e:  # noqa: BLE001
+                result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+            if rank == 0:
+                print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
 class MpiPool:
     """``mpirun -n P`` workers, alive for one P; ``measure`` runs one command on all of them."""
 
-    def __init__(self, launcher: list[str], p: int):
+    def __init__(self, launcher: list[str], p: int, worker: str = "--mpi-worker"):
         self.p = p
         self.dir = tempfile.mkdtemp(prefix="ptodist-bench-mpi-")
         self.fds: list[int] = []
         for r in range(p):
             os.mkfifo(os.path.join(self.dir, f"cmd.{r}"))
-        argv = [*launcher, "-n", str(p), sys.executable, os.path.abspath(__file__), "--mpi-worker", self.dir]
+        argv = [*launcher, "-n", str(p), sys.executable, os.path.abspath(__file__), worker, self.dir]
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
         self.out = b""
         try:
@@ -483,10 +515,13 @@ def render(results: dict, notes: list[str], header: list[str], ops, ps, sizes) -
     for op in ops:
         bus = {"allreduce": "2(P-1)/P", "broadcast": "1"}.get(op, "(P-1)/P")
         out += ["", f"### {op}" + (" (Sum, FP32)" if op in ("allreduce", "reduce_scatter") else " (FP32)"), "",
-                f"busbw = algbw x {bus}.  Time ratio < 1: ptodist is faster.", "",
-                "| P | size | K | ptodist µs | gloo µs | MPI µs | ptodist algbw GB/s | gloo algbw | MPI algbw "
-                "| ptodist busbw GB/s | gloo busbw | MPI busbw | ptodist/gloo | ptodist/MPI |",
-                "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                f"busbw = algbw x {bus}.  ptodist runs on shm, ptodist-mpi on the mpi backend.  Time ratio < 1: "
+                "the first is faster.", "",
+                "| P | size | K | " + " | ".join(f"{c} µs" for c in CONTENDERS) + " | "
+                + " | ".join(f"{c} algbw GB/s" for c in CONTENDERS) + " | "
+                + " | ".join(f"{c} busbw GB/s" for c in CONTENDERS) + " | "
+                + " | ".join(f"{a}/{b}" for a, b in RATIOS) + " |",
+                "|" + "---:|" * (3 + 3 * len(CONTENDERS) + len(RATIOS))]
         for p in ps:
             for size in sizes:
                 row = results.get((op, p, size))
@@ -499,7 +534,7 @@ def render(results: dict, notes: list[str], header: list[str], ops, ps, sizes) -
                     *(_fmt_time(med[c]) for c in CONTENDERS),
                     *(_fmt_bw(size, med[c]) for c in CONTENDERS),
                     *(_fmt_bw(size, med[c], f) for c in CONTENDERS),
-                    _fmt_ratio(med["ptodist"], med["gloo"]), _fmt_ratio(med["ptodist"], med["MPI"]),
+                    *(_fmt_ratio(med[a], med[b]) for a, b in RATIOS),
                 ]) + " |")
     if notes:
         out += ["", "Notes:", ""] + [f"- {n}" for n in notes]
@@ -515,7 +550,7 @@ def measure_size(op: str, p: int, size: int, args, unavailable: dict, pools: dic
     compiled = None
     if "ptodist" not in unavailable:
         try:
-            compiled = ptodist_program(op, p, n, k, outdir)  # planned once; every repetition is a fresh run
+            compiled = ptodist_program(op, p, n, k, outdir, backend="shm")  # planned once; each repetition runs
         except Exception as e:  # noqa: BLE001
             notes.append(f"ptodist {op} P={p} {size_label(size)}: n/a — {type(e).__name__}: {e}")
     order = [c for c in CONTENDERS if (c == "ptodist" and compiled is not None) or c in pools]
@@ -560,16 +595,20 @@ def main(argv=None) -> int:
                     help="bytes per measurement: K = budget / size, within [--min-iters, --max-iters]")
     ap.add_argument("--min-iters", type=int, default=3)
     ap.add_argument("--max-iters", type=int, default=200)
-    ap.add_argument("--contenders", default=",".join(CONTENDERS), help="comma-separated subset of ptodist,gloo,MPI")
+    ap.add_argument("--contenders", default=",".join(CONTENDERS),
+                    help=f"comma-separated subset of {','.join(CONTENDERS)}")
     ap.add_argument("--quick", action="store_true",
                     help=f"a short run: --ops {QUICK['ops']} --sizes {QUICK['sizes']} --ps {QUICK['ps']} "
                          f"--repeat {QUICK['repeat']} (explicit options still win)")
     ap.add_argument("--out", help="also write the Markdown table to this file")
     ap.add_argument("--json", help="write every sample (seconds per call) to this JSON file")
     ap.add_argument("--mpi-worker", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--ptodist-mpi-worker", metavar="DIR", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.mpi_worker:
         return _mpi_worker(args.mpi_worker)
+    if args.ptodist_mpi_worker:
+        return _ptodist_mpi_worker(args.ptodist_mpi_worker)
 
     defaults = {"ops": ",".join(OPS), "sizes": ",".join(SIZES), "ps": "2,4", "repeat": 5}
     for key, value in defaults.items():
@@ -599,9 +638,11 @@ def main(argv=None) -> int:
                 unavailable["gloo"] = "torch.distributed was built without gloo"
         except ImportError as e:
             unavailable["gloo"] = f"torch is not importable ({e})"
-    mpi_argv, mpi_desc = (mpi_launcher() if "MPI" in contenders else (None, "not selected"))
-    if "MPI" in contenders and mpi_argv is None:
-        unavailable["MPI"] = mpi_desc
+    wants_mpi = [c for c in MPI_JOBS if c in contenders]
+    mpi_argv, mpi_desc = (mpi_launcher() if wants_mpi else (None, "not selected"))
+    if mpi_argv is None:
+        for c in wants_mpi:
+            unavailable[c] = mpi_desc
     for c in CONTENDERS:
         if c not in contenders:
             unavailable.setdefault(c, "not selected (--contenders)")
@@ -619,7 +660,7 @@ def main(argv=None) -> int:
         import mpi4py
 
         versions.append(f"{mpi_desc}, mpi4py {mpi4py.__version__}")
-    header = [f"## Collectives: ptodist vs gloo vs MPI — median time per call over {args.repeat} "
+    header = [f"## Collectives: ptodist (shm, mpi) vs gloo vs MPI — median time per call over {args.repeat} "
               f"interleaved repetitions", "",
               f"{os.cpu_count()} CPUs, {platform.machine()}, {'; '.join(versions)}.  Sizes are bytes of the "
               "largest per-rank buffer; algbw = size / time; K calls per measurement."]
@@ -631,12 +672,12 @@ def main(argv=None) -> int:
     t_start = time.monotonic()
 
     def start_pool(name: str, p: int):
-        return GlooPool(p) if name == "gloo" else MpiPool(mpi_argv, p)
+        return GlooPool(p) if name == "gloo" else MpiPool(mpi_argv, p, MPI_JOBS[name])
 
     try:
         for p in ps:
             pools: dict = {}
-            for name in ("gloo", "MPI"):
+            for name in ("gloo", *MPI_JOBS):
                 if name not in unavailable:
                     try:
                         pools[name] = start_pool(name, p)

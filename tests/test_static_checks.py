@@ -636,7 +636,7 @@ def test_run_config_accepts_the_upstream_platforms(platform):
 
 @pytest.mark.parametrize("kwargs, text", [
     ({"platform": "a3"}, "RunConfig(platform='a3'): must be one of a2a3sim, a2a3, a5sim, a5"),
-    ({"backend": "mpi"}, "RunConfig(backend='mpi'): available backends are shm"),
+    ({"backend": "nccl"}, "RunConfig(backend='nccl'): available backends are shm, sim, mpi"),
     ({"hang_timeout_s": 0}, "RunConfig(hang_timeout_s=0): must be a positive number of seconds"),
     ({"hang_timeout_s": -5.0}, "RunConfig(hang_timeout_s=-5.0): must be a positive number of seconds"),
     ({"hang_timeout_s": float("nan")}, "RunConfig(hang_timeout_s=nan): must be a positive number of seconds"),
@@ -672,8 +672,8 @@ def test_hang_timeout_env_and_default(monkeypatch):
 
 
 def test_bad_backend_env_is_refused_before_running(monkeypatch):
-    monkeypatch.setenv("PTODIST_BACKEND", "mpi")
-    with pytest.raises(ConfigError, match=r"^PTODIST_BACKEND='mpi': available backends are shm$"):
+    monkeypatch.setenv("PTODIST_BACKEND", "nccl")
+    with pytest.raises(ConfigError, match=r"^PTODIST_BACKEND='nccl': available backends are shm, sim, mpi$"):
         dispatches_two(zeros(2, 1, 8), config=cfg(0, 1))
     monkeypatch.setenv("PTODIST_BACKEND", "shm")
     assert RunConfig().resolved_backend() == "shm"

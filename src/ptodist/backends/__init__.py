@@ -15,4 +15,8 @@ def get_backend(name: str):
         from .sim import SimBackend
 
         return SimBackend()
-    raise ConfigError(f"unknown backend {name!r}; available: shm, sim")
+    if name == "mpi":
+        from .mpi import MpiBackend
+
+        return MpiBackend()
+    raise ConfigError(f"unknown backend {name!r}; available: shm, sim, mpi")

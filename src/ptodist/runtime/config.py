@@ -9,9 +9,16 @@ from dataclasses import dataclass, field
 from ..errors import ConfigError
 
 PLATFORMS = ("a2a3sim", "a2a3", "a5sim", "a5")
-BACKENDS = ("shm", "sim")
+BACKENDS = ("shm", "sim", "mpi")
+# Set by MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx-based launchers, MVAPICH) in each process.
+MPI_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 DEFAULT_HANG_TIMEOUT_S = 60.0
 _announced: set[str] = set()
+
+
+def started_by_mpi_launcher() -> bool:
+    """Whether this process was started by an MPI launcher (``mpirun``, ``mpiexec``, ``srun --mpi=pmix``)."""
+    return any(os.environ.get(name) for name in MPI_LAUNCHER_ENV)
 
 
 @dataclass
@@ -55,7 +62,7 @@ class RunConfig:
     """How to run: the platform name, the devices, diagnostics, and ptodist's own settings.
 
     ``backend`` picks ptodist's backend (default: env ``PTODIST_BACKEND``, else
-    ``"shm"``); ``hang_timeout_s`` how long ranks may make no progress before the
+    ``"mpi"`` in a process an MPI launcher started, else ``"shm"``); ``hang_timeout_s`` how long ranks may make no progress before the
     run ends with HangError (default: env ``PTODIST_HANG_TIMEOUT``, else 60 s).
     """
 
@@ -107,7 +114,7 @@ class RunConfig:
 
         if explore.active() is not None:
             return "sim"  # under `ptodist check` every dispatch runs on the simulator, whatever was asked
-        name = self.backend or os.environ.get("PTODIST_BACKEND") or "shm"
+        name = self.backend or os.environ.get("PTODIST_BACKEND") or ("mpi" if started_by_mpi_launcher() else "shm")
         if name not in BACKENDS:
             raise ConfigError(f"PTODIST_BACKEND={name!r}: available backends are {', '.join(BACKENDS)}")
         return name
@@ -127,9 +134,11 @@ class RunConfig:
         return DEFAULT_HANG_TIMEOUT_S
 
     def announce_platform(self) -> None:
-        """Say once per process that the upstream platform runs on the local backend."""
+        """Say once per process which of ptodist's backends the upstream platform runs on."""
         key = f"{self.platform}->{self.resolved_backend()}"
         if key not in _announced:
             _announced.add(key)
-            print(f"ptodist: platform '{self.platform}' runs on the local '{self.resolved_backend()}' backend "
-                  "(no NPU needed)", file=sys.stderr)
+            name = self.resolved_backend()
+            where = "the local" if name in ("shm", "sim") else "ptodist's"
+            print(f"ptodist: platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)",
+                  file=sys.stderr)

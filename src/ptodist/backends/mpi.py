@@ -1,0 +1,1203 @@
+"""The ``mpi`` backend: one MPI process per rank, windows as MPI-3 RMA windows.
+
+``mpirun -n P python SCRIPT`` starts P copies of the program.  Every copy runs
+the host orchestrator, so every process plans the same dispatch; process r of
+``MPI_COMM_WORLD`` then runs rank r's tasks, and only those.
+
+Two MPI windows per run, allocated collectively over the world and zeroed:
+
+    heap      the window heap: every window buffer at its plan offset
+    control   abort word | accumulate lock | hang claim | arrived | CPU time |
+              this rank's status board (state, the wait it is blocked in, the
+              notifies it sent) | its pickled result (read when the job is aborted)
+
+Every process holds a passive-target epoch on both windows (``Lock_all``) for
+the whole run.  Signal cells are touched only by MPI atomics (``Fetch_and_op``
+with SUM, REPLACE or NO_OP), so they are atomic with respect to each other on
+any transport.  A peer's window data moves with ``Get`` and ``Put``
+(``Accumulate`` for atomic adds); every ``Put`` is completed at its target
+before the next notify, so data is visible before the signal announcing it.
+
+There is no driver process.  A rank that waits, and a rank that has finished,
+watches the other ranks' status boards and diagnoses a hang itself.  A rank that
+fails or finds a hang sets every rank's abort word; the others stop at their
+next wait (after the grace period the ``shm`` driver gives), all processes
+exchange their results and raise the same error.  Each process's rank writes
+into private copies of the host tensors; at the end the bytes every rank
+changed are exchanged, so each process returns with every rank's outputs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import operator
+import os
+import pickle
+import sys
+import threading
+import time
+from collections import OrderedDict
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from ..check import findings
+from ..check.hang import diagnose_hang, hang_report, received
+from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
+from ..dfx import finish_run, write_rank_outputs
+from ..errors import ConfigError, DispatchValueError, HangError, PtodistError, PtodistInternalError, RankError
+from ..language.scalar import Scalar
+from ..language.types import Direction
+from ..runtime.config import started_by_mpi_launcher
+from ..runtime.events import EventLog
+from ..runtime.rank import RankContext
+from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
+from .shm import CERTAIN_HANG_S, GRACE_S, _failure
+
+ALIGN = 64
+CHECK_S = 0.02          # how often a waiting or finished rank looks at the abort word and the other ranks
+PULSE_S = 0.01          # how often a rank publishes its CPU time and runs MPI progress while it computes
+RESULT_BYTES = 1 << 16  # room for a rank's pickled result in its control window
+MERGE_BLOCK = 4096      # host tensor bytes are exchanged in blocks of this size
+MAX_CHUNK = 1 << 30     # MPI counts are C ints: larger contiguous transfers go in pieces
+TYPE_CACHE = 512        # derived datatypes kept per run (one per distinct region shape)
+# After a failure, how long the other ranks get to stop before the job is ended with MPI_Abort:
+# as long as the hang timeout, within these bounds.
+STOP_WAIT_MIN_S, STOP_WAIT_MAX_S = 2.0, 10.0
+
+# The control window (byte offsets).  ABORT, LOCK and HANG are touched only by MPI atomics; the rest is
+# written by its owner with plain stores and read by the others with Get.
+CTL_ABORT = 0
+CTL_LOCK = 4
+CTL_HANG = 8  # on rank 0 only: rank + 1 of the rank that reported a hang
+CTL_ARRIVED = 16
+CTL_CPU = 24
+CTL_RESULT_LEN = 32
+CTL_BOARD = 64
+CTL_PEEK_END = CTL_BOARD + STATUS_DTYPE.itemsize  # what a watcher reads of each rank, from CTL_ARRIVED
+CTL_RESULT = -(-(CTL_BOARD + StatusBoard.nbytes(1)) // ALIGN) * ALIGN
+CTL_BYTES = CTL_RESULT + RESULT_BYTES
+
+# numpy dtypes an MPI Accumulate can add natively; the others (FP16, BF16) add under the lock.
+_ACCUMULATE_TYPES = {np.dtype(np.float32): "FLOAT", np.dtype(np.float64): "DOUBLE", np.dtype(np.int8): "INT8_T",
+                     np.dtype(np.int16): "INT16_T", np.dtype(np.int32): "INT32_T", np.dtype(np.int64): "INT64_T",
+                     np.dtype(np.uint8): "UINT8_T"}
+
+INSTALL_HINT = ("Install mpi4py with `pip install ptodist[mpi]` and the system's MPI library (Debian/Ubuntu: "
+                "`apt-get install openmpi-bin libopenmpi-dev`), then start the program with "
+                "`mpirun -n P python SCRIPT`.")
+
+
+class _Stopped(BaseException):
+    """Raised in a rank that another rank's failure or a found hang stopped (not an error of its own)."""
+
+
+def _mpi4py():
+    """Import the mpi4py package (this does not start MPI); raise ConfigError saying how to install it."""
+    try:
+        import mpi4py
+    except ImportError:
+        raise ConfigError(f"the 'mpi' backend needs mpi4py, which is not installed in {sys.executable}. "
+                          f"{INSTALL_HINT}") from None
+    return mpi4py
+
+
+def load_mpi():
+    """Import and return ``mpi4py.MPI`` (which starts MPI); raise ConfigError saying how to install it."""
+    mpi4py = _mpi4py()
+    if "mpi4py.MPI" not in sys.modules and getattr(mpi4py.rc, "thread_level", None) == "multiple":
+        # Only the thread that runs the rank calls MPI.  Asking for less than MPI_THREAD_MULTIPLE also lets
+        # Open MPI use its pt2pt one-sided component (TCP networks), which refuses MPI_THREAD_MULTIPLE.
+        mpi4py.rc.thread_level = "serialized"
+    try:
+        from mpi4py import MPI
+    except Exception as e:  # noqa: BLE001 - e.g. the MPI shared library is missing
+        raise ConfigError(f"the 'mpi' backend could not load MPI: {type(e).__name__}: {e}. {INSTALL_HINT}") from None
+    return MPI
+
+
+class _Session:
+    """This process's MPI state, made once: a private communicator and where the process runs."""
+
+    def __init__(self, MPI):
+        self.MPI = MPI
+        # A duplicate, so that ptodist's collectives never match a program's own MPI calls.
+        self.comm = MPI.COMM_WORLD.Dup()
+        self.rank = self.comm.Get_rank()
+        self.size = self.comm.Get_size()
+        local = self.comm.Split_type(MPI.COMM_TYPE_SHARED)
+        self.local_size = local.Get_size()
+        local.Free()
+        # The machine's cores, not this process's affinity: a launcher may bind each process to one core.
+        self.oversubscribed = self.local_size > (os.cpu_count() or 1)
+        self.host = MPI.Get_processor_name()
+        # A helper thread may call MPI (never at the same time as the rank thread) only from this level on.
+        self.threaded_progress = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+
+
+_session: _Session | None = None
+
+
+def _get_session(MPI) -> _Session:
+    global _session
+    if _session is None:
+        _session = _Session(MPI)
+    return _session
+
+
+class MpiBackend:
+    """Runs a plan with one MPI process per rank (start the program with ``mpirun -n P``)."""
+
+    name = "mpi"
+
+    def __init__(self):
+        _mpi4py()
+
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
+        if _session is None and plan.world != 1 and not started_by_mpi_launcher():
+            # Refused before MPI starts: a process that starts MPI without a launcher gets a helper daemon.
+            raise _no_launcher(plan)
+        session = _get_session(load_mpi())
+        _agree_on_plan(session, plan)
+        _sync_host_tensors(session, host_arrays)
+        _MpiRun(session, plan, host_arrays, config, dfx).run()
+
+
+# -- before the run: one plan, one set of inputs ------------------------------------------------------
+
+def _arg_key(a):
+    if isinstance(a, WindowView):
+        return ("window", a.buffer.id, tuple(a.shape), a.dtype.name)
+    if isinstance(a, HostTensorRef):
+        return ("host", a.tensor.index, tuple(a.index))
+    if isinstance(a, Scalar):
+        return ("scalar", a.value, a.dtype.name)
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg_key(x) for x in a)
+    if isinstance(a, (int, float, bool, str)) or a is None:
+        return a
+    return type(a).__name__
+
+
+def plan_digest(plan: DispatchPlan) -> str:
+    """A digest of what the ranks will do: windows, host tensors, and every rank's tasks and arguments."""
+    tasks = [[(t.function.describe() if isinstance(t.function, BuiltinCall) else t.function.name,
+               tuple(_arg_key(a) for a in t.args)) for t in ts] for ts in plan.tasks]
+    parts = (plan.program, plan.world, tuple(plan.device_ids), plan.window_heap_bytes,
+             tuple((w.name, w.offset, w.nbytes) for w in plan.windows),
+             tuple((t.index, t.name, tuple(t.shape), t.dtype.name, t.direction.value) for t in plan.host_tensors),
+             tasks)
+    return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
+
+
+def _agree_on_plan(s: _Session, plan: DispatchPlan) -> None:
+    """Check, in every process alike, that the job has one process per rank and one plan."""
+    mine = (plan.world, plan_digest(plan))
+    everyone = s.comm.allgather(mine)
+    worlds = sorted({w for w, _ in everyone})
+    if worlds != [s.size]:
+        ids = list(plan.device_ids)
+        if s.size == 1 and not started_by_mpi_launcher():
+            raise _no_launcher(plan)
+        raise ConfigError(
+            f"{plan.program}: the program has {plan.world} ranks (DistributedConfig(device_ids={ids})) but this "
+            f"MPI job has {s.size} process{'es' if s.size != 1 else ''}, and each MPI process runs one rank. "
+            f"Start it with `mpirun -n {plan.world} ...`, or give device_ids {s.size} "
+            f"entr{'ies' if s.size != 1 else 'y'}.")
+    differ = [p for p, (_, d) in enumerate(everyone) if d != everyone[0][1]]
+    if differ:
+        raise DispatchValueError(
+            f"{plan.program}: MPI process(es) {differ} planned a different dispatch than process 0 (other "
+            "windows, tasks or scalar arguments). Every process runs the host orchestrator and must plan the "
+            "same thing: do not derive shapes, scalar arguments or control flow of the host orchestrator from "
+            "the process (its MPI rank, host name, unseeded randomness).")
+
+
+def _no_launcher(plan: DispatchPlan) -> ConfigError:
+    return ConfigError(
+        f"{plan.program}: the program has {plan.world} ranks (DistributedConfig(device_ids={list(plan.device_ids)})) "
+        "and runs on the 'mpi' backend, where each MPI process runs one rank, but no MPI launcher started this "
+        f"process. Start it with `mpirun -n {plan.world} python SCRIPT`, or choose another backend "
+        "(RunConfig(backend='shm') or PTODIST_BACKEND=shm).")
+
+
+def _byte_view(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1).view(np.uint8)
+
+
+def _bcast_bytes(comm, MPI, buf: np.ndarray, root: int) -> None:
+    for lo in range(0, buf.size, MAX_CHUNK):
+        piece = buf[lo:lo + MAX_CHUNK]
+        comm.Bcast([piece, piece.size, MPI.BYTE], root=root)
+
+
+def _sync_host_tensors(s: _Session, host_arrays: list) -> None:
+    """Give every process process 0's host tensors, so all ranks start from the same inputs.
+
+    Each process made its own (for instance with unseeded ``torch.randn``); the golden a script computes
+    after the call then agrees with what the ranks computed.
+    """
+    for i, a in enumerate(host_arrays):
+        if a is None or a.size == 0:
+            continue
+        if s.rank == 0:
+            _bcast_bytes(s.comm, s.MPI, _byte_view(np.ascontiguousarray(a)), 0)
+            continue
+        got = np.empty(a.shape, a.dtype)
+        _bcast_bytes(s.comm, s.MPI, _byte_view(got), 0)
+        if np.array_equal(_byte_view(got), _byte_view(np.ascontiguousarray(a))):
+            continue
+        if a.flags.writeable and a.flags.c_contiguous:
+            a[...] = got
+        else:
+            host_arrays[i] = got  # a read-only input: the ranks read process 0's values
+
+
+# -- remote window memory ---------------------------------------------------------------------------------
+
+class _RemoteBytes:
+    """A peer's bytes of one window buffer: what ``window_bytes`` returns for another rank.
+
+    Supports what ``WindowTensor`` does with raw bytes: ``[:n]`` and ``.view(dtype)``.
+    """
+
+    def __init__(self, memory: MpiMemory, rank: int, disp: int, nbytes: int):
+        self._memory, self._rank, self._disp, self.nbytes = memory, rank, disp, nbytes
+
+    @property
+    def shape(self) -> tuple:
+        return (self.nbytes,)
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+    def __getitem__(self, key) -> _RemoteBytes:
+        if not isinstance(key, slice):
+            raise PtodistInternalError(f"a peer's window bytes support [a:b] only, got [{key!r}]")
+        start, stop, step = key.indices(self.nbytes)
+        if step != 1:
+            raise PtodistInternalError(f"a peer's window bytes support [a:b] only, got step {step}")
+        return _RemoteBytes(self._memory, self._rank, self._disp + start, max(stop - start, 0))
+
+    def view(self, dtype) -> RemoteArray:
+        dtype = np.dtype(dtype)
+        return RemoteArray(self._memory, self._rank, self._disp, dtype, (self.nbytes // dtype.itemsize,))
+
+
+class _Shaped:
+    """``ndim``, ``size`` and ``nbytes`` from ``shape`` and ``dtype``, as numpy arrays have them."""
+
+    shape: tuple
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+
+class RemoteArray(_Shaped):
+    """A typed, C-ordered array in a peer's window: indexing reads (MPI Get), assigning writes (MPI Put).
+
+    ``a[key]`` returns a :class:`RemoteRegion` (read when converted, ``+=`` accumulates);
+    ``a[key] = value`` puts ``value`` there.  Keys are ints and step-1 slices.
+    """
+
+    def __init__(self, memory: MpiMemory, rank: int, disp: int, dtype: np.dtype, shape: tuple):
+        self._memory, self.rank, self.disp, self.dtype, self.shape = memory, rank, disp, dtype, tuple(shape)
+
+    def reshape(self, *shape) -> RemoteArray:
+        shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape a remote array of size {self.size} into shape {shape}")
+        return RemoteArray(self._memory, self.rank, self.disp, self.dtype, shape)
+
+    def view(self, dtype) -> RemoteArray:
+        dtype = np.dtype(dtype)
+        return RemoteArray(self._memory, self.rank, self.disp, dtype, (self.nbytes // dtype.itemsize,))
+
+    def _box(self, key) -> tuple[tuple, tuple, tuple]:
+        """Return (starts, sizes, result shape) of the rectangular region ``key`` selects."""
+        key = key if isinstance(key, tuple) else (key,)
+        if len(key) > self.ndim:
+            raise IndexError(f"too many indices ({len(key)}) for a remote array of shape {self.shape}")
+        key = key + (slice(None),) * (self.ndim - len(key))
+        starts, sizes, out = [], [], []
+        for k, n in zip(key, self.shape):
+            if isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step != 1:
+                    raise PtodistInternalError(f"a peer's window supports step-1 slices only, got {k!r}")
+                size = max(stop - start, 0)
+                starts.append(start)
+                sizes.append(size)
+                out.append(size)
+            else:
+                i = operator.index(k)
+                if i < 0:
+                    i += n
+                if not 0 <= i < n:
+                    raise IndexError(f"index {k} is out of bounds for a dimension of size {n}")
+                starts.append(i)
+                sizes.append(1)
+        return tuple(starts), tuple(sizes), tuple(out)
+
+    def __getitem__(self, key) -> RemoteRegion:
+        starts, sizes, out = self._box(key)
+        return RemoteRegion(self, starts, sizes, out)
+
+    def __setitem__(self, key, value) -> None:
+        starts, sizes, out = self._box(key)
+        if isinstance(value, RemoteRegion) and value._added and value._array is self and value._starts == starts \
+                and value._sizes == sizes:
+            value._added = False  # `a[k] += x` ends by assigning the region back; the add already happened
+            return
+        data = np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=self.dtype), out))
+        self._memory.put(self.rank, self.disp, self.shape, starts, sizes, data)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        return self[()].__array__(dtype)
+
+    def copy(self) -> np.ndarray:
+        return self[()].copy()
+
+    def __repr__(self) -> str:
+        return f"<remote array {list(self.shape)} {self.dtype} on rank {self.rank}>"
+
+
+class RemoteRegion(_Shaped):
+    """A region of a :class:`RemoteArray`; nothing moves until it is read (``copy``, ``np.asarray``) or added to."""
+
+    def __init__(self, array: RemoteArray, starts: tuple, sizes: tuple, shape: tuple):
+        self._array, self._starts, self._sizes, self.shape = array, starts, sizes, shape
+        self.dtype = array.dtype
+        self._added = False
+
+    def copy(self) -> np.ndarray:
+        """Read the region from the peer (MPI Get)."""
+        a = self._array
+        return a._memory.get(a.rank, a.disp, a.shape, self._starts, self._sizes, a.dtype).reshape(self.shape)
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        data = self.copy()
+        return data if dtype is None else data.astype(dtype, copy=False)
+
+    def __iadd__(self, other) -> RemoteRegion:
+        a = self._array
+        data = np.ascontiguousarray(np.broadcast_to(np.asarray(other, dtype=a.dtype), self.shape))
+        a._memory.accumulate(a.rank, a.disp, a.shape, self._starts, self._sizes, data)
+        self._added = True
+        return self
+
+    def __repr__(self) -> str:
+        return f"<remote region {list(self.shape)} {self.dtype} on rank {self._array.rank}>"
+
+
+# -- the rank's memory ------------------------------------------------------------------------------------
+
+class _OwnBoard:
+    """This rank's status board: a one-rank StatusBoard in its control window, addressed by its rank."""
+
+    def __init__(self, raw: np.ndarray):
+        self.board = StatusBoard(raw, 1)
+        self.row = self.board.rows[0]
+
+    def progress_counter(self, rank: int):
+        return self.board.progress_counter(0)
+
+    def set_running(self, rank: int, task: str) -> None:
+        self.board.set_running(0, task)
+
+    def set_waiting(self, rank: int, *args, **kwargs) -> None:
+        self.board.set_waiting(0, *args, **kwargs)
+
+    def finish(self, rank: int, state: int) -> None:
+        self.board.finish(0, state)
+
+    def record_notify(self, rank: int, *args) -> None:
+        self.board.record_notify(0, *args)
+
+
+class MpiMemory:
+    """RankMemory over MPI windows: the local rank's heap is a numpy array, a peer's a :class:`RemoteArray`."""
+
+    def __init__(self, run: _MpiRun):
+        s = run.session
+        self.MPI = MPI = s.MPI
+        self.run = run
+        self.rank = s.rank
+        self.world = s.size
+        self.heap, self.ctl = run.heap, run.ctl
+        self.heap_mem, self.ctl_mem = run.heap_mem, run.ctl_mem
+        self.offsets = [w.offset for w in run.plan.windows]
+        self.sizes = [w.nbytes for w in run.plan.windows]
+        self.status = _OwnBoard(self.ctl_mem[CTL_BOARD:CTL_BOARD + StatusBoard.nbytes(1)])
+        self._peers: dict = {}
+        self._dirty: set[int] = set()  # ranks with puts not yet completed at the target
+        self._types: OrderedDict = OrderedDict()
+        self._acc_types = {dt: getattr(MPI, name) for dt, name in _ACCUMULATE_TYPES.items()}
+        self._value = np.zeros(1, np.int32)
+        self._compare = np.zeros(1, np.int32)
+        self._result = np.zeros(1, np.int32)
+        self._sum, self._replace, self._no_op = MPI.SUM, MPI.REPLACE, MPI.NO_OP
+        comm, any_source, any_tag = run.comm, MPI.ANY_SOURCE, MPI.ANY_TAG
+        # A probe on ptodist's own communicator (no message is ever pending there) runs MPI's progress engine.
+        self._progress = lambda: comm.Iprobe(any_source, any_tag)
+        # Waits poll (MPI has no wake-up for a cell): spin, yield the core (the rank waited for may need it),
+        # then sleep in short steps.  Ranks outnumbering their machine's cores spin only briefly.
+        if s.oversubscribed:
+            self.spin_s, self.yield_s, self.sleep_s = 2e-6, 1e-3, (50e-6, 250e-6)
+        else:
+            self.spin_s, self.yield_s, self.sleep_s = 300e-6, 2e-3, (50e-6, 250e-6)
+
+    # -- windows ----------------------------------------------------------------------------------
+    def window_bytes(self, buffer_id: int, rank: int):
+        """Rank ``rank``'s bytes of buffer ``buffer_id``: a numpy array for this rank, else remote bytes."""
+        off, n = self.offsets[buffer_id], self.sizes[buffer_id]
+        if rank == self.rank:
+            return self.heap_mem[off:off + n]
+        key = (buffer_id, rank)
+        peer = self._peers.get(key)
+        if peer is None:
+            peer = self._peers[key] = _RemoteBytes(self, rank, off, n)
+        return peer
+
+    def _datatype(self, shape: tuple, sizes: tuple, itemsize: int, base):
+        """The target datatype of a region (None when it is contiguous), made of ``base`` elements.
+
+        The region's trailing dimensions that it covers whole form one contiguous block; each outer
+        dimension it spans adds an hvector of the block.  Its lower bound is the region's first byte.
+        """
+        d = len(shape)
+        k = d - 1
+        block = sizes[k] if d else 1
+        while k > 0 and sizes[k] == shape[k]:
+            k -= 1
+            block *= sizes[k]
+        if all(sizes[i] == 1 for i in range(k)):
+            return None
+        key = (shape, sizes, itemsize, base.py2f())
+        t = self._types.get(key)
+        if t is not None:
+            self._types.move_to_end(key)
+            return t
+        elem = block * itemsize if base == self.MPI.BYTE else block
+        made = [base.Create_contiguous(elem)]
+        stride = itemsize * int(np.prod(shape[k:], dtype=np.int64))
+        for i in range(k - 1, -1, -1):
+            if sizes[i] > 1:
+                made.append(made[-1].Create_hvector(sizes[i], 1, stride))
+            stride *= shape[i]
+        t = made.pop().Commit()
+        for m in made:
+            m.Free()
+        self._types[key] = t
+        if len(self._types) > TYPE_CACHE:
+            self._types.popitem(last=False)[1].Free()
+        return t
+
+    @staticmethod
+    def _offset(shape: tuple, starts: tuple, itemsize: int) -> int:
+        off, stride = 0, itemsize
+        for n, s in zip(reversed(shape), reversed(starts)):
+            off += s * stride
+            stride *= n
+        return off
+
+    def _settle(self, rank: int) -> None:
+        """Complete earlier puts to ``rank`` at their target (MPI does not order a put and a later get)."""
+        if rank in self._dirty:
+            self.heap.Flush(rank)
+            self._dirty.discard(rank)
+
+    def get(self, rank: int, disp: int, shape: tuple, starts: tuple, sizes: tuple, dtype: np.dtype) -> np.ndarray:
+        """Read a region of rank ``rank``'s array at heap byte ``disp`` into a new contiguous array."""
+        out = np.empty(sizes, dtype)
+        if out.size == 0:
+            return out
+        MPI = self.MPI
+        self._settle(rank)
+        raw = _byte_view(out)
+        at = disp + self._offset(shape, starts, dtype.itemsize)
+        t = self._datatype(shape, sizes, dtype.itemsize, MPI.BYTE)
+        if t is None:
+            for lo in range(0, raw.size, MAX_CHUNK):
+                piece = raw[lo:lo + MAX_CHUNK]
+                self.heap.Get([piece, piece.size, MPI.BYTE], rank, (at + lo, piece.size, MPI.BYTE))
+        else:
+            self.heap.Get([raw, raw.size, MPI.BYTE], rank, (at, 1, t))
+        self.heap.Flush_local(rank)
+        return out
+
+    def put(self, rank: int, disp: int, shape: tuple, starts: tuple, sizes: tuple, data: np.ndarray) -> None:
+        """Write contiguous ``data`` into a region of rank ``rank``'s array; complete at the next notify."""
+        if data.size == 0:
+            return
+        MPI = self.MPI
+        raw = _byte_view(data)
+        at = disp + self._offset(shape, starts, data.itemsize)
+        t = self._datatype(shape, sizes, data.itemsize, MPI.BYTE)
+        if t is None:
+            for lo in range(0, raw.size, MAX_CHUNK):
+                piece = raw[lo:lo + MAX_CHUNK]
+                self.heap.Put([piece, piece.size, MPI.BYTE], rank, (at + lo, piece.size, MPI.BYTE))
+        else:
+            self.heap.Put([raw, raw.size, MPI.BYTE], rank, (at, 1, t))
+        self.heap.Flush_local(rank)  # ``data`` may be reused as soon as this returns
+        self._dirty.add(rank)
+
+    def accumulate(self, rank: int, disp: int, shape: tuple, starts: tuple, sizes: tuple, data: np.ndarray) -> None:
+        """Add contiguous ``data`` into a region of rank ``rank``'s array (the caller holds its lock)."""
+        if data.size == 0:
+            return
+        base = self._acc_types.get(data.dtype)
+        if base is None:
+            # No MPI type for FP16/BF16: read, add, write back; the lock makes it atomic.
+            current = self.get(rank, disp, shape, starts, sizes, data.dtype)
+            current += data.reshape(current.shape)
+            self.put(rank, disp, shape, starts, sizes, current)
+            return
+        self._settle(rank)
+        at = disp + self._offset(shape, starts, data.itemsize)
+        t = self._datatype(shape, sizes, data.itemsize, base)
+        flat = data.reshape(-1)
+        if t is None:
+            for lo in range(0, flat.size, MAX_CHUNK // data.itemsize):
+                piece = flat[lo:lo + MAX_CHUNK // data.itemsize]
+                self.heap.Accumulate([piece, piece.size, base], rank, (at + lo * data.itemsize, piece.size, base),
+                                     self._sum)
+        else:
+            self.heap.Accumulate([flat, flat.size, base], rank, (at, 1, t), self._sum)
+        self.heap.Flush_local(rank)
+        self._dirty.add(rank)
+
+    def flush_all(self) -> None:
+        """Complete every outstanding put and accumulate at its target."""
+        if self._dirty:
+            self.heap.Flush_all()
+            self._dirty.clear()
+        self.heap.Sync()
+
+    def free_types(self) -> None:
+        for t in self._types.values():
+            t.Free()
+        self._types.clear()
+
+    # -- signal cells -----------------------------------------------------------------------------
+    def _atomic(self, win, rank: int, disp: int, value: int, op) -> int:
+        self._value[0] = value
+        win.Fetch_and_op(self._value, self._result, rank, disp, op)
+        win.Flush(rank)
+        return int(self._result[0])
+
+    def _before_notify(self) -> None:
+        # Data first: this rank's stores (Sync) and its puts (flush) are visible before the signal is.
+        self.run.control.check_abort()
+        if self._dirty:
+            self.heap.Flush_all()
+            self._dirty.clear()
+        self.heap.Sync()
+
+    def cell_add(self, buffer_id: int, rank: int, offset: int, value: int) -> int:
+        self._before_notify()
+        return self._atomic(self.heap, rank, self.offsets[buffer_id] + offset, value, self._sum)
+
+    def cell_set(self, buffer_id: int, rank: int, offset: int, value: int) -> int:
+        self._before_notify()
+        return self._atomic(self.heap, rank, self.offsets[buffer_id] + offset, value, self._replace)
+
+    def cell_load(self, buffer_id: int, rank: int, offset: int) -> int:
+        return self._atomic(self.heap, rank, self.offsets[buffer_id] + offset, 0, self._no_op)
+
+    def cell_wait(self, buffer_id: int, offset: int, ge: bool, expected: int, timeout_s: float) -> tuple[bool, int]:
+        """Poll the local cell with MPI atomics (which also drive MPI progress for the peers' RMA)."""
+        disp = self.offsets[buffer_id] + offset
+        now = start = time.monotonic()
+        deadline = start + timeout_s
+        spin_end = start + self.spin_s
+        yield_end = spin_end + self.yield_s
+        delay, most = self.sleep_s
+        next_check = start + CHECK_S
+        control = self.run.control
+        while True:
+            v = self._atomic(self.heap, self.rank, disp, 0, self._no_op)
+            if (v >= expected) if ge else (v == expected):
+                self.heap.Sync()  # the peers' puts that came before the notify are now visible locally
+                return True, v
+            # Where one-sided operations are emulated (TCP, UCX without hardware atomics) the peers'
+            # notifies and gets complete only while this process runs MPI's progress engine.
+            self._progress()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + CHECK_S
+                control.poll(now, watching=int(self.status.row["state"]) == WAITING)
+            if now >= deadline:
+                return False, v
+            if now < spin_end:
+                continue
+            if now < yield_end:
+                os.sched_yield()
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, most)
+
+    @contextmanager
+    def locked(self, rank: int):
+        """Hold rank ``rank``'s accumulate lock: a compare-and-swap word in its control window."""
+        me = self.rank + 1
+        delay, most = self.sleep_s
+        next_check = time.monotonic() + CHECK_S
+        while True:
+            self._value[0], self._compare[0] = me, 0
+            self.ctl.Compare_and_swap(self._value, self._compare, self._result, rank, CTL_LOCK)
+            self.ctl.Flush(rank)
+            if self._result[0] == 0:
+                break
+            self._progress()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + CHECK_S
+                self.run.control.poll(now, watching=False)
+            time.sleep(delay)
+            delay = min(delay * 2, most)
+        try:
+            yield
+        finally:
+            # The adds made under the lock are complete before the next holder reads.
+            self._settle(rank)
+            self.heap.Sync()
+            self._value[0], self._compare[0] = 0, me
+            self.ctl.Compare_and_swap(self._value, self._compare, self._result, rank, CTL_LOCK)
+            self.ctl.Flush(rank)
+
+
+# -- watching: abort and hangs ----------------------------------------------------------------------------
+
+class _Peek:
+    """What a watcher reads of one rank: has it finished, its CPU time, its status row."""
+
+    __slots__ = ("arrived", "cpu", "row")
+
+    def __init__(self, raw: np.ndarray):
+        self.arrived = bool(raw[CTL_ARRIVED:CTL_ARRIVED + 4].view(np.int32)[0])
+        self.cpu = int(raw[CTL_CPU:CTL_CPU + 8].view(np.int64)[0])
+        self.row = raw[CTL_BOARD:CTL_PEEK_END].view(STATUS_DTYPE)[0]
+
+
+class _Control:
+    """Per process: the abort word, and the hang watcher (the ``shm`` driver's job, done by the ranks)."""
+
+    def __init__(self, run: _MpiRun):
+        self.run = run
+        self.abort_seen: float | None = None
+        self.hang: dict | None = None  # the hang this process found, as HangError's fields
+        self.hang_timeout = run.hang_timeout
+        self._last: tuple | None = None
+        self._last_cpu: dict = {}
+        self._last_change = self._last_board_change = self._last_step = 0.0
+        self._abort_word = run.ctl_mem[CTL_ABORT:CTL_ABORT + 4].view(np.int32)
+
+    # -- abort ------------------------------------------------------------------------------------
+    def aborted(self, now: float | None = None) -> bool:
+        """Whether some rank has asked every rank to stop (remembering when this process first saw it)."""
+        if self.abort_seen is not None:
+            return True
+        self.run.ctl.Sync()
+        if self._abort_word[0] == 0:
+            return False
+        self.abort_seen = time.monotonic() if now is None else now
+        return True
+
+    def check_abort(self, now: float | None = None) -> None:
+        """Stop this rank (raise _Stopped) once another rank's failure is older than the grace period."""
+        if self.aborted(now) and (time.monotonic() if now is None else now) - self.abort_seen >= GRACE_S:
+            raise _Stopped
+
+    def signal_abort(self) -> None:
+        """Set every rank's abort word."""
+        run = self.run
+        one, res = np.ones(1, np.int32), np.zeros(1, np.int32)
+        for r in range(run.world):
+            run.ctl.Fetch_and_op(one, res, r, CTL_ABORT, run.MPI.REPLACE)
+        run.ctl.Flush_all()
+        self.aborted()
+
+    def poll(self, now: float, watching: bool) -> None:
+        """From a wait or a lock spin: stop after an abort; look for a hang when ``watching``."""
+        self.check_abort(now)
+        if watching and self.abort_seen is None and self.hang is None:
+            hang = self.step(now)
+            if hang is not None and self.found_hang(hang):
+                raise _Stopped
+
+    def found_hang(self, hang: dict) -> bool:
+        """Report ``hang`` if no other rank reported one first; return whether this rank did.
+
+        Ranks that watch find a hang at about the same time; the first to claim rank 0's hang word
+        reports it, from a snapshot taken before any rank stopped.  A later snapshot could show the
+        first reporter as finished.
+        """
+        run = self.run
+        claim, free, res = np.array([run.rank + 1], np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+        run.ctl.Compare_and_swap(claim, free, res, 0, CTL_HANG)
+        run.ctl.Flush(0)
+        if res[0] != 0:
+            return False
+        self.hang = hang
+        run.result["hang"] = hang
+        run.publish_result()
+        self.signal_abort()
+        return True
+
+    # -- hangs ------------------------------------------------------------------------------------
+    def step(self, now: float) -> dict | None:
+        """Look at every rank once; return a hang (HangError's fields) when the ranks are stuck."""
+        run = self.run
+        peeks = [run.peek(r) for r in range(run.world)]
+        pending = [r for r, p in enumerate(peeks) if not p.arrived and int(p.row["state"]) not in (DONE, FAILED)]
+        if not pending:
+            return None
+        progress = tuple(int(p.row["progress"]) for p in peeks)
+        cpu = {r: peeks[r].cpu for r in pending if int(peeks[r].row["state"]) == RUNNING}
+        if self._last is None or progress != self._last or now - self._last_step > 1.0:
+            # A change, or the first look after a while (this rank was busy): start timing afresh.
+            self._last, self._last_cpu = progress, cpu
+            self._last_change = self._last_board_change = self._last_step = now
+            return None
+        self._last_step = now
+        if cpu != self._last_cpu:
+            # A running rank that uses CPU (long tile math, Python loops) is making progress too.
+            self._last_cpu = cpu
+            self._last_change = now
+        if now - self._last_board_change >= CERTAIN_HANG_S and self._all_blocked(peeks, pending):
+            return run.hang_fields(True, now - self._last_board_change)
+        if now - self._last_change >= self.hang_timeout:
+            return run.hang_fields(False, now - self._last_change)
+        return None
+
+    def _all_blocked(self, peeks: list[_Peek], pending: list[int]) -> bool:
+        memory = self.run.memory
+        for r in pending:
+            row = peeks[r].row
+            if int(row["state"]) != WAITING or not 0 <= int(row["wait_buffer"]) < len(self.run.plan.windows):
+                return False
+            value = memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"]))
+            expected = int(row["wait_expected"])
+            if (value >= expected) if row["wait_cmp"] else (value == expected):
+                return False
+        return True
+
+
+class _Serialized:
+    """An MPI object whose calls take one lock: the rank thread and the pulse thread never call MPI at once."""
+
+    def __init__(self, obj, lock: threading.Lock):
+        self._obj, self._lock = obj, lock
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._obj, name)
+        if not callable(attr):
+            return attr
+        lock = self._lock
+
+        def call(*args, **kwargs):
+            with lock:
+                return attr(*args, **kwargs)
+
+        setattr(self, name, call)  # looked up once per name
+        return call
+
+
+class _Pulse(threading.Thread):
+    """While the rank runs: publish its thread's CPU time, and run MPI's progress engine.
+
+    The CPU time tells watchers a computing rank from a hung one.  Progress matters where one-sided
+    operations are emulated (TCP, UCX without hardware atomics): a peer's get from, or notify to, a rank
+    that is computing completes only while that rank's process runs MPI's progress engine.
+    """
+
+    def __init__(self, word: np.ndarray, comm, lock: threading.Lock, MPI):
+        super().__init__(name="ptodist-mpi-pulse", daemon=True)
+        self.word = word
+        self.comm, self.lock = comm, lock  # comm None: no MPI calls from this thread
+        self.any_source, self.any_tag = MPI.ANY_SOURCE, MPI.ANY_TAG
+        try:
+            self.clock = time.pthread_getcpuclockid(threading.get_ident())
+        except (AttributeError, OSError):
+            self.clock = None  # no per-thread CPU clock: watchers then see board progress only
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(PULSE_S):
+            if self.clock is not None:
+                self.word[0] = time.clock_gettime_ns(self.clock)
+            if self.comm is not None and self.lock.acquire(blocking=False):  # else the rank thread is in MPI
+                try:
+                    self.comm.Iprobe(self.any_source, self.any_tag)
+                finally:
+                    self.lock.release()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.join()
+
+
+# -- one run ------------------------------------------------------------------------------------------------
+
+class _MpiRun:
+    """One dispatch in this process: windows, this rank's tasks, the end of the run, the exchange."""
+
+    def __init__(self, session: _Session, plan: DispatchPlan, host_arrays: list, config, dfx):
+        self.session = session
+        self.MPI = session.MPI
+        self.plan = plan
+        self.rank = session.rank
+        self.world = session.size
+        self.host_arrays = host_arrays
+        self.dfx = dfx
+        self.hang_timeout = config.resolved_hang_timeout()
+        self.stop_wait = min(max(self.hang_timeout, STOP_WAIT_MIN_S), STOP_WAIT_MAX_S)
+        self.result: dict = {"rank": self.rank, "failure": None, "stopped": False, "hang": None}
+
+    # -- the whole run ----------------------------------------------------------------------------
+    def run(self) -> None:
+        MPI, comm = self.MPI, self.session.comm
+        heap_bytes = max(-(-self.plan.window_heap_bytes // ALIGN) * ALIGN, ALIGN)
+        try:
+            heap = MPI.Win.Allocate(heap_bytes, 1, comm=comm)
+            try:
+                ctl = MPI.Win.Allocate(CTL_BYTES, 1, comm=comm)
+            except MPI.Exception:
+                heap.Free()
+                raise
+        except MPI.Exception as e:
+            raise ConfigError(
+                f"{self.plan.program}: MPI could not allocate the RMA windows ({heap_bytes} bytes of window heap "
+                f"per rank): {e}. One-sided communication needs MPI_Win_allocate with passive target; with "
+                "Open MPI over TCP, run with `--mca osc pt2pt` (or `--mca osc ucx` where UCX is installed); see "
+                "docs/multi-node.md.") from None
+        # While the rank runs, every MPI call of this process goes through one lock (see _Pulse).
+        lock = threading.Lock()
+        self.heap, self.ctl, self.comm = _Serialized(heap, lock), _Serialized(ctl, lock), _Serialized(comm, lock)
+        try:
+            self.heap_mem = np.frombuffer(heap.tomemory(), np.uint8)[:heap_bytes]
+            self.ctl_mem = np.frombuffer(ctl.tomemory(), np.uint8)[:CTL_BYTES]
+            self.heap_mem[:] = 0
+            self.ctl_mem[:] = 0
+            comm.Barrier()  # every window is zero before any rank reaches into a peer's
+            heap.Lock_all(MPI.MODE_NOCHECK)
+            ctl.Lock_all(MPI.MODE_NOCHECK)
+            self.control = _Control(self)
+            self.memory = MpiMemory(self)
+            views = self._host_views()
+            pulse = _Pulse(self.ctl_mem[CTL_CPU:CTL_CPU + 8].view(np.int64),
+                           comm if self.session.threaded_progress else None, lock, MPI)
+            pulse.start()
+            try:
+                self._rank_body(views)
+            finally:
+                pulse.stop()
+            self._finish()
+            heap.Unlock_all()
+            ctl.Unlock_all()
+            self.memory.free_types()
+            results = comm.allgather(self.result)
+        finally:
+            self.heap_mem = self.ctl_mem = None
+            self.memory = None
+            heap.Free()
+            ctl.Free()
+        error = outcome(results)
+        shared = self._share_dfx() if self.dfx is not None else None
+        if error is None:
+            self._merge_outputs(views)
+        if shared is not None:
+            self._write_dfx(*shared)
+        if error is not None:
+            raise error
+
+    def _host_views(self) -> list:
+        """Private copies of the host tensors the ranks write; inputs read-only, as on ``shm``."""
+        views: list = [None] * len(self.host_arrays)
+        for i, a in enumerate(self.host_arrays):
+            if a is not None:
+                views[i] = a.copy()
+        for spec in self.plan.host_tensors:
+            if spec.direction is Direction.IN:
+                v = self.host_arrays[spec.index].view()
+                v.flags.writeable = False
+                views[spec.index] = v
+        return views
+
+    # -- this rank --------------------------------------------------------------------------------
+    def _rank_body(self, views: list) -> None:
+        plan, rank, memory = self.plan, self.rank, self.memory
+        log = EventLog(rank, plan.device_ids[rank], self.dfx.dispatch) if self.dfx is not None else None
+        ctx = None
+        try:
+            ctx = RankContext(plan, rank, memory, views, events=log)
+            ctx.run_all()
+        except _Stopped:
+            self.result["stopped"] = True
+        except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to every process
+            self.result["failure"] = _failure(plan, rank, (ctx.failed_task or ctx.task) if ctx else None, e)
+        memory.flush_all()
+        if log is not None:
+            try:
+                write_rank_outputs(log, self.dfx)
+            except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
+                self.result["failure"] = self.result["failure"] or _failure(plan, rank, None, e)
+        ok = self.result["failure"] is None and not self.result["stopped"]
+        memory.status.finish(rank, DONE if ok else FAILED)
+        if self.result["failure"] is not None and not self.control.aborted():
+            self.control.signal_abort()
+        self.result["hang"] = self.control.hang
+        self.publish_result()
+        self.ctl_mem[CTL_ARRIVED:CTL_ARRIVED + 4].view(np.int32)[0] = 1
+        self.ctl.Sync()
+
+    def publish_result(self) -> None:
+        """Keep this rank's result in its control window, where an aborting process can read it."""
+        data = pickle.dumps(self.result)
+        if len(data) > RESULT_BYTES:
+            slim = dict(self.result)
+            f = slim.get("failure")
+            if f is not None:
+                slim["failure"] = type(f)(f.rank, f.device_id, f.task, f.error_type, f.message[:8192],
+                                          f.traceback[-16384:])
+            data = pickle.dumps(slim)
+        data = data[:RESULT_BYTES]
+        self.ctl_mem[CTL_RESULT:CTL_RESULT + len(data)] = np.frombuffer(data, np.uint8)
+        self.ctl_mem[CTL_RESULT_LEN:CTL_RESULT_LEN + 8].view(np.int64)[0] = len(data)
+        self.ctl.Sync()
+
+    def _read_result(self, rank: int) -> dict | None:
+        head = np.zeros(8, np.uint8)
+        self.ctl.Get([head, 8, self.MPI.BYTE], rank, (CTL_RESULT_LEN, 8, self.MPI.BYTE))
+        self.ctl.Flush_local(rank)
+        n = int(head.view(np.int64)[0])
+        if not 0 < n <= RESULT_BYTES:
+            return None
+        data = np.zeros(n, np.uint8)
+        self.ctl.Get([data, n, self.MPI.BYTE], rank, (CTL_RESULT, n, self.MPI.BYTE))
+        self.ctl.Flush_local(rank)
+        try:
+            return pickle.loads(data.tobytes())
+        except Exception:  # noqa: BLE001 - a result cut short: this rank's report is lost, not the others'
+            return None
+
+    # -- reading the other ranks ------------------------------------------------------------------
+    def peek(self, rank: int) -> _Peek:
+        if rank == self.rank:
+            self.ctl.Sync()
+            return _Peek(self.ctl_mem[:CTL_PEEK_END].copy())
+        raw = np.zeros(CTL_PEEK_END, np.uint8)
+        piece = raw[CTL_ARRIVED:]
+        self.ctl.Get([piece, piece.size, self.MPI.BYTE], rank, (CTL_ARRIVED, piece.size, self.MPI.BYTE))
+        self.ctl.Flush_local(rank)
+        return _Peek(raw)
+
+    def _board(self, rank: int) -> tuple[StatusBoard, bool, np.ndarray]:
+        """Rank ``rank``'s whole status board (a copy, and the bytes it lives in) and whether it has finished."""
+        n = StatusBoard.nbytes(1)
+        raw = np.zeros(CTL_BOARD + n, np.uint8)
+        piece = raw[CTL_ARRIVED:]
+        self.ctl.Get([piece, piece.size, self.MPI.BYTE], rank, (CTL_ARRIVED, piece.size, self.MPI.BYTE))
+        self.ctl.Flush_local(rank)
+        board = raw[CTL_BOARD:]
+        return StatusBoard(board, 1), bool(raw[CTL_ARRIVED:CTL_ARRIVED + 4].view(np.int32)[0]), board
+
+    def hang_fields(self, certain: bool, idle: float) -> dict:
+        """Describe the hang as the ``shm`` driver does: every rank's state, the notifies, the diagnosis."""
+        plan = self.plan
+        states, sent = [], []
+        for r in range(self.world):
+            board, arrived, _raw = self._board(r)
+            row = board.rows[0]
+            st = {"rank": r, "device_id": plan.device_ids[r], "state": STATE_NAMES.get(int(row["state"]), "unknown"),
+                  "task": row["task"].decode(errors="replace") or None}
+            if arrived:
+                st["state"] = STATE_NAMES[DONE]
+            elif int(row["state"]) == WAITING and not 0 <= int(row["wait_buffer"]) < len(plan.windows):
+                st["state"] = STATE_NAMES[RUNNING]  # read while the rank was between two waits
+            elif int(row["state"]) == WAITING:
+                buffer_id, offset = int(row["wait_buffer"]), int(row["wait_offset"])
+                st.update(
+                    wait=row["what"].decode(errors="replace"), where=row["where"].decode(errors="replace"),
+                    buffer=plan.windows[buffer_id].name, buffer_id=buffer_id, offset=offset,
+                    cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
+                    cmp="Ge" if row["wait_cmp"] else "Eq", current=self.memory.cell_load(buffer_id, r, offset),
+                    waiting_s=round(time.time() - float(row["since"]), 3))
+            states.append(st)
+            for e in board.sent(0):
+                e["rank"] = r
+                sent.append(e)
+        for st in states:
+            if "buffer_id" in st:
+                st["received"] = received(st, sent)
+        diagnosis = diagnose_hang(states, sent)
+        return {"message": hang_report(states, certain, idle, self.hang_timeout, diagnosis), "states": states,
+                "certain": certain, "diagnosis": diagnosis}
+
+    # -- the end of the run -----------------------------------------------------------------------
+    def _finish(self) -> None:
+        """Wait for every rank to end, watching for hangs; abort the job if a rank cannot be stopped."""
+        req = self.comm.Ibarrier()
+        delay = 1e-4
+        next_check = 0.0
+        control = self.control
+        while not req.Test():
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + CHECK_S
+                if control.aborted(now):
+                    if now - control.abort_seen >= self.stop_wait:
+                        self._abort_job(now)
+                elif control.hang is None:
+                    hang = control.step(now)
+                    if hang is not None:
+                        control.found_hang(hang)
+            time.sleep(delay)
+            delay = min(delay * 2, 5e-3)
+
+    def _abort_job(self, now: float) -> None:
+        """Some rank did not stop after a failure: print what is known, then end the job (MPI_Abort)."""
+        peeks = [self.peek(r) for r in range(self.world)]
+        arrived = [r for r, p in enumerate(peeks) if p.arrived]
+        # One process reports: the lowest that has finished (the others wait for the abort, or for longer).
+        if arrived and arrived[0] != self.rank and now - self.control.abort_seen < 2 * self.stop_wait + 5:
+            return
+        results = [self._read_result(r) if r in arrived and r != self.rank else None for r in range(self.world)]
+        results[self.rank] = self.result
+        error = outcome(results)
+        missing = [r for r in range(self.world) if r not in arrived]
+        lines = []
+        if error is not None:
+            lines.append(f"ptodist: {type(error).__name__}: {error}")
+            if isinstance(error, PtodistError):
+                lines += [_summary(f) for f in findings.from_exception(error)]
+        for r in missing:
+            row = peeks[r].row
+            state = STATE_NAMES.get(int(row["state"]), "unknown")
+            task = row["task"].decode(errors="replace")
+            lines.append(f"ptodist: rank {r} (device {self.plan.device_ids[r]}) did not stop within "
+                         f"{self.stop_wait:g} s after the run failed: it was {state}"
+                         + (f" in task '{task}'" if task else "") + ". A kernel that does not return to ptodist "
+                         "(sleeping, blocked in a call, looping without communicating) cannot be stopped by "
+                         "another process, so the MPI job is ended with MPI_Abort.")
+        print("\n".join(lines), file=sys.stderr)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        self.comm.Abort(1)
+
+    # -- outputs ----------------------------------------------------------------------------------
+    def _merge_outputs(self, views: list) -> None:
+        """Give every process every rank's writes: exchange the changed blocks, apply the changed bytes.
+
+        All processes start from the same host tensors, so the bytes a rank changed are those that differ
+        from the original; they are applied rank by rank, in the same order everywhere.
+        """
+        B = MERGE_BLOCK
+        specs = [s for s in self.plan.host_tensors if s.direction is not Direction.IN]
+        meta: dict[int, np.ndarray] = {}
+        payload = []
+        padded = {}
+        for spec in specs:
+            orig = _byte_view(self.host_arrays[spec.index])
+            new = _byte_view(views[spec.index])
+            if orig.size == 0:
+                continue
+            nb = -(-orig.size // B)
+            o, n = np.zeros(nb * B, np.uint8), np.zeros(nb * B, np.uint8)
+            o[:orig.size], n[:new.size] = orig, new
+            padded[spec.index] = o.reshape(nb, B)
+            blocks = np.flatnonzero((o != n).reshape(nb, B).any(axis=1))
+            if blocks.size:
+                meta[spec.index] = blocks
+                payload.append(n.reshape(nb, B)[blocks].reshape(-1))
+        everyone = self.session.comm.allgather(meta)
+        mine = np.concatenate(payload) if payload else np.zeros(0, np.uint8)
+        results = {i: o.copy() for i, o in padded.items()}
+        for p, theirs in enumerate(everyone):
+            size = sum(b.size for b in theirs.values()) * B
+            if size == 0:
+                continue
+            data = mine if p == self.rank else np.empty(size, np.uint8)
+            _bcast_bytes(self.session.comm, self.MPI, data, p)
+            at = 0
+            for index in sorted(theirs):
+                blocks = theirs[index]
+                new = data[at:at + blocks.size * B].reshape(-1, B)
+                at += blocks.size * B
+                out = results[index]
+                out[blocks] = np.where(new != padded[index][blocks], new, out[blocks])
+        for index, out in results.items():
+            target = _byte_view(self.host_arrays[index])
+            target[:] = out.reshape(-1)[:target.size]
+
+    # -- diagnostic outputs -----------------------------------------------------------------------
+    def _share_dfx(self) -> tuple[list, bool]:
+        """Every rank's DFX files, for every process; and whether this process merges the swimlanes."""
+        d = self.dfx.rank_dir(self.rank)
+        mine = {}
+        if d.is_dir():
+            for p in sorted(d.rglob("*")):
+                if p.is_file():
+                    mine[str(p.relative_to(d))] = p.read_bytes()
+        everyone = self.session.comm.allgather(mine)
+        # One merge per output directory: processes that share one (same host, same path) elect the lowest.
+        key = (self.session.host, str(Path(self.dfx.root).resolve()))
+        keys = self.session.comm.allgather(key)
+        return everyone, keys.index(key) == self.rank
+
+    def _write_dfx(self, everyone: list, merger: bool) -> None:
+        for r, files in enumerate(everyone):
+            d = self.dfx.rank_dir(r)
+            for rel, data in files.items():
+                path = d / rel
+                if path.exists():
+                    continue  # written by its own rank into a directory this process shares
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                tmp.write_bytes(data)
+                os.replace(tmp, path)
+        if merger:
+            finish_run(self.dfx, self.world, self.plan.device_ids)
+
+
+def _summary(item) -> str:
+    """A finding as ``ptodist run`` prints it under an error."""
+    text = f"ptodist: finding {item.kind}"
+    if item.pitfall:
+        text += f" (SPEC §{item.pitfall})"
+    if item.ranks:
+        text += f" on ranks {', '.join(map(str, item.ranks))}"
+    if item.locations:
+        text += "\n  at " + ", ".join(item.locations)
+    if item.fix:
+        text += f"\n  fix: {item.fix}"
+    return text
+
+
+def outcome(results: list) -> BaseException | None:
+    """The error every process raises, from every rank's result (None: the run succeeded)."""
+    results = [r for r in results if r]
+    failures = sorted((r["failure"] for r in results if r.get("failure") is not None), key=lambda f: f.rank)
+    if failures:
+        return RankError(failures)
+    hangs = [r["hang"] for r in results if r.get("hang")]
+    if hangs:
+        h = hangs[0]
+        return HangError(h["message"], h["states"], h["certain"], h["diagnosis"])
+    stopped = [r["rank"] for r in results if r.get("stopped")]
+    if stopped:
+        return PtodistInternalError(f"ranks {stopped} were stopped, but no rank reported a failure or a hang")
+    return None
