@@ -150,7 +150,7 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding)."""
     from ..runtime.tensors import RankTensor, WindowTensor
 
-    where = f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {fn.location}), called at {loc}"
+    where = _Where(fn, spec, loc)
     if spec.kind == "scalar":
         if not isinstance(value, (Scalar, int, float, bool)):
             raise ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}.")
@@ -177,12 +177,36 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
         bind_shape(where, ttype.shape, tuple(value.shape), bindings, world)
 
 
-def bind_shape(where: str, declared: tuple, actual: tuple, bindings: dict, world: int) -> None:
-    """Match ``actual`` against ``declared`` dims, binding ``pl.dynamic`` names in ``bindings``."""
-    decl = "[" + ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in declared) + "]"
+class _Where:
+    """"f() parameter 'p' (declared ... at file:line), called at file:line", made only if a message needs it.
+
+    Arguments are checked on every kernel call; formatting the text each time would cost more than the checks.
+    """
+
+    __slots__ = ("fn", "spec", "loc")
+
+    def __init__(self, fn: Function, spec: ParamSpec, loc):
+        self.fn, self.spec, self.loc = fn, spec, loc
+
+    def __str__(self) -> str:
+        return (f"{self.fn.name}() parameter '{self.spec.name}' (declared {self.spec.type_name} at "
+                f"{self.fn.location}), called at {self.loc}")
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self), spec)
+
+
+def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int) -> None:
+    """Match ``actual`` against ``declared`` dims, binding ``pl.dynamic`` names in ``bindings``.
+
+    ``where`` (a string, or anything whose ``str`` is one) starts every message and is kept with each binding.
+    """
+    def decl() -> str:
+        return "[" + ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in declared) + "]"
+
     if len(declared) != len(actual):
         raise ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the annotation "
-                         f"{decl} has {len(declared)} dims.")
+                         f"{decl()} has {len(declared)} dims.")
     for i, (d, a) in enumerate(zip(declared, actual)):
         if isinstance(d, DynDim):
             prev = bindings.setdefault(d.name, (a, where))
@@ -194,7 +218,7 @@ def bind_shape(where: str, declared: tuple, actual: tuple, bindings: dict, world
             if a == world:
                 hint = (f" The argument's size {a} is the world size: the annotation hard-codes a rank count. "
                         f"Use NR = pl.dynamic(\"NR\") for dimension {i} so one program runs at any P.")
-            raise ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl} fixes it at {d}, "
+            raise ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl()} fixes it at {d}, "
                              f"the argument has {a} (shape {list(actual)}).{hint}")
 
 

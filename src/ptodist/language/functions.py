@@ -65,6 +65,7 @@ class Function:
         self.scope = scope if scope is not None else {}
         functools.update_wrapper(self, fn)
         self._params: list[ParamSpec] | None = None
+        self._bound_params: list[ParamSpec] | None = None  # the specs every method-bound copy shares
 
     # -- identity -----------------------------------------------------------
     @property
@@ -73,7 +74,7 @@ class Function:
 
     @property
     def file(self) -> str:
-        return inspect.getsourcefile(self.fn) or self.fn.__code__.co_filename
+        return _source_file(self.fn)
 
     @property
     def line(self) -> int:
@@ -91,7 +92,12 @@ class Function:
         # Class form: `self.kernel(...)` binds the program instance like a method.
         if instance is None or self.bound_self is not None:
             return self
-        return Function(self.fn, self.kind, instance, self.options, self.scope)
+        bound = Function(self.fn, self.kind, instance, self.options, self.scope)
+        # Every `self.kernel` access makes a copy: evaluate the annotations once, for all of them.
+        if self._bound_params is None:
+            self._bound_params = bound.params
+        bound._params = self._bound_params
+        return bound
 
     # -- signature ------------------------------------------------------------
     @property
@@ -112,7 +118,9 @@ class Function:
 
     def bind_arguments(self, args: tuple, kwargs: dict) -> list:
         """Return the arguments in parameter order (keywords resolved), or raise a clear TypeError."""
-        sig = inspect.signature(self.fn)
+        if not kwargs and len(args) == _positional_arity(self.fn, self._takes_self()):
+            return list(args)  # the common call: every parameter given by position, no defaults to apply
+        sig = _signature(self.fn)
         try:
             if self._takes_self():
                 ba = sig.bind(self.bound_self, *args, **kwargs)
@@ -152,6 +160,26 @@ class Function:
 
 
 @functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)
+def _source_file(fn) -> str:
+    return inspect.getsourcefile(fn) or fn.__code__.co_filename
+
+
+@functools.lru_cache(maxsize=4096)
+def _signature(fn) -> inspect.Signature:
+    return inspect.signature(fn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _positional_arity(fn, takes_self: bool) -> int:
+    """The number of arguments a call passes by position when every parameter is plain; -1 otherwise."""
+    params = list(_signature(fn).parameters.values())
+    if any(p.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD for p in params):
+        return -1
+    return len(params) - (1 if takes_self else 0)
+
+
+@functools.lru_cache(maxsize=4096)
 def _def_line(fn) -> int:
     try:
         lines, start = inspect.getsourcelines(fn)
