@@ -48,12 +48,13 @@ import platform
 import re
 import select
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+
+import gloo_group  # benchmarks/gloo_group.py, beside this script
 
 OPS = ("allreduce", "broadcast", "allgather", "reduce_scatter", "all_to_all")
 SIZES = ("4K", "64K", "1M", "16M", "64M")
@@ -221,20 +222,11 @@ def ptodist_measure(compiled, p: int, k: int) -> float:
 # ---------------------------------------------------------------------------------------------
 # gloo: P forked workers, one Pipe each
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gloo_worker(rank: int, p: int, port: int, conn) -> None:
     try:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
         import torch
-        import torch.distributed as dist
 
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+        dist = gloo_group.join(rank, p, port)
         conn.send(("ready", None))
     except BaseException as e:  # noqa: BLE001 - reported to the driver
         conn.send(("error", f"{type(e).__name__}: {e}"))
@@ -269,7 +261,7 @@ class GlooPool:
         import multiprocessing as mp
 
         ctx = mp.get_context("fork")
-        port = _free_port()
+        port = gloo_group.free_port()
         self.p = p
         self.conns, self.procs = [], []
         for r in range(p):

@@ -26,10 +26,10 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import socket
 import statistics
 import time
 
+import gloo_group  # benchmarks/gloo_group.py, beside this script
 import torch
 
 import ptodist.language as pl
@@ -83,19 +83,9 @@ def one_shot_us(compiled, x, n: int) -> float:
 
 # -- gloo: P forked processes, one Pipe each ----------------------------------------------------
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _gloo_worker(rank: int, p: int, port: int, conn) -> None:
     try:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        import torch.distributed as dist
-
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=p)
+        dist = gloo_group.join(rank, p, port)
         conn.send(("ready", None))
         while True:
             k = conn.recv()
@@ -116,7 +106,7 @@ class GlooBarrier:
 
     def __init__(self, p: int):
         ctx = mp.get_context("fork")
-        port = _free_port()
+        port = gloo_group.free_port()
         self.conns, self.procs = [], []
         for r in range(p):
             a, b = ctx.Pipe()

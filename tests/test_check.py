@@ -305,19 +305,14 @@ def test_check_refuses_bad_arguments(capsys, tmp_path):
 SIZE = 8
 
 
-def _wait_first_program(nr: int):
+def _signal_program(nr: int, body):
+    """A one-kernel program whose kernel runs ``body(sig, me, n)`` on an ``[nr, 1]`` INT32 signal window."""
     @pl.program
-    class WaitFirst:
+    class SignalOnly:
         @pl.function(type=pl.FunctionType.InCore)
         def k(self, y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
             ctx = pld.get_comm_ctx(sig)
-            me, n = pld.rank(ctx), pld.nranks(ctx)
-            for src in pl.range(n):
-                if src != me:
-                    pld.system.wait(sig, [src, 0], 1, cmp=pld.WaitCmp.Ge)  # @wait
-            for peer in pl.range(n):
-                if peer != me:
-                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+            body(sig, pld.rank(ctx), pld.nranks(ctx))
             return y
 
         @pl.function(type=pl.FunctionType.Orchestration)
@@ -331,14 +326,29 @@ def _wait_first_program(nr: int):
                 self.chip(y[r], pld.window(buf, [nr, 1], dtype=pl.INT32), device=r)
             return y
 
-    return WaitFirst
+    return SignalOnly
+
+
+def _wait_first(sig, me, n) -> None:
+    for src in range(n):
+        if src != me:
+            pld.system.wait(sig, [src, 0], 1, cmp=pld.WaitCmp.Ge)  # @wait
+    for peer in range(n):
+        if peer != me:
+            pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+
+def _spin_on_rank_0(sig, me, n) -> None:
+    while me == 0:  # rank 0 computes forever and never reaches an operation
+        pass
+    pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
 
 
 def test_sim_reports_a_deadlock_exactly_with_the_hang_findings():
     # A long hang timeout: only exact detection can end this run.
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1, 2]), backend="sim", hang_timeout_s=600)
     with pytest.raises(HangError) as info:
-        ir.compile(_wait_first_program(3), config=cfg)(np.zeros((3, 1, SIZE), np.float32))
+        ir.compile(_signal_program(3, _wait_first), config=cfg)(np.zeros((3, 1, SIZE), np.float32))
     e = info.value
     assert e.certain
     text = str(e)
@@ -363,7 +373,7 @@ def test_sim_seed_must_be_an_integer(monkeypatch):
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend="sim")
     with pytest.raises(Exception, match=r"PTODIST_SIM_SEED='fast': the sim backend's schedule seed must be an "
                                         r"integer"):
-        ir.compile(_wait_first_program(2), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
+        ir.compile(_signal_program(2, _wait_first), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
 
 
 def test_check_error_carries_the_findings(monkeypatch, tmp_path):
@@ -374,38 +384,13 @@ def test_check_error_carries_the_findings(monkeypatch, tmp_path):
     assert isinstance(CheckError("x", out.findings).findings[0], type(out.findings[0]))
 
 
-def _spin_program(nr: int):
-    @pl.program
-    class Spin:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            me = pld.rank(pld.get_comm_ctx(sig))
-            while me == 0:  # rank 0 computes forever and never reaches an operation
-                pass
-            pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
-            return y
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.k(y, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
-            buf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(y[r], pld.window(buf, [nr, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return Spin
-
-
 def test_sim_stops_a_rank_that_never_reaches_an_operation_after_the_hang_timeout():
     import threading
 
     before = threading.active_count()
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend="sim", hang_timeout_s=0.5)
     with pytest.raises(HangError) as info:
-        ir.compile(_spin_program(2), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
+        ir.compile(_signal_program(2, _spin_on_rank_0), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
     assert not info.value.certain
     assert str(info.value).startswith("no progress for ")
     assert "raise RunConfig(hang_timeout_s=...)" in str(info.value)
