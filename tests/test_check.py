@@ -537,3 +537,33 @@ def test_a_distributed_worker_is_refused_under_check_with_the_way_out():
     assert str(info.value) == ("DistributedWorker: ptodist check runs one-shot calls only (each on the sim backend); "
                                "a worker's ranks are shm processes it cannot schedule. Check the program through "
                                "one-shot calls (compiled(*args)), and run the worker with ptodist run or python.")
+
+
+def _stage_and_tell(w) -> None:
+    pl.store(pl.load(w.x, [0, 0], [1, SIZE]), [0, 0], w.data)
+    for peer in range(w.n):
+        if peer != w.me:
+            pld.system.notify(w.sig, peer, [w.me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+
+def test_a_deferred_wait_orders_nothing_inside_its_own_task():
+    def body(w):
+        _stage_and_tell(w)
+        nxt = (w.me + 1) % w.n
+        pld.system.defer_wait(w.sig, [nxt, 0], 1, cmp=pld.WaitCmp.Ge)  # runs when the task ends
+        pl.store(pld.tile.remote_load(w.data, nxt, [0, 0], [1, SIZE]), [0, 0], w.y)  # @early_pull
+
+    found = _checked(2, body)
+    assert [f.kind for f in found] == ["race"] and _line("early_pull") in found[0].locations, \
+        [f.render() for f in found]
+
+
+def test_a_plain_wait_before_the_pull_is_clean_under_every_schedule():
+    def body(w):
+        _stage_and_tell(w)
+        nxt = (w.me + 1) % w.n
+        pld.system.wait(w.sig, [nxt, 0], 1, cmp=pld.WaitCmp.Ge)
+        pl.store(pld.tile.remote_load(w.data, nxt, [0, 0], [1, SIZE]), [0, 0], w.y)
+
+    for seed in range(8):
+        assert _checked(3, body, seed) == []
