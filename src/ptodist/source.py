@@ -39,8 +39,13 @@ class Location:
 
 @functools.lru_cache(maxsize=4096)
 def is_internal(filename: str) -> bool:
-    """Return True for a file of ptodist itself."""
-    return os.path.abspath(filename).startswith(_PKG_DIR) or filename.startswith("<frozen")
+    """Return True for a file of ptodist itself.
+
+    The standard library's ``threading.py`` counts too: on the sim backend it starts every rank's
+    thread, so a rank's stack ends there, never in the user's program.
+    """
+    return os.path.abspath(filename).startswith(_PKG_DIR) or filename.startswith("<frozen") \
+        or filename == threading.__file__
 
 
 def user_frame(skip: int = 1) -> tuple[str, int] | None:

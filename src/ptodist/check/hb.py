@@ -256,7 +256,9 @@ class _Analysis:
                     reads = tuple(r for r in reads if r[0] != rank and r[1] > vc[r[0]])
                     shadow.states[i] = (writes, reads, True)
                 else:
-                    if not written:
+                    # Only a read of another rank's copy: windows start zeroed, and a rank that reads its
+                    # own untouched window (accumulating into it, reading back a tail it left) relies on that.
+                    if not written and owner != rank:
                         unwritten.append((s_lo, s_hi))
                     shadow.states[i] = (writes, tuple(r for r in reads if r[0] != rank) + ((rank, epoch, aid),),
                                         written)
@@ -276,11 +278,20 @@ class _Analysis:
     # -- reports -------------------------------------------------------------------
     def findings(self) -> list[Finding]:
         out = [self._race_finding(*e) for e in self.races.values()]
-        # A signal window is a set of counters: its zeros are its initial count, not missing data.
-        out += [self._uninit_finding(aid, *e) for aid, e in self.uninit.items() if e[1] not in self.signal_buffers]
+        out += [self._uninit_finding(aid, *e) for aid, e in self.uninit.items() if not self._counters(aid, e[1])]
         out += [self._stale_finding(*e) for e in self.stale.values()]
         out += [self._clobber_finding(*e) for e in self.clobbers.values()]
         return _dedupe(out)
+
+    def _counters(self, aid: int, buffer_id: int) -> bool:
+        """Whether a read of unwritten bytes reads signal counters, whose zeros are their initial count.
+
+        A buffer notified or waited on is a signal window; so is one read as INT32 that nothing wrote in
+        the dispatch (an unused signal window read back).
+        """
+        if buffer_id in self.signal_buffers:
+            return True
+        return self.accesses[aid][1]["dtype"] == "INT32" and buffer_id not in self.writes
 
     def _region(self, owner: int, buffer_id: int, lo: int, hi: int, itemsize: int | None = None) -> str:
         name = self.plan.windows[buffer_id].name

@@ -79,17 +79,17 @@ class EventLog:
         return rec
 
     def access(self, name: str, write: bool, atomic: bool, owner: int, buffer_id: int, offset: int,
-               shape: tuple, strides: tuple, itemsize: int, tensor: str, where: str) -> None:
+               shape: tuple, strides: tuple, itemsize: int, dtype: str, tensor: str, where: str) -> None:
         """Record a read or write of window memory: rank ``owner``'s copy of buffer ``buffer_id``.
 
         The bytes touched are those of an array with ``shape``/``strides``/``itemsize`` whose first
-        element sits ``offset`` bytes into the buffer.
+        element sits ``offset`` bytes into the buffer; ``dtype`` is the pl dtype name it was accessed as.
         """
         self.accesses.append({"kind": "access", "name": name, "rank": self.rank,
                               "seq": next(self._clock) if self._clock is not None else len(self.accesses),
                               "write": write, "atomic": atomic, "owner": owner, "buffer_id": buffer_id,
                               "offset": offset, "shape": shape, "strides": strides, "itemsize": itemsize,
-                              "tensor": tensor, "where": where})
+                              "dtype": dtype, "tensor": tensor, "where": where})
 
     def to_json(self) -> dict:
         return {"rank": self.rank, "device_id": self.device_id, "dispatch": self.dispatch,

@@ -312,7 +312,7 @@ class RankContext(context.Context):
         (lo, _), owner, buffer_id = spans[i]
         site = user_frame(2)
         self.events.access(op, write, atomic, owner, buffer_id, addr - lo, view.shape, view.strides, view.itemsize,
-                           t.name, f"{site[0]}:{site[1]}" if site else "")
+                           t.dtype.name, t.name, f"{site[0]}:{site[1]}" if site else "")
 
     # -- identity ---------------------------------------------------------------
     def world_size(self):
