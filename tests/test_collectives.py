@@ -3,10 +3,13 @@
 Every collective runs at both call sites: inside a kernel with an explicit signal, and from the host
 orchestrator as a builtin task between two dispatch loops (stage, collective, read back).  Every run also
 reads each rank's signal window back, so every property test checks that the signals were left at zero.
+The property tests run on shm, on sim, and on sim under ``ptodist check`` (no finding allowed: the
+collectives are correct, so any race or stale signal the checker saw would be a false positive).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,6 +24,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RankError, RunConfig, ir
 from ptodist.backends.shm import ShmBackend
+from ptodist.check import explore
 from ptodist.errors import ProgramError, ProgramTypeError, ProgramValueError
 
 THIS = Path(__file__).resolve()
@@ -118,8 +122,16 @@ def build(nr: int, dtype, xs, sig, *, ws=None, ys=None, sig2=None, kernel=None, 
 
 
 def compile_prog(prog, nr: int, backend: str | None = None):
-    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=backend)
+    """Compile for ``nr`` ranks; ``backend`` "check" means sim under a ptodist check session (see :func:`call`)."""
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                       backend=None if backend == "check" else backend)
     return ir.compile(prog, config=config)
+
+
+def call(compiled, *args, backend: str | None = None):
+    """Call ``compiled``; under "check", the happens-before checker must find nothing (CheckError otherwise)."""
+    with explore.checking(0) if backend == "check" else contextlib.nullcontext():
+        return compiled(*args)
 
 
 def run(prog, nr: int, x: np.ndarray, ys, sig, backend: str | None = None):
@@ -127,7 +139,7 @@ def run(prog, nr: int, x: np.ndarray, ys, sig, backend: str | None = None):
     compiled = compile_prog(prog, nr, backend)
     y = np.zeros((nr, *ys), x.dtype)
     s = np.full((nr, *sig), -7, np.int32)
-    compiled(x, y, s)
+    call(compiled, x, y, s, backend=backend)
     return y, s, compiled
 
 
@@ -181,7 +193,8 @@ def assert_reduced(got: np.ndarray, x: np.ndarray, op, dtype) -> None:
 # -- strategies --------------------------------------------------------------------------------------
 
 NRS = st.sampled_from([2, 3, 4, 8])
-BACKENDS = ["shm", "sim"]  # the sim backend must give the same results
+# The sim backend must give the same results; "check" runs sim under ptodist check, which must find nothing.
+BACKENDS = ["shm", "sim", "check"]
 SEEDS = st.integers(0, 2 ** 32 - 1)
 
 
@@ -483,7 +496,7 @@ def test_reused_signals_give_correct_results_and_end_clear(nr, where, backend):
     x = np.random.default_rng(nr).integers(-3, 4, (nr, *xs)).astype(np.float32)
     y = np.zeros((nr, *ws), np.float32)
     sg, sq = np.full((nr, *gs), -7, np.int32), np.full((nr, *qs), -7, np.int32)
-    compile_prog(prog, nr, backend)(x, y, sg, sq)
+    call(compile_prog(prog, nr, backend), x, y, sg, sq, backend=backend)
     gathered = nr ** 4 * x.sum(axis=0) + x[nr - 1] + x  # [P, *xs]: slot p on every rank
     np.testing.assert_array_equal(y, np.broadcast_to(gathered, y.shape))
     assert_signals_clear(sg)
