@@ -77,24 +77,25 @@ def run_schedule(script: str, argv: list[str], seed: int) -> Outcome:
     """Run ``script`` once, every dispatch on the sim backend under ``seed``; collect its findings."""
     out = io.StringIO()
     code, found, tb = 0, [], ""
-    saved_argv = sys.argv
-    sys.argv = [script, *argv]
-    try:
-        with checking(seed) as session, contextlib.redirect_stdout(out):
-            runpy.run_path(script, run_name="__main__")
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if not isinstance(e.code, (int, type(None))):
-            tb = str(e.code)
-    except CheckError:
-        code = 1  # its findings are the session's already
-    except Exception as e:  # noqa: BLE001 - whatever the script raised is part of this schedule's outcome
-        from ..cli import format_script_error
+    with checking(seed) as session:
+        saved_argv = sys.argv
+        sys.argv = [script, *argv]
+        try:
+            with contextlib.redirect_stdout(out):
+                runpy.run_path(script, run_name="__main__")
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            if not isinstance(e.code, (int, type(None))):
+                tb = str(e.code)
+        except CheckError:
+            code = 1  # its findings are the session's already
+        except Exception as e:  # noqa: BLE001 - whatever the script raised is part of this schedule's outcome
+            from ..cli import format_script_error
 
-        code = 1
-        found = findings_mod.from_exception(e)
-        if not isinstance(e, PtodistError):  # ptodist's own errors are whole in their findings
-            tb = format_script_error(e)
-    finally:
-        sys.argv = saved_argv
+            code = 1
+            found = findings_mod.from_exception(e)
+            if not isinstance(e, PtodistError):  # ptodist's own errors are whole in their findings
+                tb = format_script_error(e)
+        finally:
+            sys.argv = saved_argv
     return Outcome(session, session.findings + found, code, tb, out.getvalue())
