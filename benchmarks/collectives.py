@@ -254,61 +254,19 @@ def _gloo_worker(rank: int, p: int, port: int, conn) -> None:
         pass
 
 
-class GlooPool:
+class GlooPool(gloo_group.Workers):
     """P gloo processes, alive for one P; ``measure`` runs one command on all of them."""
 
     def __init__(self, p: int):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("fork")
-        port = gloo_group.free_port()
-        self.p = p
-        self.conns, self.procs = [], []
-        for r in range(p):
-            a, b = ctx.Pipe()
-            proc = ctx.Process(target=_gloo_worker, args=(r, p, port, b), daemon=True)
-            proc.start()
-            b.close()
-            self.conns.append(a)
-            self.procs.append(proc)
-        replies = self._collect(120.0)
-        errors = [v for s, v in replies if s != "ready"]
-        if errors:
-            self.close()
-            raise RuntimeError(errors[0])
-
-    def _collect(self, timeout: float):
-        out = []
-        deadline = time.monotonic() + timeout
-        for conn, proc in zip(self.conns, self.procs):
-            while not conn.poll(0.2):
-                if not proc.is_alive():
-                    raise RuntimeError(f"gloo worker exited with status {proc.exitcode}")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"gloo worker gave no answer within {timeout:.0f} s")
-            out.append(conn.recv())
-        return out
+        super().__init__(p, _gloo_worker)
 
     def measure(self, op: str, n: int, k: int) -> float:
-        for conn in self.conns:
-            conn.send((op, n, k))
-        replies = self._collect(COMMAND_TIMEOUT_S)
+        self.send((op, n, k))
+        replies = self.collect(COMMAND_TIMEOUT_S)
         errors = [v for s, v in replies if s != "ok"]
         if errors:
             raise RuntimeError(errors[0])
         return max(v for _, v in replies)
-
-    def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
 
 
 # ---------------------------------------------------------------------------------------------

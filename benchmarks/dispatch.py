@@ -24,7 +24,6 @@ Run: ``python benchmarks/dispatch.py [--dispatches 2000] [--one-shot 20] [--barr
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
 import os
 import statistics
 import time
@@ -101,50 +100,19 @@ def _gloo_worker(rank: int, p: int, port: int, conn) -> None:
         conn.send(("error", f"{type(e).__name__}: {e}"))
 
 
-class GlooBarrier:
+class GlooBarrier(gloo_group.Workers):
     """P gloo processes; ``measure(k)`` times k barriers on all of them (µs per barrier, slowest rank)."""
 
     def __init__(self, p: int):
-        ctx = mp.get_context("fork")
-        port = gloo_group.free_port()
-        self.conns, self.procs = [], []
-        for r in range(p):
-            a, b = ctx.Pipe()
-            proc = ctx.Process(target=_gloo_worker, args=(r, p, port, b), daemon=True)
-            proc.start()
-            b.close()
-            self.conns.append(a)
-            self.procs.append(proc)
-        self._collect()
-
-    def _collect(self) -> list[float]:
-        out = []
-        for conn, proc in zip(self.conns, self.procs):
-            while not conn.poll(0.5):
-                if not proc.is_alive():
-                    raise RuntimeError(f"a gloo process exited with status {proc.exitcode}")
-            status, value = conn.recv()
-            if status == "error":
-                raise RuntimeError(value)
-            out.append(value)
-        return out
+        super().__init__(p, _gloo_worker)
 
     def measure(self, k: int) -> float:
-        for conn in self.conns:
-            conn.send(k)
-        return max(self._collect())
-
-    def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self.procs:
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
+        self.send(k)
+        replies = self.collect(600.0)
+        errors = [v for s, v in replies if s != "ok"]
+        if errors:
+            raise RuntimeError(errors[0])
+        return max(v for _, v in replies)
 
 
 def gloo_available() -> str | None:

@@ -25,3 +25,60 @@ def join(rank: int, world: int, port: int):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     return dist
+
+
+class Workers:
+    """P forked processes running ``target(rank, P, port, conn)``, each answering ``(status, value)`` on a pipe.
+
+    Every worker first answers once (``"ready"``, or ``"error"`` and why) after joining the group.
+    """
+
+    def __init__(self, p: int, target, timeout: float = 120.0):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork")
+        port = free_port()
+        self.conns, self.procs = [], []
+        for r in range(p):
+            a, b = ctx.Pipe()
+            proc = ctx.Process(target=target, args=(r, p, port, b), daemon=True)
+            proc.start()
+            b.close()
+            self.conns.append(a)
+            self.procs.append(proc)
+        errors = [v for s, v in self.collect(timeout) if s != "ready"]
+        if errors:
+            self.close()
+            raise RuntimeError(errors[0])
+
+    def send(self, command) -> None:
+        for conn in self.conns:
+            conn.send(command)
+
+    def collect(self, timeout: float) -> list[tuple]:
+        """Every worker's next answer, in rank order; RuntimeError if one exits or stays silent past ``timeout``."""
+        import time
+
+        out = []
+        deadline = time.monotonic() + timeout
+        for conn, proc in zip(self.conns, self.procs):
+            while not conn.poll(0.2):
+                if not proc.is_alive():
+                    raise RuntimeError(f"a gloo process exited with status {proc.exitcode}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"a gloo process gave no answer within {timeout:.0f} s")
+            out.append(conn.recv())
+        return out
+
+    def close(self) -> None:
+        """Tell every worker to leave (``None``), then reap it (killing one that does not)."""
+        for conn in self.conns:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+        for proc in self.procs:
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
