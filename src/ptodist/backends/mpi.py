@@ -523,36 +523,33 @@ class MpiMemory:
         out = np.empty(sizes, dtype)
         if out.size == 0:
             return out
-        MPI = self.MPI
         self._settle(rank)
-        raw = _byte_view(out)
-        at = disp + self._offset(shape, starts, dtype.itemsize)
-        t = self._datatype(shape, sizes, dtype.itemsize, MPI.BYTE)
-        if t is None:
-            for lo in range(0, raw.size, MAX_CHUNK):
-                piece = raw[lo:lo + MAX_CHUNK]
-                self.heap.Get([piece, piece.size, MPI.BYTE], rank, (at + lo, piece.size, MPI.BYTE))
-        else:
-            self.heap.Get([raw, raw.size, MPI.BYTE], rank, (at, 1, t))
-        self.heap.Flush_local(rank)
+        self._move(self.heap.Get, rank, _byte_view(out), disp + self._offset(shape, starts, dtype.itemsize),
+                   self._datatype(shape, sizes, dtype.itemsize, self.MPI.BYTE))
         return out
 
     def put(self, rank: int, disp: int, shape: tuple, starts: tuple, sizes: tuple, data: np.ndarray) -> None:
         """Write contiguous ``data`` into a region of rank ``rank``'s array; complete at the next notify."""
         if data.size == 0:
             return
-        MPI = self.MPI
-        raw = _byte_view(data)
-        at = disp + self._offset(shape, starts, data.itemsize)
-        t = self._datatype(shape, sizes, data.itemsize, MPI.BYTE)
-        if t is None:
+        self._move(self.heap.Put, rank, _byte_view(data), disp + self._offset(shape, starts, data.itemsize),
+                   self._datatype(shape, sizes, data.itemsize, self.MPI.BYTE))
+        self._dirty.add(rank)
+
+    def _move(self, call, rank: int, raw: np.ndarray, at: int, target_type) -> None:
+        """``call`` (Get or Put) the local bytes ``raw`` to/from rank ``rank``'s heap at byte ``at``.
+
+        ``target_type`` is the derived datatype of a strided region, or None for a contiguous one (moved
+        in pieces of at most MAX_CHUNK bytes).  Locally complete on return: ``raw`` may be read or reused.
+        """
+        BYTE = self.MPI.BYTE
+        if target_type is None:
             for lo in range(0, raw.size, MAX_CHUNK):
                 piece = raw[lo:lo + MAX_CHUNK]
-                self.heap.Put([piece, piece.size, MPI.BYTE], rank, (at + lo, piece.size, MPI.BYTE))
+                call([piece, piece.size, BYTE], rank, (at + lo, piece.size, BYTE))
         else:
-            self.heap.Put([raw, raw.size, MPI.BYTE], rank, (at, 1, t))
-        self.heap.Flush_local(rank)  # ``data`` may be reused as soon as this returns
-        self._dirty.add(rank)
+            call([raw, raw.size, BYTE], rank, (at, 1, target_type))
+        self.heap.Flush_local(rank)
 
     def accumulate(self, rank: int, disp: int, shape: tuple, starts: tuple, sizes: tuple, data: np.ndarray) -> None:
         """Add contiguous ``data`` into a region of rank ``rank``'s array (the caller holds its lock)."""

@@ -922,6 +922,16 @@ class _Core:
                                "Close it and prepare a new one.")
 
     # -- driving ----------------------------------------------------------------------------------
+    def _try_step(self, until: RunHandle | None, deadline: float | None) -> bool:
+        """Advance the queue one step unless another thread is driving it; return whether this one did."""
+        if not self.engine.acquire(blocking=False):
+            return False
+        try:
+            self._step(until, deadline)
+        finally:
+            self.engine.release()
+        return True
+
     def drive(self, until: RunHandle, deadline: float | None) -> None:
         """Advance the queue until ``until`` has finished or ``deadline`` passes."""
         if _in_callback() is not None:
@@ -931,12 +941,7 @@ class _Core:
             self.waiters += 1  # the background thread stays out of the way of a caller that drives itself
         try:
             while not until._finished:
-                if self.engine.acquire(blocking=False):
-                    try:
-                        self._step(until, deadline)
-                    finally:
-                        self.engine.release()
-                else:
+                if not self._try_step(until, deadline):
                     wait = 0.002 if deadline is None else max(min(0.002, deadline - time.monotonic()), 0.0)
                     until._event.wait(wait)
                 if deadline is not None and time.monotonic() >= deadline:
@@ -1191,12 +1196,7 @@ class _Core:
                     self.wakeup.wait()
                 if self.closed or (self.closing and not self.queue):
                     return
-            if self.engine.acquire(blocking=False):
-                try:
-                    self._step(None, None)
-                finally:
-                    self.engine.release()
-            else:
+            if not self._try_step(None, None):
                 with self.state:
                     self.wakeup.wait(0.005)
 
