@@ -47,7 +47,7 @@ def _run(args) -> int:
         for item in found:
             if not item.locations and user:
                 item.locations.append(f"{user[-1].filename}:{user[-1].lineno}")
-            print(_summary_line(item), file=sys.stderr)
+            print(item.summary(), file=sys.stderr)
     except PtodistInternalError:
         traceback.print_exc()
         print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
@@ -120,21 +120,6 @@ def _check(args) -> int:
             json.dump(doc, f, indent=2)
             f.write("\n")
     return 1 if failed else 0
-
-
-def _summary_line(item) -> str:
-    """One finding as a short block under the error: kind, SPEC row, ranks, locations, fix."""
-    parts = [f"ptodist: finding {item.kind}"]
-    if item.pitfall:
-        parts.append(f"(SPEC §{item.pitfall})")
-    if item.ranks:
-        parts.append(f"on ranks {', '.join(map(str, item.ranks))}")
-    text = " ".join(parts)
-    if item.locations:
-        text += "\n  at " + ", ".join(item.locations)
-    if item.fix:
-        text += f"\n  fix: {item.fix}"
-    return text
 
 
 def _write_report(path: str, code: int, found: list) -> None:

@@ -1080,7 +1080,7 @@ class _MpiRun:
         if error is not None:
             lines.append(f"ptodist: {type(error).__name__}: {error}")
             if isinstance(error, PtodistError):
-                lines += [_summary(f) for f in findings.from_exception(error)]
+                lines += [f.summary() for f in findings.from_exception(error)]
         for r in missing:
             row = peeks[r].row
             state = STATE_NAMES.get(int(row["state"]), "unknown")
@@ -1168,20 +1168,6 @@ class _MpiRun:
                 os.replace(tmp, path)
         if merger:
             finish_run(self.dfx, self.world, self.plan.device_ids)
-
-
-def _summary(item) -> str:
-    """A finding as ``ptodist run`` prints it under an error."""
-    text = f"ptodist: finding {item.kind}"
-    if item.pitfall:
-        text += f" (SPEC §{item.pitfall})"
-    if item.ranks:
-        text += f" on ranks {', '.join(map(str, item.ranks))}"
-    if item.locations:
-        text += "\n  at " + ", ".join(item.locations)
-    if item.fix:
-        text += f"\n  fix: {item.fix}"
-    return text
 
 
 def outcome(results: list) -> BaseException | None:

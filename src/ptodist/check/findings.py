@@ -79,6 +79,20 @@ class Finding:
             lines.append(f"  fix: {self.fix}")
         return "\n".join(lines)
 
+    def summary(self) -> str:
+        """The short block ``ptodist run`` prints under an error: kind, SPEC row, ranks, locations, fix."""
+        parts = [f"ptodist: finding {self.kind}"]
+        if self.pitfall:
+            parts.append(f"(SPEC §{self.pitfall})")
+        if self.ranks:
+            parts.append(f"on ranks {', '.join(map(str, self.ranks))}")
+        text = " ".join(parts)
+        if self.locations:
+            text += "\n  at " + ", ".join(self.locations)
+        if self.fix:
+            text += f"\n  fix: {self.fix}"
+        return text
+
 
 def _locations(text: str) -> list[str]:
     out: list[str] = []
