@@ -150,7 +150,8 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding)."""
     from ..runtime.tensors import RankTensor, WindowTensor
 
-    where = _Where(fn, spec, loc)
+    where = LazyText(lambda: f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {fn.location}), "
+                             f"called at {loc}")
     if spec.kind == "scalar":
         if not isinstance(value, (Scalar, int, float, bool)):
             raise ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}.")
@@ -177,23 +178,20 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
         bind_shape(where, ttype.shape, tuple(value.shape), bindings, world)
 
 
-class _Where:
-    """"f() parameter 'p' (declared ... at file:line), called at file:line", made only if a message needs it.
+class LazyText:
+    """Text made only when a message needs it: arguments are checked on every call, and formatting where
+    each one was declared would cost more than the checks."""
 
-    Arguments are checked on every kernel call; formatting the text each time would cost more than the checks.
-    """
+    __slots__ = ("_make",)
 
-    __slots__ = ("fn", "spec", "loc")
-
-    def __init__(self, fn: Function, spec: ParamSpec, loc):
-        self.fn, self.spec, self.loc = fn, spec, loc
+    def __init__(self, make):
+        self._make = make
 
     def __str__(self) -> str:
-        return (f"{self.fn.name}() parameter '{self.spec.name}' (declared {self.spec.type_name} at "
-                f"{self.fn.location}), called at {self.loc}")
+        return self._make()
 
     def __format__(self, spec: str) -> str:
-        return format(str(self), spec)
+        return format(self._make(), spec)
 
 
 def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int) -> None:

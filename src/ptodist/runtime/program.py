@@ -95,7 +95,6 @@ class CompiledProgram:
         self.world = len(self.device_ids)
         self._extra = list(extra_functions)
         self._plans: dict = {}
-        self._where: dict[str, str] = {}  # parameter -> how messages name it (finding the source costs)
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
         checks.check_program_signatures(host, self._extra)
@@ -171,10 +170,8 @@ class CompiledProgram:
         return values, hosts, created
 
     def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
-        where = self._where.get(p.name)
-        if where is None:
-            where = self._where[p.name] = \
-                f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})"
+        where = checks.LazyText(
+            lambda: f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})")
         if p.ttype is None or p.ttype.shape is None:
             return
         if p.ttype.dtype is not None and h.dtype.np_dtype != p.ttype.dtype.np_dtype:
