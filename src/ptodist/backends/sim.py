@@ -334,7 +334,7 @@ class _SimRun:
         log = None
         if self.checking or self.dfx is not None:
             log = EventLog(rank, self.plan.device_ids[rank], self.dfx.dispatch if self.dfx is not None else 0,
-                           accesses=self.checking, clock=self.clock if self.checking else None)
+                           clock=self.clock if self.checking else None)
         self.logs[rank] = log
         ctx = _SimRank(self.plan, rank, memory, views, events=log, sched=self.sched)
         try:

@@ -62,8 +62,10 @@ class RunConfig:
     """How to run: the platform name, the devices, diagnostics, and ptodist's own settings.
 
     ``backend`` picks ptodist's backend (default: env ``PTODIST_BACKEND``, else
-    ``"mpi"`` in a process an MPI launcher started, else ``"shm"``); ``hang_timeout_s`` how long ranks may make no progress before the
-    run ends with HangError (default: env ``PTODIST_HANG_TIMEOUT``, else 60 s).
+    ``"mpi"`` in a process an MPI launcher started, else ``"shm"``; always
+    ``"sim"`` under ``ptodist check``); ``hang_timeout_s`` how long ranks may
+    make no progress before the run ends with HangError (default: env
+    ``PTODIST_HANG_TIMEOUT``, else 60 s).
     """
 
     platform: str = "a2a3sim"

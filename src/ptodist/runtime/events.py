@@ -7,10 +7,11 @@ The DFX writers (``ptodist/dfx/``) and the happens-before checker
 (``ptodist/check/hb.py``) are its readers.  Times are ``time.monotonic_ns()``:
 CLOCK_MONOTONIC, the same clock in every rank process of a machine.
 
-For the checker a log also records every access to window memory
-(``accesses=True``; in :attr:`EventLog.accesses`, apart from the timed records) and stamps each record with ``seq`` from a ``clock``
-shared by all ranks, which gives one global order (the ``sim`` backend runs
-one rank at a time, so that order is the order things happened).
+A log given a ``clock`` (an iterator shared by all ranks) is the checker's:
+it stamps each record with ``seq`` from it, which gives one global order (the
+``sim`` backend runs one rank at a time, so that order is the order things
+happened), and also records every access to window memory, in
+:attr:`EventLog.accesses`, apart from the timed records.
 """
 
 from __future__ import annotations
@@ -23,11 +24,11 @@ now_ns = time.monotonic_ns
 class EventLog:
     """Records of tasks, communication operations and scopes, in the order they happened."""
 
-    def __init__(self, rank: int, device_id: int, dispatch: int, *, accesses: bool = False, clock=None):
+    def __init__(self, rank: int, device_id: int, dispatch: int, *, clock=None):
         self.rank = rank
-        self.record_accesses = accesses  # record window reads and writes (for the checker)
+        self._clock = clock              # an iterator of global sequence numbers, or None
+        self.record_accesses = clock is not None  # the checker's log: window reads and writes too
         self.accesses: list[dict] = []   # those reads and writes; not slices, so kept apart from records
-        self._clock = clock       # an iterator of global sequence numbers, or None
         self.device_id = device_id
         self.dispatch = dispatch
         self.records: list[dict] = []   # slices: tasks and communication operations
@@ -86,7 +87,7 @@ class EventLog:
         element sits ``offset`` bytes into the buffer; ``dtype`` is the pl dtype name it was accessed as.
         """
         self.accesses.append({"kind": "access", "name": name, "rank": self.rank,
-                              "seq": next(self._clock) if self._clock is not None else len(self.accesses),
+                              "seq": next(self._clock),
                               "write": write, "atomic": atomic, "owner": owner, "buffer_id": buffer_id,
                               "offset": offset, "shape": shape, "strides": strides, "itemsize": itemsize,
                               "dtype": dtype, "tensor": tensor, "where": where})
