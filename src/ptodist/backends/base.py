@@ -10,11 +10,16 @@ that; ``Backend.run`` the driver's.
 from __future__ import annotations
 
 import ctypes
+import pickle
 import time
+import traceback
 from contextlib import AbstractContextManager
 from typing import Protocol
 
 import numpy as np
+
+from ..errors import PtodistError, RankFailure
+from ..source import is_internal
 
 # Rank states on the status board.
 IDLE, RUNNING, WAITING, DONE, FAILED = 0, 1, 2, 3, 4
@@ -168,3 +173,25 @@ class Backend(Protocol):
         Raises RankError when a rank fails and HangError when the ranks stop
         making progress; on any ending no rank is left running.
         """
+
+
+def user_traceback(e: BaseException) -> str:
+    """Format the rank's traceback; for errors ptodist raised on purpose, without ptodist's own frames."""
+    frames = traceback.extract_tb(e.__traceback__)
+    innermost_is_user = bool(frames) and not is_internal(frames[-1].filename)
+    if isinstance(e, PtodistError) or innermost_is_user:
+        frames = traceback.StackSummary.from_list([f for f in frames if not is_internal(f.filename)])
+    lines = ["Traceback (most recent call last):\n", *frames.format(),
+             *traceback.format_exception_only(type(e), e)]
+    return "".join(lines)
+
+
+def rank_failure(plan, rank: int, task: str | None, e: BaseException) -> RankFailure:
+    """What a rank reports when ``e`` escaped its tasks: the traceback as text, the exception when it pickles."""
+    tb = user_traceback(e)
+    exc = e if isinstance(e, PtodistError) or type(e).__module__ == "builtins" else None
+    try:
+        exc = pickle.loads(pickle.dumps(exc))
+    except Exception:  # noqa: BLE001 - exceptions that do not survive pickling travel as text only
+        exc = None
+    return RankFailure(rank, plan.device_ids[rank], task, type(e).__name__, str(e), tb, exc)

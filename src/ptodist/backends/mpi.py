@@ -52,8 +52,8 @@ from ..language.types import Direction
 from ..runtime.config import started_by_mpi_launcher
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
-from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard
-from .shm import CERTAIN_HANG_S, GRACE_S, _failure
+from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard, rank_failure
+from .shm import CERTAIN_HANG_S, GRACE_S
 
 ALIGN = 64
 CHECK_S = 0.02          # how often a waiting or finished rank looks at the abort word and the other ranks
@@ -945,13 +945,13 @@ class _MpiRun:
         except _Stopped:
             self.result["stopped"] = True
         except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to every process
-            self.result["failure"] = _failure(plan, rank, (ctx.failed_task or ctx.task) if ctx else None, e)
+            self.result["failure"] = rank_failure(plan, rank, (ctx.failed_task or ctx.task) if ctx else None, e)
         memory.flush_all()
         if log is not None:
             try:
                 write_rank_outputs(log, self.dfx)
             except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-                self.result["failure"] = self.result["failure"] or _failure(plan, rank, None, e)
+                self.result["failure"] = self.result["failure"] or rank_failure(plan, rank, None, e)
         ok = self.result["failure"] is None and not self.result["stopped"]
         memory.status.finish(rank, DONE if ok else FAILED)
         if self.result["failure"] is not None and not self.control.aborted():

@@ -1,6 +1,6 @@
 """The ``shm`` backend: rank processes over shared memory.
 
-Two drivers share the rank body (``_run_plan``, ``_failure``) and the watch that
+Two drivers share the rank body (``_run_plan``, ``base.rank_failure``) and the watch that
 turns failures and stalls into exceptions (``_Monitor``):
 
 * ``ShmBackend.run`` (one-shot calls) forks one process per rank for one dispatch.
@@ -37,7 +37,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 import weakref
 from contextlib import contextmanager
 
@@ -47,13 +46,12 @@ from .. import _atomics
 from ..check.hang import hang_error
 from ..compiler.plan import DispatchPlan
 from ..dfx import finish_run, write_rank_outputs
-from ..errors import HangError, PtodistError, RankError, RankFailure
+from ..errors import HangError, RankError, RankFailure
 from ..language import dtypes as dt
 from ..language.types import Direction
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
-from ..source import is_internal
-from .base import DONE, FAILED, RUNNING, WAITING, StatusBoard
+from .base import DONE, FAILED, RUNNING, WAITING, StatusBoard, rank_failure
 
 ALIGN = 64
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
@@ -426,7 +424,7 @@ def _run_plan(ctx: RankContext, plan, rank: int) -> RankFailure | None:
     except _Aborted:
         raise
     except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
-        return _failure(plan, rank, ctx.failed_task or ctx.task, e)
+        return rank_failure(plan, rank, ctx.failed_task or ctx.task, e)
     return None
 
 
@@ -435,29 +433,8 @@ def _write_outputs(log, dfx, plan, rank: int, result: RankFailure | None) -> Ran
     try:
         write_rank_outputs(log, dfx)
     except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-        return result or _failure(plan, rank, None, e)
+        return result or rank_failure(plan, rank, None, e)
     return result
-
-
-def _user_traceback(e: BaseException) -> str:
-    """Format the rank's traceback; for errors ptodist raised on purpose, without ptodist's own frames."""
-    frames = traceback.extract_tb(e.__traceback__)
-    innermost_is_user = bool(frames) and not is_internal(frames[-1].filename)
-    if isinstance(e, PtodistError) or innermost_is_user:
-        frames = traceback.StackSummary.from_list([f for f in frames if not is_internal(f.filename)])
-    lines = ["Traceback (most recent call last):\n", *frames.format(),
-             *traceback.format_exception_only(type(e), e)]
-    return "".join(lines)
-
-
-def _failure(plan, rank, task, e: BaseException) -> RankFailure:
-    tb = _user_traceback(e)
-    exc = e if isinstance(e, PtodistError) or type(e).__module__ == "builtins" else None
-    try:
-        exc = pickle.loads(pickle.dumps(exc))
-    except Exception:  # noqa: BLE001 - exceptions that do not survive pickling travel as text only
-        exc = None
-    return RankFailure(rank, plan.device_ids[rank], task, type(e).__name__, str(e), tb, exc)
 
 
 # -- long-lived ranks (a DistributedWorker's) ------------------------------------------------

@@ -32,7 +32,7 @@ from ..errors import CheckError, ConfigError, RankError, RankFailure
 from ..language.types import Direction
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
-from .base import DONE, FAILED, WAITING, StatusBoard
+from .base import DONE, FAILED, WAITING, StatusBoard, rank_failure
 
 ALIGN = 64
 # Operations that touch no shared memory: no reason to let another rank in before them.
@@ -270,7 +270,6 @@ class _SimRun:
         self.failures: list[RankFailure] = []
         self.finished: set[int] = set()
         self.findings: list = []
-        self.error: BaseException | None = None
 
     def run(self) -> None:
         views = self._host_views()
@@ -314,12 +313,12 @@ class _SimRun:
             if self.sched.switches != last:
                 last, since = self.sched.switches, now
             elif now - since >= self.hang_timeout:
-                self.error = self._hang(False, now - since)
+                error = self._hang(False, now - since)
                 running = self.sched.running
                 if running is not None:
                     _raise_in(threads[running], SimAbort)
                 self.sched.abort()
-                raise self.error
+                raise error
 
     def _hang(self, certain: bool, idle: float | None = None):
         loader = SimMemory(self.heaps, self.plan, -1, StatusBoard(self.board_raw, self.world), self.sched)
@@ -327,8 +326,6 @@ class _SimRun:
                           self.hang_timeout)
 
     def _rank_main(self, rank: int, views: list) -> None:
-        from .shm import _failure
-
         status = StatusBoard(self.board_raw, self.world)  # one per rank: its notify-site table is its own
         memory = SimMemory(self.heaps, self.plan, rank, status, self.sched)
         log = None
@@ -347,12 +344,12 @@ class _SimRun:
         except SimAbort:
             return
         except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
-            result = _failure(self.plan, rank, ctx.failed_task or ctx.task, e)
+            result = rank_failure(self.plan, rank, ctx.failed_task or ctx.task, e)
         if log is not None and self.dfx is not None:
             try:
                 write_rank_outputs(log, self.dfx)
             except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-                result = result or _failure(self.plan, rank, None, e)
+                result = result or rank_failure(self.plan, rank, None, e)
         status.finish(rank, DONE if result is None else FAILED)
         if result is None:
             self.finished.add(rank)
