@@ -24,6 +24,7 @@ from ptodist.errors import (
     KernelIndexError,
     ProgramTypeError,
     RankError,
+    ShapeError,
 )
 
 SIZE = 16
@@ -126,6 +127,78 @@ def test_non_contiguous_host_output_is_written_back():
     hello(x, y, config=cfg(0, 1))
     assert torch.equal(backing[:, :, ::2], hello_expected(x))
     assert (backing[:, :, 1::2] == 0).all()
+
+
+def test_non_contiguous_output_that_requires_grad_is_written_back():
+    # A leaf that requires grad refuses copy_ under autograd: it failed only after the whole run.
+    x = torch.randn(2, 1, SIZE)
+    y = torch.zeros(SIZE, 1, 2).permute(2, 1, 0).requires_grad_()
+    assert y.is_leaf and not y.is_contiguous()
+    hello(x, y, config=cfg(0, 1))
+    assert torch.equal(y.detach(), hello_expected(x))
+
+
+def count_runs(monkeypatch) -> list:
+    """Count the backend runs (a run starts the ranks) from now on."""
+    from ptodist.backends.shm import ShmBackend
+
+    runs = []
+    real = ShmBackend.run
+
+    def counted(self, *args, **kwargs):
+        runs.append(1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ShmBackend, "run", counted)
+    return runs
+
+
+def test_one_slice_per_rank_runs_and_more_slices_than_ranks_is_refused(monkeypatch):
+    runs = count_runs(monkeypatch)
+    x, y = torch.randn(2, 1, SIZE), torch.zeros(2, 1, SIZE)
+    hello(x, y, config=cfg(0, 1))  # P = 2, 2 slices: fine
+    assert torch.equal(y, hello_expected(x))
+    compiled = hello.compile(x, y, config=cfg(0, 1))
+    compiled(x, y)
+    assert torch.equal(y, hello_expected(x)) and len(runs) == 2
+    # P = 2, 3 slices: NR bound to 3 ran 2 ranks, left slice 2 of y as it was, and exited 0.
+    x3, y3 = torch.randn(3, 1, SIZE), torch.full((3, 1, SIZE), -1.0)
+    for call in (lambda: hello(x3, y3, config=cfg(0, 1)), lambda: compiled(x3, y3), lambda: compiled(x3)):
+        with pytest.raises(ShapeError) as info:
+            call()
+        msg = str(info.value)
+        assert msg.startswith(f"hello() parameter 'x' (declared pl.Tensor[[NR, 1, {SIZE}], pl.FP32] at "
+                              f"{__file__}:{hello.line}): dimension 0 is pl.dynamic('NR') = 3, bound from the "
+                              f"argument's shape [3, 1, {SIZE}], but the world has 2 ranks (len(device_ids) = 2, "
+                              "device_ids [0, 1]).")
+        assert f"(at {__file__}:{line_of(hello, 'hello_rank(x[r]')} for rank 0), so slice 2 of x would never be " \
+               "read or written" in msg
+        assert msg.endswith("Pass one slice per rank (a leading dimension of 2), or run on 3 devices "
+                            "(DistributedConfig(device_ids=[...]) with one device id per slice).")
+    assert len(runs) == 2 and (y3 == -1).all()
+    y3 = hello(x3, config=cfg(0, 1, 2))  # 3 slices on 3 ranks
+    assert torch.equal(y3, hello_expected(x3))
+
+
+def test_read_only_output_is_refused_before_the_run_and_read_only_input_is_fine(monkeypatch):
+    runs = count_runs(monkeypatch)
+    x = np.random.default_rng(1).standard_normal((2, 1, SIZE)).astype(np.float32)
+    x.flags.writeable = False  # inputs are only read
+    y = np.zeros((2, 1, SIZE), np.float32)
+    hello(x, y, config=cfg(0, 1))
+    np.testing.assert_array_equal(y, hello_expected(x))
+    y.flags.writeable = False
+    compiled = hello.compile(config=cfg(0, 1))
+    for call in (lambda: hello(x, y, config=cfg(0, 1)), lambda: compiled(x, y)):
+        with pytest.raises(DispatchTypeError) as info:  # it was numpy's ValueError, raised after the run
+            call()
+        assert str(info.value) == (
+            f"hello() parameter 'y' (declared pl.Out[pl.Tensor[[NR, 1, {SIZE}], pl.FP32]] at {__file__}:"
+            f"{hello.line}): the numpy array is read-only (its flags.writeable is False), but 'y' is an output "
+            "(pl.Out) that the run writes its results into. Nothing was run. Pass a writable array, e.g. y.copy().")
+    assert len(runs) == 1
+    y2 = compiled(x, y.copy())
+    np.testing.assert_array_equal(y2, hello_expected(x))
 
 
 def test_one_source_runs_at_p2_and_p3_with_pl_dynamic():

@@ -9,11 +9,13 @@ parameter, file:line), why, and the fix.
 from __future__ import annotations
 
 import inspect
+import json
 import re
 import warnings
 
 import numpy as np
 import pytest
+import torch
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -21,7 +23,9 @@ from ptodist import DistributedConfig, RunConfig, ir
 from ptodist.backends.shm import ShmBackend
 from ptodist.errors import (
     ConfigError,
+    DispatchTypeError,
     ProgramError,
+    ProgramIndexError,
     ProgramTypeError,
     ProgramValueError,
     ShapeError,
@@ -390,6 +394,171 @@ def test_dynamic_name_bound_inconsistently_on_the_host():
     assert "dimension 0 is pl.dynamic('NR') = 3 here, but 'NR' was bound to 2 by dispatches_two() parameter 'x'" \
         in msg
     assert "all uses of one name must agree" in msg
+
+
+# ---------------------------------------------------------------------------
+# §8.1 / §8.3 step 07: a host tensor split per rank must have one slice per rank
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.host
+def split_per_rank(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[r], y[r], device=r)
+
+
+def more_slices_than_ranks_message(host, declared: str, size: str, fix: str) -> str:
+    return (f"{host.name}() parameter 'x' (declared {declared} at {FILE}:{host.line}): dimension 0 is {size}, "
+            "but the world has 2 ranks (len(device_ids) = 2, device_ids [0, 1]). The dispatch loop gives rank r "
+            f"the slice x[r] (at {FILE}:{line_of(host, 'x[r]')} for rank 0), so slice 2 of x would never be read "
+            f"or written and the run would return a wrong result. {fix}")
+
+
+@pytest.mark.parametrize("how", ["call", "compile", "compile then call"])
+def test_more_per_rank_slices_than_ranks_is_refused_before_any_rank_starts(how):
+    # 3 slices on a 2-rank world: NR binds to 3 and slice 2 was silently left out (exit 0, wrong result).
+    x, y = torch.randn(3, 1, 8), torch.zeros(3, 1, 8)
+    with pytest.raises(ShapeError) as info:
+        if how == "call":
+            split_per_rank(x, y, config=cfg(0, 1))
+        elif how == "compile":
+            split_per_rank.compile(x, y, config=cfg(0, 1))
+        else:
+            compiled = split_per_rank.compile(torch.randn(2, 1, 8), torch.zeros(2, 1, 8), config=cfg(0, 1))
+            compiled(x, y)
+    assert isinstance(info.value, ValueError) and info.value.kind == "shape_mismatch"
+    assert str(info.value) == more_slices_than_ranks_message(
+        split_per_rank, "pl.Tensor[[NR, 1, 8], pl.FP32]",
+        "pl.dynamic('NR') = 3, bound from the argument's shape [3, 1, 8]",
+        "Pass one slice per rank (a leading dimension of 2), or run on 3 devices "
+        "(DistributedConfig(device_ids=[...]) with one device id per slice).")
+    assert not torch.any(y)
+
+
+def test_one_per_rank_slice_per_rank_plans():
+    compiled = split_per_rank.compile(torch.randn(2, 1, 8), torch.zeros(2, 1, 8), config=cfg(0, 1))
+    plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
+    assert [[a["index"] for a in rank["tasks"][0]["args"]] for rank in plan["ranks"]] == [[[0], [0]], [[1], [1]]]
+
+
+@pl.jit.host
+def split_per_rank_fixed(x: pl.Tensor[[3, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[3, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[r], y[r], device=r)
+
+
+def test_per_rank_slices_fixed_by_the_annotation_suggest_pl_dynamic():
+    # The annotation agrees with the argument (3 == 3), but it hard-codes a rank count the world does not have.
+    with pytest.raises(ShapeError) as info:
+        split_per_rank_fixed(zeros(3, 1, 8), config=cfg(0, 1))
+    assert str(info.value) == more_slices_than_ranks_message(
+        split_per_rank_fixed, "pl.Tensor[[3, 1, 8], pl.FP32]",
+        "fixed at 3 by the annotation [3, 1, 8] and the argument has 3 slices (shape [3, 1, 8])",
+        "The annotation hard-codes a rank count: use NR = pl.dynamic(\"NR\") for dimension 0 so one program runs "
+        "at any P, and pass one slice per rank (2).")
+
+
+B = pl.dynamic("B")
+
+
+@pl.jit
+def takes_whole(x: pl.Tensor[[B, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[B, 1, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit.host
+def whole_to_every_rank(x: pl.Tensor[[B, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[B, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        takes_whole(x, y, device=r)
+
+
+@pl.jit.host
+def every_slice_to_every_rank(x: pl.Tensor[[B, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[B, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        for b in range(x.shape[0]):
+            copy_rank(x[b], y[b], device=r)
+
+
+@pytest.mark.parametrize("host", [whole_to_every_rank, every_slice_to_every_rank])
+def test_a_dynamic_leading_dim_not_split_per_rank_may_differ_from_the_world(host):
+    # Every slice reaches a rank: B is not the rank count, and B = 3 on 2 ranks is fine.
+    compiled = host.compile(zeros(3, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
+    plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
+    assert plan["host_tensors"][0]["shape"] == [3, 1, 8] and plan["world_size"] == 2
+
+
+def test_fewer_per_rank_slices_than_ranks_names_the_world():
+    with pytest.raises(ProgramIndexError) as info:
+        split_per_rank(zeros(1, 1, 8), config=cfg(0, 1))
+    assert str(info.value) == (
+        f"x[1] at {FILE}:{line_of(split_per_rank, 'x[r]')}: index 1 is out of range for dimension 0 of host "
+        "tensor 'x' (size 1). The host tensor has 1 slice along its leading dimension but the world has 2 ranks "
+        "(len(device_ids) = 2): pass one slice per rank (a leading dimension of 2), or run on 1 device.")
+
+
+# ---------------------------------------------------------------------------
+# Outputs the run cannot write are refused at dispatch, not after the run
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def copy_rank_inout(x: pl.Tensor[[1, 8], pl.FP32], y: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit.host
+def writes_inout(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.InOut[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank_inout(x[r], y[r], device=r)
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    a.flags.writeable = False
+    return a
+
+
+@pytest.mark.parametrize("host, role", [(split_per_rank, "pl.Out"), (writes_inout, "pl.InOut")])
+@pytest.mark.parametrize("how", ["call", "compile", "compile then call"])
+def test_read_only_numpy_output_is_refused_at_dispatch(host, role, how):
+    x, y = zeros(2, 1, 8), read_only(zeros(2, 1, 8))
+    with pytest.raises(DispatchTypeError) as info:
+        if how == "call":
+            host(x, y, config=cfg(0, 1))
+        elif how == "compile":
+            host.compile(x, y, config=cfg(0, 1))
+        else:
+            host.compile(config=cfg(0, 1))(x, y)
+    assert isinstance(info.value, TypeError)
+    assert str(info.value) == (
+        f"{host.name}() parameter 'y' (declared {role}[pl.Tensor[[NR, 1, 8], pl.FP32]] at {FILE}:{host.line}): "
+        f"the numpy array is read-only (its flags.writeable is False), but 'y' is an output ({role}) that the run "
+        "writes its results into. Nothing was run. Pass a writable array, e.g. y.copy().")
+
+
+def test_read_only_numpy_input_is_accepted():
+    split_per_rank.compile(read_only(zeros(2, 1, 8)), zeros(2, 1, 8), config=cfg(0, 1))
+
+
+def test_broadcast_numpy_output_is_refused_at_dispatch():
+    y = np.broadcast_to(zeros(1, 1, 8), (2, 1, 8))  # numpy makes it read-only
+    with pytest.raises(DispatchTypeError, match=r"^split_per_rank\(\) parameter 'y' .*: the numpy array is "
+                                                r"read-only .* Pass a writable array, e.g. y.copy\(\)\.$"):
+        split_per_rank(zeros(2, 1, 8), y, config=cfg(0, 1))
+
+
+def test_expanded_torch_output_is_refused_at_dispatch():
+    # torch has no read-only tensors, but an expanded one cannot take a result per element: copy_ refuses it.
+    y = torch.zeros(1, 1, 8).expand(2, 1, 8)
+    with pytest.raises(DispatchTypeError) as info:
+        split_per_rank(torch.zeros(2, 1, 8), y, config=cfg(0, 1))
+    assert str(info.value) == (
+        f"split_per_rank() parameter 'y' (declared pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]] at "
+        f"{FILE}:{split_per_rank.line}): the torch tensor repeats one element along dimension 0 (stride 0, as "
+        "expand() makes), so its 2 entries there share memory and cannot hold different results, but 'y' is an "
+        "output (pl.Out) that the run writes its results into. Nothing was run. Pass a tensor with memory of its "
+        "own, e.g. y.clone().")
+    # An expanded input is fine: it is only read.
+    split_per_rank.compile(torch.zeros(1, 1, 8).expand(2, 1, 8), torch.zeros(2, 1, 8), config=cfg(0, 1))
 
 
 M = pl.dynamic("M")

@@ -200,7 +200,7 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
     ``where`` (a string, or anything whose ``str`` is one) starts every message and is kept with each binding.
     """
     def decl() -> str:
-        return "[" + ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in declared) + "]"
+        return _decl(declared)
 
     if len(declared) != len(actual):
         raise ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the annotation "
@@ -229,9 +229,11 @@ def check_dispatch_args(fn: Function, values: list, loc, world: int) -> None:
 
 
 def check_coverage(plan: DispatchPlan, host: Function) -> None:
-    """Every rank must be dispatched (the loop trip count must equal len(device_ids))."""
+    """Every rank must be dispatched (the loop trip count must equal len(device_ids)), and every
+    slice of a host tensor the dispatch loop splits per rank must go to a rank (``check_rank_slices``)."""
     missing = [r for r in range(plan.world) if not plan.tasks[r]]
     if not missing:
+        check_rank_slices(plan, host)
         return
     covered = [r for r in range(plan.world) if plan.tasks[r]]
     if not covered:
@@ -241,3 +243,62 @@ def check_coverage(plan: DispatchPlan, host: Function) -> None:
         f"host orchestrator '{host.name}' ({host.location}) dispatched ranks {covered} but never ranks "
         f"{missing} (devices {[plan.device_ids[r] for r in missing]}); world = len(device_ids) = {plan.world}. "
         "The dispatch loop must cover [0, world): write `for r in pl.range(pld.world_size()):`.")
+
+
+def check_rank_slices(plan: DispatchPlan, host: Function) -> None:
+    """A host tensor split per rank (rank r is given ``x[r]``) must have one slice per rank.
+
+    With more slices than ranks the slices past the world are never read or written: the run would
+    succeed with a wrong result (the rank count bound from the arguments disagrees with
+    ``len(device_ids)``).  A tensor counts as split per rank when every rank r is given ``x[r]...``,
+    no dispatch is given the whole tensor, and no dispatch uses a slice past the world.  Fewer slices
+    than ranks already fails at ``x[r]`` while planning (``HostTensorRef.__getitem__``).
+    """
+    world = plan.world
+    uses: dict[int, list[tuple[int, HostTensorRef, str]]] = {}
+    for r in range(world):
+        for task in plan.tasks[r]:
+            for a in task.args:
+                if isinstance(a, HostTensorRef):
+                    uses.setdefault(a.tensor.index, []).append((r, a, task.location))
+    for _, refs in sorted(uses.items()):  # in parameter order
+        spec = refs[0][1].tensor
+        if not spec.shape or spec.shape[0] <= world:
+            continue
+        if any(not a.index or a.index[0] >= world for _, a, _ in refs):
+            continue  # the whole tensor, or a slice past the world, is used: nothing is silently left out
+        own: dict[int, str] = {}
+        for r, a, loc in refs:
+            if a.index[0] == r:
+                own.setdefault(r, loc)
+        if len(own) != world:
+            continue  # not the per-rank pattern: the leading dimension is not the rank count
+        _raise_rank_slices(host, spec, world, plan.device_ids, own[0])
+
+
+def _raise_rank_slices(host: Function, spec, world: int, device_ids: list, loc: str) -> None:
+    n = spec.shape[0]
+    param = host.params[spec.index]
+    declared = param.ttype.shape if isinstance(param.ttype, TensorType) else None
+    where = f"{host.name}() parameter '{spec.name}' (declared {param.type_name} at {host.location})"
+    dim0 = declared[0] if declared else None
+    unused = f"slice {world}" if n == world + 1 else f"slices {world} to {n - 1}"
+    ranks = f"the world has {world} rank{'s' if world != 1 else ''} (len(device_ids) = {world}, device_ids " \
+            f"{list(device_ids)})"
+    split = (f"The dispatch loop gives rank r the slice {spec.name}[r] (at {loc} for rank 0), so {unused} of "
+             f"{spec.name} would never be read or written and the run would return a wrong result.")
+    if isinstance(dim0, int):
+        raise ShapeError(
+            f"{where}: dimension 0 is fixed at {dim0} by the annotation {_decl(declared)} and the argument has "
+            f"{n} slices (shape {list(spec.shape)}), but {ranks}. {split} The annotation hard-codes a rank count: "
+            f"use NR = pl.dynamic(\"NR\") for dimension 0 so one program runs at any P, and pass one slice per "
+            f"rank ({world}).")
+    size = f"pl.dynamic('{dim0.name}') = {n}, bound from" if isinstance(dim0, DynDim) else f"{n} in"
+    raise ShapeError(
+        f"{where}: dimension 0 is {size} the argument's shape {list(spec.shape)}, but {ranks}. {split} "
+        f"Pass one slice per rank (a leading dimension of {world}), or run on {n} devices "
+        f"(DistributedConfig(device_ids=[...]) with one device id per slice).")
+
+
+def _decl(declared: tuple) -> str:
+    return "[" + ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in declared) + "]"

@@ -12,6 +12,7 @@ from enum import Enum
 
 import numpy as np
 
+from .. import context
 from ..errors import ProgramIndexError, ProgramTypeError
 from ..language.dtypes import DataType
 from ..language.scalar import Scalar
@@ -99,11 +100,21 @@ class HostTensorRef:
                                         f"{len(self.tensor.shape)} dimensions; index {list(self.index) + list(idx)} "
                                         "has too many")
             if not 0 <= i < self.tensor.shape[dim]:
+                size = self.tensor.shape[dim]
+                world = getattr(context.current(), "world", None)
+                if dim == 0 and isinstance(world, int) and size <= i < world:
+                    # The loop is right; the tensor has fewer slices than the world has ranks.
+                    hint = (f" The host tensor has {size} slice{'s' if size != 1 else ''} along its leading "
+                            f"dimension but the world has {world} ranks (len(device_ids) = {world}): pass one slice "
+                            f"per rank (a leading dimension of {world}), or run on {size} device"
+                            f"{'s' if size != 1 else ''}.")
+                elif dim == 0:
+                    hint = " Its leading dimension is the rank count: loop with `for r in pl.range(pld.world_size())`."
+                else:
+                    hint = ""
                 raise ProgramIndexError(
                     f"{self.tensor.name}[{i}] at {user_location(2)}: index {i} is out of range for dimension {dim} "
-                    f"of host tensor '{self.tensor.name}' (size {self.tensor.shape[dim]})."
-                    + (" Its leading dimension is the rank count: loop with `for r in pl.range(pld.world_size())`."
-                       if dim == 0 else ""))
+                    f"of host tensor '{self.tensor.name}' (size {size}).{hint}")
             out.append(i)
         return HostTensorRef(self.tensor, self.index + tuple(out))
 

@@ -79,7 +79,8 @@ class HostTensor:
 
             src = torch.from_numpy(self.array.view(np.int16)).view(torch.bfloat16) if self.dtype is dt.BF16 \
                 else torch.from_numpy(self.array)
-            self.value.copy_(src)
+            with torch.no_grad():  # as a contiguous output is written through its memory, whatever its autograd
+                self.value.copy_(src)
         else:
             self.value[...] = self.array
 
@@ -155,6 +156,8 @@ class CompiledProgram:
             if p.kind == "tensor" or (p.kind == "any" and not isinstance(v, (int, float, Scalar))):
                 h = adapt(v, p.name)
                 self._check_host(p, h, bindings)
+                if p.direction is not Direction.IN:
+                    self._check_writable(p, v)
                 values.append(getattr(h, "array", None))
                 hosts.append(h)
             else:
@@ -178,6 +181,33 @@ class CompiledProgram:
             raise DispatchTypeError(f"{where}: the host tensor is {h.dtype.name}, the annotation says "
                                     f"{p.ttype.dtype.name}")
         checks.bind_shape(where, p.ttype.shape, tuple(h.shape), bindings, self.world)
+
+    def _check_writable(self, p: ParamSpec, value) -> None:
+        """An output (``pl.Out``/``pl.InOut``) must take the results: refuse it now, not after the run."""
+        if isinstance(value, np.ndarray):
+            kind, shape, strides = "numpy array", value.shape, value.strides
+            if not value.flags.writeable:
+                self._refuse_output(p, f"the {kind} is read-only (its flags.writeable is False)",
+                                    f"a writable array, e.g. {p.name}.copy()")
+        elif type(value).__module__.startswith("torch") and hasattr(value, "stride"):
+            kind, shape, strides = "torch tensor", tuple(value.shape), value.stride()
+        else:
+            return  # resident tensors of a DistributedWorker are written in the ranks
+        for dim, (n, stride) in enumerate(zip(shape, strides)):
+            if n > 1 and stride == 0:
+                self._refuse_output(
+                    p, f"the {kind} repeats one element along dimension {dim} (stride 0, as "
+                       f"{'expand()' if kind == 'torch tensor' else 'np.lib.stride_tricks.as_strided()'} makes), so its {n} entries "
+                       "there share memory and cannot hold different results",
+                    f"a tensor with memory of its own, e.g. {p.name}.clone()" if kind == "torch tensor" else
+                    f"an array with memory of its own, e.g. {p.name}.copy()")
+
+    def _refuse_output(self, p: ParamSpec, what: str, fix: str) -> None:
+        role = "pl.InOut" if p.direction is Direction.INOUT else "pl.Out"
+        raise DispatchTypeError(
+            f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location}): {what}, "
+            f"but '{p.name}' is an output ({role}) that the run writes its results into. Nothing was run. "
+            f"Pass {fix}.")
 
     def _output_shape(self, p: ParamSpec, bindings: dict) -> list[int]:
         if p.ttype is None or p.ttype.shape is None or p.ttype.dtype is None:
