@@ -565,13 +565,16 @@ def test_a_rank_killed_during_a_dispatch_stops_the_worker(no_leaks, pipe):
             with pytest.raises(RankError) as info:
                 h.result()
             assert info.value.rank == 1
-            assert "rank 1 (device 1) failed in task 'victim_kernel': RankDied: the rank process killed by " \
-                   "signal 9" in str(info.value)
+            assert str(info.value) == (
+                "rank 1 (device 1) failed in task 'victim_kernel': RankDied: the rank process was killed by "
+                "signal 9 (SIGKILL): by the kernel's OOM killer if memory ran out (see `dmesg`), or by a `kill -9`, "
+                "without reporting a result (so there is no traceback)")
             with pytest.raises(RuntimeError) as info:
                 rt(shared(torch.ones(2, 1, 4)))
             assert str(info.value) == (
                 "DistributedWorker.__call__() (rt(...)): the worker cannot run more dispatches: rank 1 (device 1) "
-                "died during a dispatch (killed by signal 9). Close it and prepare a new one.")
+                "died during a dispatch (was killed by signal 9 (SIGKILL): by the kernel's OOM killer if memory "
+                "ran out (see `dmesg`), or by a `kill -9`). Close it and prepare a new one.")
     finally:
         os.close(pid_r)
         os.close(pid_w)
@@ -588,10 +591,12 @@ def test_a_rank_that_dies_while_idle_is_reported_at_the_next_dispatch(no_leaks):
         with pytest.raises(RankError) as info:
             rt(x)
         assert str(info.value) == (
-            "rank 2 (device 2) failed: RankDied: the rank process killed by signal 9 while the worker was idle, "
-            "between dispatches; the worker stopped its other ranks. Close it and prepare a new one.")
+            "rank 2 (device 2) failed: RankDied: the rank process was killed by signal 9 (SIGKILL): by the kernel's "
+            "OOM killer if memory ran out (see `dmesg`), or by a `kill -9`, without reporting a result (so there is "
+            "no traceback), while the worker was idle between dispatches; the worker stopped its other ranks. "
+            "Close it and prepare a new one.")
         with pytest.raises(RuntimeError, match=r"the worker cannot run more dispatches: rank 2 \(device 2\) died "
-                                               r"while the worker was idle \(killed by signal 9\)"):
+                                               r"while the worker was idle \(was killed by signal 9 \(SIGKILL\)"):
             rt(x)
 
 

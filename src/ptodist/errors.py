@@ -124,6 +124,12 @@ class ConfigError(PtodistError, ValueError):
     """A ``RunConfig`` or ``DistributedConfig`` field is invalid."""
 
 
+class ResourceError(PtodistError, OSError):
+    """The machine cannot give the run what it needs (memory for its windows, files for its ranks)."""
+
+    kind = "resource"
+
+
 class KernelError(PtodistError):
     """An operation inside a rank failed (bounds, peer range, signal misuse)."""
 

@@ -10,7 +10,9 @@ that; ``Backend.run`` the driver's.
 from __future__ import annotations
 
 import ctypes
+import os
 import pickle
+import signal
 import time
 import traceback
 from contextlib import AbstractContextManager
@@ -30,6 +32,7 @@ STATUS_DTYPE = np.dtype([
     ("wait_buffer", np.int32),
     ("wait_cmp", np.int32),
     ("wait_cell0", np.int32),  # the first index of the cell waited on (often the sender's rank)
+    ("samples", np.int32),     # how many times the rank's current line was sampled into ``busy``
     ("progress", np.int64),
     ("wait_offset", np.int64),
     ("wait_expected", np.int64),
@@ -37,7 +40,17 @@ STATUS_DTYPE = np.dtype([
     ("task", "S64"),
     ("where", "S192"),
     ("what", "S128"),
+    ("busy", "S192"),          # the rank's current line when last sampled (a running rank that stalls)
 ])
+
+# A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
+CERTAIN_HANG_S = 0.5
+# A watcher that did not look for this long (it was busy itself) starts timing afresh.
+WATCH_GAP_S = 1.0
+# How long a driver waits for ranks to answer a request for their current line.
+SAMPLE_WAIT_S = 0.5
+# The signal that asks a rank process for its current line.
+SAMPLE_SIGNAL = signal.SIGUSR2
 
 
 class Sent(ctypes.Structure):
@@ -131,6 +144,94 @@ class StatusBoard:
     def finish(self, rank: int, state: int) -> None:
         self.rows[rank]["state"] = state
         self.rows[rank]["progress"] += 1
+
+    def record_busy(self, rank: int, line: str) -> None:
+        """Publish the line ``rank`` is running now (asked for when it stalls without waiting)."""
+        row = self.rows[rank]
+        row["busy"] = line.encode()[-192:]
+        row["samples"] += 1
+
+    def busy_line(self, rank: int) -> str:
+        return self.rows[rank]["busy"].decode(errors="replace")
+
+
+class StallRule:
+    """The one rule, on every backend, that decides when ranks hang.
+
+    ``progress`` is every rank's progress word.  Ranks advance it only by communicating (a notify, a
+    satisfied wait, an RMA, a task started or finished, a polling read that saw a new value), never by
+    merely using the CPU: a loop that spins on a cell nobody writes is as hung as a blocked wait.
+    ``observe`` returns ``(certain, idle_s)`` when the ranks hang: certain once every unfinished rank
+    has been blocked in a wait nobody can satisfy for CERTAIN_HANG_S, otherwise after ``hang_timeout``
+    seconds without progress.
+    """
+
+    def __init__(self, hang_timeout: float):
+        self.hang_timeout = hang_timeout
+        self.last: tuple | None = None
+        self.last_change = self.last_seen = 0.0
+
+    def observe(self, progress, now: float, all_blocked) -> tuple[bool, float] | None:
+        """Look once; ``all_blocked()`` says whether every unfinished rank is blocked for good."""
+        progress = tuple(int(p) for p in progress)
+        if progress != self.last or now - self.last_seen > WATCH_GAP_S:
+            # A change, or the first look after a while (the watcher was busy): start timing afresh.
+            self.last, self.last_change, self.last_seen = progress, now, now
+            return None
+        self.last_seen = now
+        idle = now - self.last_change
+        if idle >= CERTAIN_HANG_S and all_blocked():
+            return True, idle
+        if idle >= self.hang_timeout:
+            return False, idle
+        return None
+
+
+def current_line(frame) -> str:
+    """The innermost line of the user's program on ``frame``'s stack, as ``file:line in function``.
+
+    A stack with no user frame (ptodist's own code, e.g. a host collective) names its innermost frame.
+    """
+    inner = frame
+    while frame is not None:
+        code = frame.f_code
+        if not is_internal(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
+    if inner is None:
+        return ""
+    return f"{inner.f_code.co_filename}:{inner.f_lineno} in {inner.f_code.co_name}"
+
+
+def install_line_sampler(board: StatusBoard, rank: int) -> None:
+    """In a rank process: answer SAMPLE_SIGNAL by publishing the line the rank is running."""
+
+    def on_sample(signum, frame):
+        board.record_busy(rank, current_line(frame))
+
+    signal.signal(SAMPLE_SIGNAL, on_sample)
+
+
+def sample_lines(board: StatusBoard, pids: dict[int, int], ranks) -> dict[int, str]:
+    """Ask the rank processes ``ranks`` (``pids``: rank -> pid) for their current line; return the answers.
+
+    A rank that does not answer within SAMPLE_WAIT_S (stuck in native code that never returns to
+    the interpreter) is left out.
+    """
+    asked = {}
+    for r in ranks:
+        pid = pids.get(r)
+        if pid is None:
+            continue
+        asked[r] = int(board.rows[r]["samples"])
+        try:
+            os.kill(pid, SAMPLE_SIGNAL)
+        except ProcessLookupError:
+            del asked[r]
+    deadline = time.monotonic() + SAMPLE_WAIT_S
+    while any(int(board.rows[r]["samples"]) == n for r, n in asked.items()) and time.monotonic() < deadline:
+        time.sleep(0.002)  # a bounded wait for an answer: the ranks run the handler at their next bytecode
+    return {r: board.busy_line(r) for r, n in asked.items() if int(board.rows[r]["samples"]) != n}
 
 
 class RankMemory(Protocol):

@@ -52,8 +52,18 @@ from ..language.types import Direction
 from ..runtime.config import started_by_mpi_launcher
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
-from .base import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard, rank_failure
-from .shm import CERTAIN_HANG_S, GRACE_S
+from .base import (
+    CERTAIN_HANG_S,
+    DONE,
+    FAILED,
+    RUNNING,
+    STATE_NAMES,
+    STATUS_DTYPE,
+    WAITING,
+    StatusBoard,
+    rank_failure,
+)
+from .shm import GRACE_S
 
 ALIGN = 64
 CHECK_S = 0.02          # how often a waiting or finished rank looks at the abort word and the other ranks

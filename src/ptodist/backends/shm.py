@@ -27,15 +27,16 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
-import gc
 import io
 import mmap
 import os
 import pickle
-import select
+import queue
+import selectors
 import signal
 import socket
 import sys
+import threading
 import time
 import weakref
 from contextlib import contextmanager
@@ -51,11 +52,20 @@ from ..language import dtypes as dt
 from ..language.types import Direction
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
-from .base import DONE, FAILED, RUNNING, WAITING, StatusBoard, rank_failure
+from . import resources
+from .base import (
+    DONE,
+    FAILED,
+    RUNNING,
+    WAITING,
+    StallRule,
+    StatusBoard,
+    install_line_sampler,
+    rank_failure,
+    sample_lines,
+)
 
 ALIGN = 64
-# A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
-CERTAIN_HANG_S = 0.5
 POLL_S = 0.02
 # After the first failure, wait this long for the other ranks' reports before stopping them.
 GRACE_S = 0.2
@@ -176,41 +186,13 @@ class _Monitor:
         self.pids = pids  # rank -> pid of the ranks still running (read, not owned)
         self.hang_timeout = hang_timeout
         self.rows = memory.status.rows
-        self.last = self.rows["progress"].copy()
-        self.last_cpu = self._running_cpu()
-        self.last_board_change = self.last_change = time.monotonic()
+        self.rule = StallRule(hang_timeout)
 
     def check(self, done: set[int]) -> None:
         """Raise HangError when the unfinished ranks are certainly blocked, or idle past the timeout."""
-        now = time.monotonic()
-        progress = self.rows["progress"]
-        if not np.array_equal(progress, self.last):
-            self.last = progress.copy()
-            self.last_board_change = self.last_change = now
-            return
-        # A running rank that uses CPU (long tile math, Python loops) is making progress too.
-        cpu = self._running_cpu()
-        if cpu != self.last_cpu:
-            self.last_cpu = cpu
-            self.last_change = now
-        if now - self.last_board_change >= CERTAIN_HANG_S and self._all_blocked(done):
-            raise self.hang(True, now - self.last_board_change, done)
-        if now - self.last_change >= self.hang_timeout:
-            raise self.hang(False, now - self.last_change, done)
-
-    def _running_cpu(self) -> dict:
-        """CPU time (clock ticks) used so far by each live rank in the RUNNING state; empty where unknown."""
-        out = {}
-        for r, pid in list(self.pids.items()):
-            if self.rows[r]["state"] != RUNNING:
-                continue
-            try:
-                with open(f"/proc/{pid}/stat", "rb") as f:
-                    fields = f.read().rsplit(b")", 1)[1].split()
-                out[r] = int(fields[11]) + int(fields[12])  # utime + stime
-            except (OSError, IndexError, ValueError):
-                pass  # no /proc (or the rank just exited): board progress alone decides
-        return out
+        found = self.rule.observe(self.rows["progress"], time.monotonic(), lambda: self._all_blocked(done))
+        if found is not None:
+            raise self.hang(*found, done)
 
     def _all_blocked(self, done: set[int]) -> bool:
         pending = [r for r in range(self.world) if r not in done]
@@ -227,9 +209,13 @@ class _Monitor:
         return True
 
     def hang(self, certain: bool, idle: float, done: set[int]) -> HangError:
-        """Return the HangError describing every rank's state now."""
+        """Return the HangError describing every rank's state now (with the lines busy ranks run)."""
+        busy = {}
+        if not certain:
+            running = [r for r in range(self.world) if r not in done and self.rows[r]["state"] == RUNNING]
+            busy = sample_lines(self.memory.status, self.pids, running)
         return hang_error(self.plan, self.memory.status, self.memory.cell_load, done, certain, idle,
-                          self.hang_timeout)
+                          self.hang_timeout, busy)
 
 
 def _kill_and_reap(pids: dict[int, int]) -> None:
@@ -247,12 +233,6 @@ def _kill_and_reap(pids: dict[int, int]) -> None:
     pids.clear()
 
 
-def _exit_reason(status: int) -> str:
-    if os.WIFSIGNALED(status):
-        return f"killed by signal {-os.waitstatus_to_exitcode(status)}"
-    return f"exited with status {os.waitstatus_to_exitcode(status)}"
-
-
 # -- one-shot runs -------------------------------------------------------------------------
 
 class ShmBackend:
@@ -262,7 +242,13 @@ class ShmBackend:
 
     def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
         layout = Layout(plan, host_arrays)
-        mm = mmap.mmap(-1, layout.total)
+        host_bytes = sum(a.nbytes for a in host_arrays if a is not None)
+        resources.check_windows(plan.program, plan.windows, plan.world, host_bytes)
+        resources.ensure_descriptors(plan.program, plan.world)
+        try:
+            mm = mmap.mmap(-1, layout.total)
+        except OSError as e:
+            raise resources.no_memory(plan.program, plan.windows, plan.world, layout.total, e) from None
         arena = np.frombuffer(mm, dtype=np.uint8)
         try:
             views = self._host_views(arena, layout, plan, host_arrays)
@@ -314,6 +300,9 @@ class _Driver:
         self.buffers: dict[int, bytearray] = {}
         self.done: set[int] = set()
         self.failures: list[RankFailure] = []
+        # epoll, not select(): select() cannot watch descriptors numbered 1024 and up (a thousand ranks)
+        self.selector = selectors.DefaultSelector()
+        self.oom_kills = resources.oom_kills()
 
     def run(self) -> None:
         try:
@@ -321,6 +310,7 @@ class _Driver:
             self._watch()
         finally:
             self._stop_all()
+            self.selector.close()
 
     def _start(self) -> None:
         parent = os.getpid()
@@ -338,15 +328,15 @@ class _Driver:
             os.close(wfd)
             self.pids[r] = pid
             self.fds[rfd] = r
+            self.selector.register(rfd, selectors.EVENT_READ)
             self.buffers[r] = bytearray()
 
     def _watch(self) -> None:
         monitor = _Monitor(self.memory, self.plan, self.pids, self.hang_timeout)
         first_failure = None
         while len(self.done) < self.world:
-            ready, _, _ = select.select(list(self.fds), [], [], POLL_S)
-            for fd in ready:
-                self._read(fd)
+            for key, _ in self.selector.select(POLL_S):
+                self._read(key.fd)
             if self.failures:
                 now = time.monotonic()
                 first_failure = first_failure or now
@@ -363,6 +353,7 @@ class _Driver:
         if chunk:
             self.buffers[r] += chunk
             return
+        self.selector.unregister(fd)
         os.close(fd)
         del self.fds[fd]
         self.done.add(r)
@@ -376,13 +367,18 @@ class _Driver:
         row = self.memory.status.rows[r]
         task = row["task"].decode() or None
         self.failures.append(RankFailure(r, self.plan.device_ids[r], task, "RankDied",
-                                         f"the rank process {_exit_reason(status)} without reporting a result", ""))
+                                         died(resources.death_note(status, self.oom_kills)), ""))
 
     def _stop_all(self) -> None:
         _kill_and_reap(self.pids)
         for fd in self.fds:
             os.close(fd)
         self.fds.clear()
+
+
+def died(note: str, when: str = "") -> str:
+    """The message of a rank process that ended without reporting (so without a traceback)."""
+    return f"the rank process {note}, without reporting a result (so there is no traceback){when}"
 
 
 def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> None:
@@ -394,6 +390,7 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
             os._exit(1)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
         memory = ShmMemory(arena, layout, rank, plan.world)
+        install_line_sampler(memory.status, rank)
         log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
         ctx = RankContext(plan, rank, memory, host_views, events=log)
         result = _run_plan(ctx, plan, rank)
@@ -617,7 +614,7 @@ class CommandWatch:
             for f in dead:
                 self.failures.setdefault(f.rank, f)
             self._break(f"rank {dead[0].rank} (device {dead[0].device_id}) died during a dispatch "
-                        f"({dead[0].message.removeprefix('the rank process ')})")
+                        f"({group.death_notes[dead[0].rank]})")
             return
         now = time.monotonic()
         done = self._done()
@@ -695,6 +692,9 @@ class RankGroup:
         self.objects = objects
         self.startup_timeout_s = startup_timeout_s
         self.layout = GroupLayout(self.world)
+        resources.ensure_descriptors("DistributedWorker", self.world)
+        self.oom_kills = resources.oom_kills()
+        self.death_notes: dict[int, str] = {}  # rank -> how its process ended, once reaped
         self._mm = mmap.mmap(-1, self.layout.total)
         self.arena = np.frombuffer(self._mm, dtype=np.uint8)
         self.base = self.arena.ctypes.data
@@ -723,7 +723,8 @@ class RankGroup:
         self.socks = [a for a, _ in pairs]
         sys.stdout.flush()
         sys.stderr.flush()
-        try:
+
+        def fork_all() -> None:
             for r in range(self.world):
                 pid = os.fork()
                 if pid == 0:
@@ -734,6 +735,9 @@ class RankGroup:
                     _close_group_fds()
                     _serve(self, r, own, parent)
                 self.pids[r] = pid
+
+        try:
+            _in_lasting_thread(fork_all)
         finally:
             for _, b in pairs:  # the ranks' ends: each rank keeps its own copy
                 b.close()
@@ -755,8 +759,6 @@ class RankGroup:
             dead = self.reap()
             if dead:
                 self.kill()
-                for f in dead:
-                    f.message = f"the rank process {f.message.removeprefix('the rank process ')}"
                 raise RankError(dead)
         up = self.words("up")
         late = [r for r in range(self.world) if not up[r]]
@@ -777,10 +779,10 @@ class RankGroup:
                 got, status = pid, None
             if got == 0 or self.pids.pop(r, None) is None:
                 continue
-            why = _exit_reason(status) if status is not None else "ended (reaped elsewhere)"
+            why = resources.death_note(status, self.oom_kills) if status is not None else "ended (reaped elsewhere)"
+            self.death_notes[r] = why
             row = self.status.rows[r]
-            out.append(RankFailure(r, self.device_ids[r], row["task"].decode() or None, "RankDied",
-                                   f"the rank process {why}", ""))
+            out.append(RankFailure(r, self.device_ids[r], row["task"].decode() or None, "RankDied", died(why), ""))
         return out
 
     def kill(self) -> None:
@@ -846,6 +848,47 @@ class RankGroup:
         return pickle.loads(bytes(self.arena[off + 8:off + 8 + n]))
 
 
+_forker_lock = threading.Lock()
+_forker_requests: queue.SimpleQueue = queue.SimpleQueue()
+_forker: threading.Thread | None = None
+
+
+def _in_lasting_thread(fn) -> None:
+    """Run ``fn`` (which forks long-lived ranks) in a thread that lasts as long as this process.
+
+    A rank asks the kernel to kill it when its parent dies (PR_SET_PDEATHSIG), and to the kernel
+    the parent is the *thread* that forked it: ranks forked by a thread that ends (a worker
+    prepared in a short-lived thread) would die with that thread.  The main thread lasts as long
+    as the process; any other caller hands the fork to one daemon thread kept for the purpose.
+    """
+    global _forker
+    if threading.current_thread() is threading.main_thread():
+        fn()
+        return
+    with _forker_lock:
+        if _forker is None or not _forker.is_alive():
+            _forker = threading.Thread(target=_serve_forks, name="ptodist-forker", daemon=True)
+            _forker.start()
+    done = threading.Event()
+    box: list = []
+    _forker_requests.put((fn, box, done))
+    done.wait()
+    if box:
+        raise box[0]
+
+
+def _serve_forks() -> None:
+    while True:
+        fn, box, done = _forker_requests.get()
+        try:
+            fn()
+        except BaseException as e:  # noqa: BLE001 - handed back to the thread that asked
+            box.append(e)
+        finally:
+            del fn
+            done.set()
+
+
 class _SharedBytes:
     """Bytes in a shared file (a command too large for the frame)."""
 
@@ -877,6 +920,7 @@ class _RankState:
         self.dispatch = None  # (dispatch id, ctx, log, dfx) of the dispatch whose segments are running
         self.memories: dict = {}  # (plan id, heap) -> _GroupMemory, reused by later dispatches
         self.views: dict = {}     # host tensor descriptor -> its array, while its memory is mapped
+        self.unmapping: list = []  # dropped mappings a view still held when they were dropped
         self.result = group.words("result")
         self.done = group.words("done")
         self.finished = group.addr(group.layout.finished)
@@ -897,6 +941,7 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
                 raise _Aborted()
 
         signal.signal(signal.SIGUSR1, on_abort)
+        install_line_sampler(group.status, rank)
         _rank_started(rank)
         group.words("up")[rank] = 1
         _atomics.fetch_add(group.addr(group.layout.started), group.ctl_sleepers, 1)
@@ -943,35 +988,34 @@ def _read_command(state: _RankState) -> dict:
     if drops:  # memories over a dropped heap, and views of dropped memory, go too
         state.memories = {k: v for k, v in state.memories.items() if k[1] is None or k[1][0] not in drops}
         state.views = {k: v for k, v in state.views.items() if k[0] not in drops}
-    busy = []
+    gone = []
     for token in drops:
         entry = state.maps.pop(token, None)
         if entry is not None:
-            busy.append(entry[0])
+            gone.append(entry[0])
             del entry
-    if busy:
-        _unmap(busy)
+    if gone or state.unmapping:
+        _unmap(state, gone)
     if command.get("forget_plans"):
         state.plans.clear()
         state.memories.clear()
     return command
 
 
-def _unmap(mappings: list) -> None:
-    """Unmap dropped memory now; views of the last dispatch may hold it until a collection frees them."""
+def _unmap(state: _RankState, mappings: list) -> None:
+    """Unmap dropped memory now, or, while a view still holds it, at a later command.
+
+    Views are freed by reference counting as soon as the dispatch that used them is over (a rank
+    context holds no reference cycle); a full garbage collection here would cost a torch-sized
+    process hundreds of milliseconds per dispatch.
+    """
     left = []
-    for m in mappings:
+    for m in [*state.unmapping, *mappings]:
         try:
             m.close()
         except BufferError:
             left.append(m)
-    if left:
-        gc.collect()  # a finished RankContext is a reference cycle: only the collector frees its views
-        for m in left:
-            try:
-                m.close()
-            except BufferError:
-                pass  # still referenced: unmapped when the last view goes
+    state.unmapping = left
 
 
 def _host_view(state: _RankState, desc) -> np.ndarray:

@@ -19,6 +19,7 @@ import ctypes
 import itertools
 import os
 import random
+import sys
 import threading
 import time
 from contextlib import nullcontext
@@ -32,13 +33,16 @@ from ..errors import CheckError, ConfigError, RankError, RankFailure
 from ..language.types import Direction
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
-from .base import DONE, FAILED, WAITING, StatusBoard, rank_failure
+from .base import DONE, FAILED, RUNNING, WAITING, StallRule, StatusBoard, current_line, rank_failure
 
 ALIGN = 64
 # Operations that touch no shared memory: no reason to let another rank in before them.
 _LOCAL_OPS = frozenset({"pl.slice", "pl.create_tensor"})
 # How often the driver looks at a rank that runs without reaching an operation (a long loop).
 WATCH_S = 0.2
+# A rank whose pl.read keeps seeing what it saw, this many times in a row, is polling: it lets the
+# others run until one of them makes progress (else a "delay" schedule would starve the rank it polls).
+POLL_READS = 16
 
 _RUNNABLE, _BLOCKED, _ENDED = 0, 1, 2
 
@@ -76,6 +80,7 @@ class Scheduler:
         self._turn = [threading.Semaphore(0) for _ in range(world)]
         self._state = [_RUNNABLE] * world
         self._ready: list = [None] * world   # per blocked rank: a callable saying whether it may go on
+        self._soft = [False] * world         # per blocked rank: polling, so it may go on when no one else can
         self.running: int | None = None
         self.switches = 0
         self.aborted = False
@@ -93,6 +98,8 @@ class Scheduler:
 
     def _pick(self) -> int | None:
         cands = self._candidates()
+        if not cands:
+            cands = [r for r in range(self.world) if self._state[r] == _BLOCKED and self._soft[r]]
         if not cands:
             return None
         if self.policy[0] == "delay" and len(cands) > 1 and self.policy[1] in cands:
@@ -114,6 +121,7 @@ class Scheduler:
         else:
             self._state[nxt] = _RUNNABLE
             self._ready[nxt] = None
+            self._soft[nxt] = False
             self.switches += 1
             if nxt == me:
                 return
@@ -134,10 +142,15 @@ class Scheduler:
         """At an operation: let the policy choose who runs next."""
         self._give(me)
 
-    def block(self, me: int, ready) -> None:
-        """``me`` cannot go on until ``ready()``: run others until it can (or no rank can)."""
+    def block(self, me: int, ready, soft: bool = False) -> None:
+        """``me`` cannot go on until ``ready()``: run others until it can (or no rank can).
+
+        A ``soft`` block (a rank polling with pl.read) also goes on when no other rank can run:
+        it is not a deadlock, only a rank that lets the others go first.
+        """
         self._state[me] = _BLOCKED
         self._ready[me] = ready
+        self._soft[me] = soft
         self._give(me)
 
     def end(self, me: int) -> None:
@@ -210,11 +223,28 @@ class _SimRank(RankContext):
     def __init__(self, *args, sched: Scheduler, **kwargs):
         super().__init__(*args, **kwargs)
         self._sched = sched
+        self._poll_mark, self._polls = -1, 0
 
     def memory_op(self, name, *args):
-        if name not in _LOCAL_OPS:
+        if name == "pl.read":
+            self._before_read()
+        elif name not in _LOCAL_OPS:
             self._sched.switch(self.rank)
         return super().memory_op(name, *args)
+
+    def _before_read(self) -> None:
+        """Switch before a read; a rank polling a value that does not change waits for the others' progress."""
+        mark = self._progress.value
+        if mark != self._poll_mark:
+            self._poll_mark, self._polls = mark, 0
+        self._polls += 1
+        if self._polls < POLL_READS:
+            self._sched.switch(self.rank)
+            return
+        self._polls = 0
+        rows, me = self.status.rows, self.rank
+        others = int(rows["progress"].sum()) - int(rows[me]["progress"])
+        self._sched.block(me, lambda: int(rows["progress"].sum()) - int(rows[me]["progress"]) != others, soft=True)
 
 
 class SimBackend:
@@ -306,24 +336,30 @@ class _SimRun:
         return views
 
     def _watch(self, threads) -> None:
-        """Wait for the end; stop a rank that runs for the hang timeout without reaching an operation."""
-        last, since = -1, time.monotonic()
+        """Wait for the end; stop the ranks when none makes progress for the hang timeout.
+
+        A deadlock is the scheduler's to find (no rank can run); this catches a rank that runs
+        without communicating: a long loop, or a spin on a value nobody changes.
+        """
+        rule = StallRule(self.hang_timeout)
+        rows = StatusBoard(self.board_raw, self.world).rows
         while not self.sched.over.wait(WATCH_S):
-            now = time.monotonic()
-            if self.sched.switches != last:
-                last, since = self.sched.switches, now
-            elif now - since >= self.hang_timeout:
-                error = self._hang(False, now - since)
+            found = rule.observe(rows["progress"], time.monotonic(), lambda: False)
+            if found is not None:
                 running = self.sched.running
+                frames = sys._current_frames()
+                busy = {r: current_line(frames[t.ident]) for r, t in enumerate(threads)
+                        if rows[r]["state"] == RUNNING and t.ident in frames}
+                error = self._hang(False, found[1], busy)
                 if running is not None:
                     _raise_in(threads[running], SimAbort)
                 self.sched.abort()
                 raise error
 
-    def _hang(self, certain: bool, idle: float | None = None):
+    def _hang(self, certain: bool, idle: float | None = None, busy: dict | None = None):
         loader = SimMemory(self.heaps, self.plan, -1, StatusBoard(self.board_raw, self.world), self.sched)
         return hang_error(self.plan, loader.status, loader.cell_load, self.finished, certain, idle,
-                          self.hang_timeout)
+                          self.hang_timeout, busy)
 
     def _rank_main(self, rank: int, views: list) -> None:
         status = StatusBoard(self.board_raw, self.world)  # one per rank: its notify-site table is its own

@@ -46,6 +46,9 @@ FIXES = {
     "aliasing": "Use separate windows for the collective's source, result and signal.",
     "invalid_argument": "Correct the argument named in the message.",
     "rank_error": "Fix the error raised in the rank (see its traceback).",
+    "rank_died": "The rank process ended without reporting, so there is no traceback: look for os._exit, a "
+                 "native crash, an outside kill, or (killed by signal 9 when memory ran short) the OOM killer.",
+    "resource": "Ask for less (smaller windows, fewer ranks) or raise the limit the message names.",
 }
 
 _LOCATION = re.compile(r"((?:/|\.{0,2}/)?[\w.\-/]+\.py):(\d+)")
@@ -132,6 +135,8 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
         original = f.exception
         if isinstance(original, PtodistError):
             kind, pitfall, fix = original.kind, original.pitfall, original.fix or FIXES.get(original.kind, "")
+        elif f.error_type == "RankDied":
+            kind, pitfall, fix = "rank_died", None, FIXES["rank_died"]
         else:
             kind, pitfall, fix = "rank_error", None, FIXES["rank_error"]
         message = f"{f.error_type}: {f.message}"

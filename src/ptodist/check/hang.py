@@ -46,6 +46,9 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                              "each Set overwrote the arrivals before it, so the count never reaches "
                              f"{s['expected']}. Use NotifyOp.AtomicAdd with WaitCmp.Ge for a cell with several "
                              "writers."}
+    running = [s for s in states if s["state"] == "running"]
+    if running:
+        return _running_cause(running, blocked, states)
     if blocked and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
         return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states),
                 "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
@@ -81,6 +84,29 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
     return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "cause": ""}
 
 
+def _running_cause(running: list[dict], blocked: list[dict], states: list[dict]) -> dict:
+    """The cause when some unfinished rank is not in a wait: it runs without communicating."""
+    where = []
+    for s in running:
+        at = f" at {s['line'].rsplit(' in ', 1)[0]}" if s.get("line") else ""
+        task = f" (kernel '{s['task']}')" if s.get("task") else ""
+        where.append(f"rank {s['rank']}{at}{task}")
+    lines = [s["line"].rsplit(" in ", 1)[0] for s in running if s.get("line")]
+    one = len(running) == 1
+    if blocked:
+        head = (f"{'; '.join(where)} {'is' if one else 'are'} running, not waiting, and made no communication "
+                f"progress, so the ranks that wait for {'it' if one else 'them'} never get "
+                f"{'its' if one else 'their'} notifies: the signalling is not at fault. ")
+    else:
+        head = f"every unfinished rank runs without communicating: {'; '.join(where)}. "
+    return {"kind": "hang", "culprits": lines, "cycle": wait_for_cycle(states),
+            "cause": head + "A rank that makes no notify, satisfied wait, RMA or new read for this long is in "
+                            "a loop that never ends (a spin on a cell nobody writes, a condition that never "
+                            "changes) or in a blocking call (a sleep, I/O, a lock). Wait on signals with "
+                            "pld.system.wait instead of polling; if the rank is legitimately computing for "
+                            "longer, raise RunConfig(hang_timeout_s=...) or PTODIST_HANG_TIMEOUT."}
+
+
 def _lines(events: list[dict]) -> list[str]:
     out: list[str] = []
     for e in events:
@@ -102,7 +128,8 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
                 + (f"(nothing changed for {idle_s:.1f} s)." if idle_s is not None else
                    "(the sim scheduler had no rank left to run)."))
     else:
-        head = (f"no progress for {idle_s:.1f} s (hang timeout {timeout_s:g} s): the ranks stopped making progress.")
+        head = (f"no progress for {idle_s:.1f} s (hang timeout {timeout_s:g} s): no rank notified, completed a "
+                "wait or an RMA, started or finished a task, or read a changed value.")
     lines = [head]
     for s in states:
         who = f"  rank {s['rank']} (device {s['device_id']})"
@@ -121,7 +148,14 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
                 else:
                     lines.append("      received no notify")
         elif s["state"] == "running":
-            lines.append(f"{who}: running task '{s['task']}' (not in a wait)")
+            task = f" task '{s['task']}'" if s.get("task") else ""
+            if s.get("line"):
+                lines.append(f"{who}: running{task} at {s['line']} (busy, not in a wait)")
+            elif "line" in s:
+                lines.append(f"{who}: running{task} (busy, not in a wait; its current line could not be read: "
+                             "it is inside a native call)")
+            else:
+                lines.append(f"{who}: running{task} (not in a wait)")
         else:
             lines.append(f"{who}: {s['state']}")
     if diagnosis.get("cycle"):
@@ -137,17 +171,19 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
                      "with WaitCmp.Ge for multi-party barriers;")
         lines.append("  - the expected value can never be reached (counters only grow; a reused row already "
                      "holds older arrivals), or a peer finished without notifying.")
-    if not certain:
+    if not certain and "hang_timeout_s" not in diagnosis.get("cause", ""):
         lines.append("If a rank is legitimately computing for longer, raise RunConfig(hang_timeout_s=...) or "
                      "PTODIST_HANG_TIMEOUT.")
     return "\n".join(lines)
 
 
-def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s: float | None, timeout_s: float):
+def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s: float | None, timeout_s: float,
+               busy: dict[int, str] | None = None):
     """Return the HangError for a stall, read off the status board.
 
     ``board``: the StatusBoard; ``cell_load(buffer_id, rank, offset)`` reads a signal cell; ``finished``:
-    the ranks that already ended (their board row may still say what they did last).
+    the ranks that already ended (their board row may still say what they did last); ``busy``: the
+    line each running rank was sampled at (rank -> ``file:line in function``).
     """
     import time
 
@@ -169,6 +205,8 @@ def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s
                       cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
                       cmp="Ge" if row["wait_cmp"] else "Eq", current=cell_load(buffer_id, r, offset),
                       waiting_s=round(time.time() - float(row["since"]), 3))
+        elif st["state"] == "running" and busy is not None:
+            st["line"] = busy.get(r)  # None: asked, but the rank did not answer
         states.append(st)
     sent = [e for r in range(plan.world) for e in board.sent(r)]
     for st in states:

@@ -10,6 +10,7 @@ driver can explain a hang.
 from __future__ import annotations
 
 import bisect
+import functools
 
 import numpy as np
 
@@ -47,6 +48,7 @@ class RankContext(context.Context):
     """The context of one running rank."""
 
     kind = "rank"
+    _OPS: dict  # op name -> unbound method; filled in below the class
 
     def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2,
                  events: EventLog | None = None):
@@ -80,15 +82,7 @@ class RankContext(context.Context):
         self._task_id: int | None = None
         self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
-        self._ops = {
-            "pl.load": self._load, "pl.store": self._store, "pl.read": self._read, "pl.write": self._write,
-            "pl.slice": self._slice, "pl.create_tensor": self._create_tensor,
-            "pld.system.notify": self._notify, "pld.system.wait": self._wait,
-            "pld.system.defer_wait": self._defer_wait,
-            "pld.tile.remote_load": self._remote_load, "pld.tile.remote_store": self._remote_store,
-            "pld.tensor.remote_store": self._remote_store,
-            "pld.tensor.put": self._put, "pld.tensor.get": self._get,
-        }
+        self._polled: dict = {}  # (array address, index) -> the value pl.read saw there last
 
     # -- running the plan -------------------------------------------------------
     def run_all(self) -> None:
@@ -142,8 +136,9 @@ class RankContext(context.Context):
             key = (buf.id, arg.shape, arg.dtype.name, name)
             w = self._windows.get(key)
             if w is None:
+                # The accessor holds the memory, not the context (no reference cycle; see _OPS).
                 w = self._windows[key] = WindowTensor(name, buf, arg.shape, arg.dtype, self.rank, self.world,
-                                                      lambda r, b=buf.id: self.memory.window_bytes(b, r))
+                                                      functools.partial(_window_bytes, self.memory, buf.id))
             return w
         return self._scalar_for(spec, arg)
 
@@ -207,6 +202,7 @@ class RankContext(context.Context):
             self.failed_task = self.failed_task or name
             raise
         finally:
+            self._progressed()
             if rec is not None:
                 self.events.task_end(rec)
             self._kernel_depth -= 1
@@ -342,8 +338,11 @@ class RankContext(context.Context):
 
     # -- memory operations ----------------------------------------------------------
     def memory_op(self, name, *args):
-        self._progress.value += 1  # the driver's hang detector watches this word
-        return self._ops[name](name, *args)
+        return self._OPS[name](self, name, *args)
+
+    def _progressed(self) -> None:
+        """Count communication progress: the hang detectors watch this word (CPU use alone is not progress)."""
+        self._progress.value += 1
 
     def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
         if isinstance(t, RankTensor):
@@ -460,7 +459,15 @@ class RankContext(context.Context):
         idx = self._flat_index(op, t, offset)
         if self._trace:
             self._touch(op, t, t.array[tuple(slice(i, i + 1) for i in idx)], False)
-        return Scalar(t.array[idx].item(), t.dtype)
+        value = t.array[idx].item()
+        # A polling read that sees a new value is progress; one that keeps seeing the same is not.
+        key = (t.array.__array_interface__["data"][0], idx)
+        if self._polled.get(key, value) != value:
+            self._progressed()
+        if len(self._polled) > 4096:
+            self._polled.clear()
+        self._polled[key] = value
+        return Scalar(value, t.dtype)
 
     def _write(self, op, tensor, offset, value):
         t = self._tensor(op, tensor)
@@ -508,7 +515,7 @@ class RankContext(context.Context):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
         byte, _ = self._cell(op, w, offsets)
-        v = as_int(value, f"{op} value")
+        v = self._int32(op, as_int(value, f"{op} value"), "value", w)
         self._hand_rolled(w)
         start = now_ns() if self.events is not None else 0
         if notify_op is NotifyOp.AtomicAdd:
@@ -519,6 +526,7 @@ class RankContext(context.Context):
         else:
             raise ProgramTypeError(f"{op} at {user_location(4)}: op= must be pld.NotifyOp.AtomicAdd or "
                                    f"pld.NotifyOp.Set, got {notify_op!r}")
+        self._progressed()
         # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
         self.status.record_notify(self.rank, w.buffer.id, p, byte, int(notify_op is NotifyOp.Set), v, old, new,
                                   user_frame(2))
@@ -532,7 +540,18 @@ class RankContext(context.Context):
         if not isinstance(cmp, WaitCmp):
             raise ProgramTypeError(f"{op} at {user_location(5)}: cmp= must be pld.WaitCmp.Eq or pld.WaitCmp.Ge, "
                                    f"got {cmp!r}")
-        return w, byte, idx, as_int(expected, f"{op} expected"), cmp
+        return w, byte, idx, self._int32(op, as_int(expected, f"{op} expected"), "expected", w), cmp
+
+    @staticmethod
+    def _int32(op: str, v: int, what: str, w: WindowTensor) -> int:
+        """Refuse a notify value or wait threshold that an INT32 signal cell cannot hold."""
+        if -2**31 <= v < 2**31:
+            return v
+        raise KernelValueError(
+            f"{op} at {user_location(5)}: {what} {v} does not fit the signal cell: {w.describe()} holds INT32 "
+            f"values, [-2147483648, 2147483647]; the device would keep only the low 32 bits "
+            f"({(v + 2**31) % 2**32 - 2**31}). "
+            + ("Notify a count or tag that fits in INT32." if what == "value" else "Wait for a count that fits in INT32."))
 
     def _wait(self, op, signal, offsets, expected, cmp):
         args = self._wait_args(op, signal, offsets, expected, cmp)
@@ -562,6 +581,7 @@ class RankContext(context.Context):
             while not ok:
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.status.set_running(self.rank, self.task or "")
+        self._progressed()
         if self.events is not None:
             # loc: a deferred wait runs at its task's end, but is attributed to its defer_wait line
             self._log("wait", "pld.system.wait", start, where=loc, buffer=w.buffer.name, buffer_id=w.buffer.id,
@@ -584,6 +604,7 @@ class RankContext(context.Context):
     def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
+        self._progressed()
         start = now_ns() if self.events is not None else 0
         region = w.peer_array(p)[self._region(op, w, offsets, shape)]
         if self._trace:
@@ -598,6 +619,7 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         data = self._tile_data(op, tile, w)
         sl = self._region(op, w, offsets, data.shape)
+        self._progressed()
         start = now_ns() if self.events is not None else 0
         if atomic is AtomicType.Add:
             self._accumulate(op, w, w.peer_array(p), sl, data, p)
@@ -632,6 +654,7 @@ class RankContext(context.Context):
         w = self._window(op, dst, "dst")
         p = self._peer(op, peer)
         s = self._tensor(op, src, "src")
+        self._progressed()
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
         if self.events is not None:
@@ -643,6 +666,7 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         d = self._tensor(op, dst, "dst")
         self._writable(op, d)
+        self._progressed()
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),
                             *transfer)
@@ -672,6 +696,20 @@ class RankContext(context.Context):
         return data.nbytes
 
 
+
+# Every pl/pld memory, RMA and signal operation by name.  Unbound functions, kept on the class: a
+# table of bound methods would make each RankContext a reference cycle, which only the garbage
+# collector frees, and with it the views of host tensors and windows the context holds.
+RankContext._OPS = {
+    "pl.load": RankContext._load, "pl.store": RankContext._store, "pl.read": RankContext._read,
+    "pl.write": RankContext._write, "pl.slice": RankContext._slice, "pl.create_tensor": RankContext._create_tensor,
+    "pld.system.notify": RankContext._notify, "pld.system.wait": RankContext._wait,
+    "pld.system.defer_wait": RankContext._defer_wait,
+    "pld.tile.remote_load": RankContext._remote_load, "pld.tile.remote_store": RankContext._remote_store,
+    "pld.tensor.remote_store": RankContext._remote_store,
+    "pld.tensor.put": RankContext._put, "pld.tensor.get": RankContext._get,
+}
+
 class _Spmd:
     """``pl.spmd(n)``: iterate block indices, or as a ``with`` block run each kernel call n times."""
 
@@ -691,6 +729,10 @@ class _Spmd:
     def __exit__(self, *exc):
         self.ctx._spmd_blocks = 0
         return False
+
+
+def _window_bytes(memory, buffer_id: int, rank: int):
+    return memory.window_bytes(buffer_id, rank)
 
 
 def _arg_key(a):

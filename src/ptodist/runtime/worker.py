@@ -40,7 +40,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .. import context, dfx
-from ..backends.shm import ALIGN, CommandWatch, RankGroup, WindowHeap
+from ..backends import resources
+from ..backends.shm import ALIGN, CommandWatch, RankGroup, WindowHeap, died
 from ..compiler import checks
 from ..compiler.plan import DispatchPlan, HostTensorRef, WindowView, _arg_json
 from ..compiler.planner import PlanningContext
@@ -901,12 +902,13 @@ class _Core:
         dead = self.group.reap() if not self.queue else []
         if dead:
             self.group.kill()
+            notes = self.group.death_notes
             self.broken = (f"rank {dead[0].rank} (device {dead[0].device_id}) died while the worker was idle "
-                           f"({dead[0].message.removeprefix('the rank process ')})")
+                           f"({notes[dead[0].rank]})")
             for f in dead:
                 f.task = None  # its status row still names the last task of an earlier dispatch
-                f.message = (f"{f.message} while the worker was idle, between dispatches; the worker stopped "
-                             "its other ranks. Close it and prepare a new one.")
+                f.message = (died(notes[f.rank], ", while the worker was idle between dispatches")
+                             + "; the worker stopped its other ranks. Close it and prepare a new one.")
             raise RankError(dead)
 
     def check_usable(self, call: str) -> None:
@@ -1091,6 +1093,7 @@ class _Core:
             if arena is not None:  # too small: the ranks drop it with this command
                 self.forget_file(arena.file)
             stride = heap if self.persistent else max(heap, 2 * arena.stride if arena else heap)
+            resources.check_windows(d.compiled.name, d.entry.plan.windows, self.world)
             file = _SharedFile(stride * self.world, "ptodist-windows")
             arena = self.arenas[d.arena_key] = _Arena(stride, self.world, self.file_map(file), file)
         if self.persistent:
