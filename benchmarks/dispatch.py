@@ -10,6 +10,9 @@ cost of getting work to P processes and learning that it is done:
   time per dispatch over a stream of them.
 * **one-shot** ``compiled(x)``: the same program called directly, which forks the
   ranks for every call.
+* **new host tensors**: a second table with a program that has an output: in place
+  ``rt(x, y)``, inputs only ``y = rt(x)`` (the worker makes the output every dispatch) and
+  fresh ``rt(x_new, y_new)`` (new shared tensors every dispatch, dropped after it).
 * **gloo barrier**: P processes in ``torch.distributed`` (gloo over loopback) doing
   ``dist.barrier()``; a barrier is the smallest round trip that involves every rank.
 
@@ -17,8 +20,8 @@ Each row interleaves the contenders (repetition 1 of each, then repetition 2, ..
 and reports medians.  Prints a Markdown table; the header has the CPU count and the
 load average, which the numbers depend on.
 
-Run: ``python benchmarks/dispatch.py [--dispatches 2000] [--one-shot 20] [--barriers 2000] [--repeat 5]
-[--ps 2,4]``
+Run: ``python benchmarks/dispatch.py [--dispatches 2000] [--one-shot 20] [--barriers 2000] [--fresh 200]
+[--repeat 5] [--ps 2,4]``
 """
 
 from __future__ import annotations
@@ -52,6 +55,44 @@ def per_rank(x: pl.Tensor[[1, 4], pl.FP32]):
 def empty(x: pl.Tensor[[pl.dynamic("NR"), 1, 4], pl.FP32]):
     for r in pl.range(pld.world_size()):
         per_rank(x[r], device=r)
+
+
+@pl.jit
+def per_rank_out(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    empty_kernel(x)
+
+
+@pl.jit.host
+def empty_out(x: pl.Tensor[[pl.dynamic("NR"), 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[pl.dynamic("NR"), 1, 4], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        per_rank_out(x[r], y[r], device=r)
+
+
+def in_place_us(rt, x, y, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        rt(x, y)
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def inputs_only_us(rt, x, n: int) -> float:
+    """``y = rt(x)``: the worker makes the output for each dispatch; the caller drops the last one."""
+    t0 = time.perf_counter()
+    for _ in range(n):
+        y = rt(x)
+    del y
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def fresh_us(rt, p: int, n: int) -> float:
+    """A new pair of shared tensors every dispatch (made before the clock starts), dropped after it."""
+    pairs = [(torch.zeros(p, 1, 4).share_memory_(), torch.zeros(p, 1, 4).share_memory_()) for _ in range(n)]
+    t0 = time.perf_counter()
+    for _ in range(n):
+        x, y = pairs.pop()
+        rt(x, y)
+        del x, y
+    return (time.perf_counter() - t0) / n * 1e6
 
 
 def prepared_us(rt, x, n: int) -> float:
@@ -128,13 +169,14 @@ def main(argv=None) -> int:
     ap.add_argument("--dispatches", type=int, default=2000, help="prepared dispatches per repetition")
     ap.add_argument("--one-shot", type=int, default=20, help="one-shot calls per repetition")
     ap.add_argument("--barriers", type=int, default=2000, help="gloo barriers per repetition")
+    ap.add_argument("--fresh", type=int, default=200, help="dispatches per repetition with new host tensors")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ps", default="2,4", help="comma-separated rank counts")
     args = ap.parse_args(argv)
     ps = [int(p) for p in args.ps.split(",")]
     no_gloo = gloo_available()
     load0 = os.getloadavg()
-    rows = []
+    rows, fresh_rows = [], []
     for p in ps:
         compiled = empty.compile(config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p)))))
         x = torch.zeros(p, 1, 4).share_memory_()
@@ -154,6 +196,17 @@ def main(argv=None) -> int:
             if gloo is not None:
                 gloo.close()
         rows.append((p, {k: statistics.median(v) if v else None for k, v in samples.items()}))
+        compiled_out = empty_out.compile(x, x.clone(), config=RunConfig(
+            distributed_config=DistributedConfig(device_ids=list(range(p)))))
+        y = torch.zeros(p, 1, 4).share_memory_()
+        fresh: dict[str, list[float]] = {"in-place": [], "inputs-only": [], "fresh": []}
+        with compiled_out.prepare() as rt:
+            in_place_us(rt, x, y, 100)  # warm-up
+            for _ in range(args.repeat):
+                fresh["in-place"].append(in_place_us(rt, x, y, args.fresh))
+                fresh["inputs-only"].append(inputs_only_us(rt, x, args.fresh))
+                fresh["fresh"].append(fresh_us(rt, p, args.fresh))
+        fresh_rows.append((p, {k: statistics.median(v) for k, v in fresh.items()}))
     load1 = os.getloadavg()
     print(f"## Dispatch latency — median µs per dispatch over {args.repeat} repetitions "
           f"({os.cpu_count()} CPUs; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end)\n")
@@ -171,6 +224,16 @@ def main(argv=None) -> int:
               f"| {ratio_os:.0f} | {ratio_g} |")
     if no_gloo is not None:
         print(f"\ngloo: n/a ({no_gloo})")
+    print(f"\n## Prepared dispatch with new host tensors — median µs per dispatch over {args.repeat} repetitions\n")
+    print("| P | in place `rt(x, y)` | inputs only `y = rt(x)` | fresh `rt(x_new, y_new)` | inputs only / in place "
+          "| fresh / in place |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for p, m in fresh_rows:
+        print(f"| {p} | {m['in-place']:.1f} | {m['inputs-only']:.1f} | {m['fresh']:.1f} "
+              f"| {m['inputs-only'] / m['in-place']:.2f} | {m['fresh'] / m['in-place']:.2f} |")
+    worst = max(max(m["inputs-only"], m["fresh"]) / m["in-place"] for _, m in fresh_rows)
+    print(f"\nGoal: inputs-only and fresh dispatches within 2x of in place — {'met' if worst <= 2 else 'not met'} "
+          f"(worst {worst:.2f}x).")
     two = next((m["prepared"] for p, m in rows if p == 2), None)
     if two is not None:
         verdict = "met" if two < GOAL_US else "not met"
