@@ -49,7 +49,7 @@ import numpy as np
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RunConfig
+from ptodist import DistributedConfig, RunConfig, dfx
 
 NR = pl.dynamic("NR")
 ALL_ON = {"enable_chip_swimlane": True, "enable_dep_gen": True, "enable_scope_stats": True}
@@ -199,7 +199,7 @@ def hook_cost_ns(number: int = 2_000_000) -> float:
 
 def ops_per_unit(out: Path, kind: str, units: int) -> float:
     """Signal and RMA records per rank per unit (round or call), from an `on` run's records."""
-    recs = json.loads((out / "dfx_outputs" / "rank0" / "d0" / "chip_swimlane_records.json").read_text())["records"]
+    recs = json.loads((dfx.latest_run(out) / "rank0" / "d0" / "chip_swimlane_records.json").read_text())["records"]
     ops = [r for r in recs if r["kind"] in ("notify", "wait", "rma")]
     if kind == "allreduce":
         return len(ops) / (units + 1)  # the warm-up call is recorded too

@@ -6,7 +6,10 @@ into ``tmp_path``.
 
 from __future__ import annotations
 
+import json
+import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -138,6 +141,55 @@ def host(y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
 
 
 host(np.zeros((2, 1, 8), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+'''
+
+
+BLOCKED = '''
+import os
+import sys
+
+import numpy as np
+
+import pypto.language as pl
+import pypto.language.distributed as pld
+from pypto.ir import DistributedConfig
+from pypto.runtime import RunConfig
+
+NR = pl.dynamic("NR")
+never_r, never_w = os.pipe()  # nothing is ever written: a read of never_r blocks for good
+
+
+@pl.jit.incore
+def stuck(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    os.write(1, f"rank-pid {os.getpid()}\\n".encode())  # one write: the ranks' lines never interleave
+    if pld.rank(pld.get_comm_ctx(sig)) == 0:
+        os.read(never_r, 1)                                # rank 0 blocks outside ptodist ...
+    else:
+        pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)  # ... rank 1 on a signal no one sends
+
+
+@pl.jit
+def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    stuck(sig)
+
+
+@pl.jit.host
+def host(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]))
+if sys.argv[1:] == ["worker"]:
+    from ptodist import shared_array
+
+    x = shared_array((2, 1))
+    with host.compile(x, config=cfg).prepare() as rt:
+        rt(x)
+else:
+    host(np.zeros((2, 1), np.float32), config=cfg)
+print("UNREACHED")
 '''
 
 
@@ -314,3 +366,131 @@ def test_no_command_is_a_usage_error():
                           timeout=60)
     assert proc.returncode == 2
     assert "usage: ptodist" in proc.stderr
+
+
+# -- SIGTERM / SIGHUP --------------------------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` exists at all (a zombie counts: its parent has not reaped it)."""
+    return os.path.exists(f"/proc/{pid}")
+
+
+def _shm_of(pids: list[int]) -> set[str]:
+    """Entries of /dev/shm named after one of ``pids`` (torch names them torch_<pid>_...)."""
+    if not os.path.isdir("/dev/shm"):
+        return set()
+    return {n for n in os.listdir("/dev/shm") if any(f"_{pid}_" in n for pid in pids)}
+
+
+@pytest.mark.parametrize("sig, mode", [(signal.SIGTERM, "one-shot"), (signal.SIGHUP, "one-shot"),
+                                       (signal.SIGTERM, "worker")])
+def test_termination_signal_stops_the_ranks_and_writes_the_report(tmp_path, sig, mode):
+    script = write(tmp_path, "blocked.py", BLOCKED)
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ptodist", "run", "--report-json", str(report), str(script),
+                             *(["worker"] if mode == "worker" else [])],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            env=child_env(PTODIST_HANG_TIMEOUT=600))
+    pids = []
+    try:
+        while len(pids) < 2:  # both ranks are running their kernel: rank 0 blocked, rank 1 waiting
+            line = proc.stdout.readline()
+            assert line, f"ptodist run ended early: {proc.stderr.read()}"
+            if line.startswith("rank-pid "):
+                pids.append(int(line.split()[1]))
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    name = signal.Signals(sig).name
+    assert proc.returncode == 128 + sig, err
+    assert f"ptodist: terminated by {name}" in err.splitlines(), err
+    assert "Traceback" not in err and "UNREACHED" not in out
+    assert json.loads(report.read_text()) == {"status": "error", "signal": name, "findings": []}
+    # ptodist killed and reaped its ranks before it exited: no orphan, not even a zombie, and nothing
+    # in /dev/shm is left by it or them (the one-shot arena is an anonymous mapping, gone with them).
+    assert not [p for p in pids if _alive(p)]
+    assert not _shm_of([proc.pid, *pids])
+
+
+def test_a_script_that_handles_sigterm_keeps_its_handler(tmp_path):
+    script = write(tmp_path, "own_handler.py", """
+        import signal
+        import sys
+
+        signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(7))
+        print("ready", flush=True)
+        while True:
+            signal.pause()  # until the signal (one sent before it got here is handled before it, too)
+    """)
+    report = tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "ptodist", "run", "--report-json", str(report), str(script)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=child_env())
+    try:
+        assert proc.stdout.readline() == "ready\n"
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 7 and err == ""
+    assert json.loads(report.read_text()) == {"status": "error", "findings": []}
+
+
+def test_stop_signal_handlers_are_set_only_while_the_script_runs_and_not_in_the_ranks(tmp_path):
+    script = write(tmp_path, "dispositions.py", """
+        import os
+        import signal
+
+        import numpy as np
+
+        import pypto.language as pl
+        import pypto.language.distributed as pld
+        from pypto.ir import DistributedConfig
+        from pypto.runtime import RunConfig
+
+        NR = pl.dynamic("NR")
+
+
+        def dispositions():
+            names = {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored"}
+            return " ".join(names.get(signal.getsignal(s), "handled") for s in (signal.SIGTERM, signal.SIGHUP))
+
+
+        @pl.jit.incore
+        def k(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+            os.write(1, f"rank {dispositions()}\\n".encode())
+
+
+        @pl.jit
+        def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+            k(sig)
+
+
+        @pl.jit.host
+        def host(x: pl.Tensor[[NR, 1], pl.FP32]):
+            buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+        print("script", dispositions(), flush=True)
+        host(np.zeros((2, 1), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    """)
+    driver = ("import signal, sys\n"
+              "from ptodist import cli\n"
+              "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+              "before = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)]\n"
+              f"code = cli.main(['run', {str(script)!r}])\n"
+              "print('after', [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)] == before)\n"
+              "sys.exit(code)\n")
+    proc = subprocess.run([sys.executable, "-c", driver], capture_output=True, text=True, cwd=tmp_path,
+                          env=child_env(), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "script handled handled"            # the script runs under ptodist's handlers
+    assert lines[1:3] == ["rank default ignored"] * 2       # the ranks get back what was there before
+    assert lines[3:] == ["after True"]

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -17,7 +19,7 @@ from conftest import EXAMPLES, child_env
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RunConfig, dfx
+from ptodist import DistributedConfig, RunConfig, dfx, shared_array
 from ptodist.dfx import summary, swimlane
 
 IDS = [3, 5, 9]  # non-contiguous device ids: rank r runs on IDS[r]
@@ -38,12 +40,19 @@ def config(out: Path, ids=IDS, **flags) -> RunConfig:
     return RunConfig(distributed_config=DistributedConfig(device_ids=list(ids)), output_dir=str(out), **flags)
 
 
+def run_dir(out: Path) -> Path:
+    """The newest run's folder: <out>/dfx_outputs/run_<timestamp>_<pid>."""
+    run = dfx.latest_run(out)
+    assert run is not None, f"no run under {out}"
+    return run
+
+
 def records(out: Path, rank: int, dispatch: int = 0) -> dict:
-    return json.loads((out / "dfx_outputs" / f"rank{rank}" / f"d{dispatch}" / swimlane.RECORDS).read_text())
+    return json.loads((run_dir(out) / f"rank{rank}" / f"d{dispatch}" / swimlane.RECORDS).read_text())
 
 
 def merged(out: Path) -> list[Path]:
-    return sorted((out / "dfx_outputs").glob("merged_swimlane_*.json"))
+    return sorted(run_dir(out).glob("merged_swimlane_*.json"))
 
 
 # -- the shared run: examples/allreduce.py at P=3, every flag on -------------------------------------------------
@@ -222,7 +231,7 @@ def pipeline_run(tmp_path_factory):
 def test_deps_json(pipeline_run):
     row = N * 4
     for r, dev in enumerate([4, 6]):
-        deps = json.loads((pipeline_run / "dfx_outputs" / f"rank{r}" / "d0" / "deps.json").read_text())
+        deps = json.loads((run_dir(pipeline_run) / f"rank{r}" / "d0" / "deps.json").read_text())
         assert set(deps) == {"rank", "device_id", "dispatch", "tasks", "tensors", "edges"}
         assert (deps["rank"], deps["device_id"], deps["dispatch"]) == (r, dev, 0)
         assert [(t["id"], t["kernel"]) for t in deps["tasks"]] == [(0, "produce"), (1, "consume"), (2, "scale"),
@@ -276,7 +285,7 @@ def test_tensormap_edges_follow_the_live_accesses_only(tmp_path):
     x = np.ones((1, 1, N), np.float32)
     y = chained.compile(x, config=config(tmp_path, ids=[2], enable_dep_gen=True))(x)
     assert (y == 3).all()
-    deps = json.loads((tmp_path / "dfx_outputs" / "rank0" / "d0" / "deps.json").read_text())
+    deps = json.loads((run_dir(tmp_path) / "rank0" / "d0" / "deps.json").read_text())
     assert [(e["pred"], e["succ"], e["source"], e["tensor"]) for e in deps["edges"]] == [
         (0, 1, "tensormap", "local:0"), (0, 2, "tensormap", "local:0"), (0, 3, "tensormap", "local:0"),
         (1, 3, "tensormap", "local:0"), (2, 3, "tensormap", "local:0"), (3, 4, "tensormap", "local:0")]
@@ -287,7 +296,7 @@ def test_tensormap_edges_follow_the_live_accesses_only(tmp_path):
 
 def test_scope_stats(pipeline_run):
     for r, dev in enumerate([4, 6]):
-        text = (pipeline_run / "dfx_outputs" / f"rank{r}" / "d0" / "scope_stats" / "scope_stats.jsonl").read_text()
+        text = (run_dir(pipeline_run) / f"rank{r}" / "d0" / "scope_stats" / "scope_stats.jsonl").read_text()
         lines = [json.loads(line) for line in text.splitlines()]
         meta, scopes = lines[0], lines[1:]
         assert set(meta) == {"type", "rank", "device_id", "dispatch", "clock", "high_water", "scopes"}
@@ -426,14 +435,15 @@ def test_dispatch_index_counts_calls_of_one_compiled_program(tmp_path):
     compiled(x)
     compiled(x)
     for r in range(3):
-        assert sorted(p.name for p in (out / "dfx_outputs" / f"rank{r}").iterdir()) == ["d0", "d1"]
+        assert sorted(p.name for p in (run_dir(out) / f"rank{r}").iterdir()) == ["d0", "d1"]
         for k in (0, 1):
             assert records(out, r, k)["dispatch"] == k
-            meta = json.loads((out / "dfx_outputs" / f"rank{r}" / f"d{k}" / "scope_stats" /
+            meta = json.loads((run_dir(out) / f"rank{r}" / f"d{k}" / "scope_stats" /
                                "scope_stats.jsonl").read_text().splitlines()[0])
             assert meta["dispatch"] == k
     assert sorted(json.loads(p.read_text())["otherData"]["dispatch"] for p in merged(out)) == [0, 1]
-    assert summary.merged_trace(out / "dfx_outputs", 1) == max(merged(out))
+    assert len(dfx.runs(out)) == 1  # the calls of one compiled program are one run
+    assert summary.merged_trace(run_dir(out), 1) == max(merged(out))
 
 
 # -- ptodist trace -------------------------------------------------------------------------------------------------
@@ -474,11 +484,132 @@ def test_trace_cli_errors(tmp_path, pipeline_run):
     pipeline.compile(x, config=config(deps_only, ids=[0, 1], enable_dep_gen=True))(x)
     p = trace_cli(deps_only)
     assert p.returncode == 2 and "deps.json" in p.stderr and "enable_chip_swimlane=True" in p.stderr
-    cut = tmp_path / "cut" / "dfx_outputs" / "rank0" / "d0"
+    cut = tmp_path / "cut" / "dfx_outputs" / "run_20260101_120000_000000_42" / "rank0" / "d0"
     cut.mkdir(parents=True)
     (cut / swimlane.RECORDS).write_text('{"rank": 0, "records": [')
     p = trace_cli(tmp_path / "cut")
     assert p.returncode == 2 and "cannot read the swimlane records of dispatch 0" in p.stderr
+
+
+# -- runs that share an output_dir ---------------------------------------------------------------------------------
+
+GATE: list[int] = []  # [read end of the gate pipe, write end of the ready pipe], set while a test holds gated ranks
+
+
+@pl.jit.incore
+def gated(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    os.write(GATE[1], b"r")                            # this rank is running ...
+    os.read(GATE[0], 1)                                # ... and goes on when the test opens the gate
+    me = pld.rank(pld.get_comm_ctx(sig))
+    for p in pl.range(pld.nranks(pld.get_comm_ctx(sig))):
+        pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    for p in pl.range(pld.nranks(pld.get_comm_ctx(sig))):
+        pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
+    return sig
+
+
+@pl.jit
+def gated_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    return gated(sig)
+
+
+@pl.jit.host
+def gated_host(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        gated_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+def run_defers(out: Path, ids=(0, 1)) -> None:
+    x = np.zeros((len(ids), 1), np.float32)
+    defers.compile(x, config=config(out, ids=ids, enable_chip_swimlane=True))(x)
+
+
+def assert_only_its_own_records(run: Path, ids, kernels: set[str]) -> None:
+    """The run's folder holds the files of its ranks only, and its merged trace their records only."""
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == [f"rank{r}" for r in range(len(ids))]
+    per_rank = []
+    for r, d in enumerate(ids):
+        data = json.loads((run / f"rank{r}" / "d0" / swimlane.RECORDS).read_text())
+        assert (data["rank"], data["device_id"]) == (r, d)
+        assert {rec["name"] for rec in data["records"] if rec["kind"] == "task"} <= kernels
+        per_rank.append(data)
+    (path,) = run.glob("merged_swimlane_*.json")
+    events = json.loads(path.read_text())["traceEvents"]
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert names == {r: f"rank {r} (device {d})" for r, d in enumerate(ids)}
+    xs = [e for e in events if e["ph"] == "X"]
+    assert {x["name"] for x in xs if x["cat"] == "task"} <= kernels
+    for r, data in enumerate(per_rank):
+        assert sorted(x["ts"] for x in xs if x["pid"] == r) == sorted(
+            round((rec["start"] - min(d["start"] for d in per_rank)) / 1000.0, 3) for rec in data["records"])
+
+
+def test_runs_one_after_the_other_in_one_output_dir_keep_their_own_records(tmp_path):
+    out = tmp_path / "out"
+    run_twice(out, enable_chip_swimlane=True)          # run 1: three ranks on devices 3, 5, 9
+    run_defers(out)                                    # run 2: two ranks on devices 0, 1, with the same output_dir
+    first, second = dfx.runs(out)
+    assert first.parent == second.parent == out / "dfx_outputs" and dfx.RUN_DIR.match(first.name)
+    assert_only_its_own_records(first, IDS, {"stage_and_reduce", "pld.tensor.allreduce", "unload"})
+    assert_only_its_own_records(second, [0, 1], {"deferred"})
+    # ptodist trace OUTPUT_DIR: the newest run, and only its ranks
+    p = trace_cli(out)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"ptodist trace: {second}"
+    assert lines[1] == (f"run {second.name}: the newest of 2 runs in {out / 'dfx_outputs'}; give a run's folder to "
+                        "summarise another")
+    assert ", 2 rank(s);" in lines[2] and "rank 1 (device 1)" in p.stdout and "(device 9)" not in p.stdout
+    assert lines[3] == f"merged trace: {next(second.glob('merged_swimlane_*.json'))}"
+    # ... and a run's own folder
+    p = trace_cli(first)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0] == f"ptodist trace: {first}" and lines[1].startswith(f"run {first.name}: number 1 (oldest first)")
+    assert ", 3 rank(s);" in lines[2] and "rank 2 (device 9)" in p.stdout
+    # a newest run without swimlane records: the error names the runs that have some
+    x = np.ones((2, 1, N), np.float32)
+    pipeline.compile(x, config=config(out, ids=[0, 1], enable_dep_gen=True))(x)
+    p = trace_cli(out)
+    assert p.returncode == 2 and "has no swimlane records (it has deps.json)" in p.stderr
+    assert f"2 other run(s) in {out / 'dfx_outputs'} (the newest: {second.name}); give a run's folder" in p.stderr
+
+
+def test_runs_at_the_same_time_in_one_output_dir_keep_their_own_records(tmp_path):
+    out = tmp_path / "out"
+    gate_r, gate_w = os.pipe()
+    ready_r, ready_w = os.pipe()
+    GATE[:] = [gate_r, ready_w]
+    try:
+        x = shared_array((len(IDS), 1))
+        compiled = gated_host.compile(x, config=config(out, enable_chip_swimlane=True, hang_timeout_s=600))
+        with compiled.prepare() as rt:
+            handle = rt.submit(compiled, x)            # run 1: its three ranks start, then stop at the gate
+            ready = b""
+            while len(ready) < len(IDS):
+                chunk = os.read(ready_r, len(IDS) - len(ready))
+                assert chunk
+                ready += chunk
+            run_defers(out)                            # run 2, start to end, while run 1's dispatch is in flight
+            os.write(gate_w, b"g" * len(IDS))          # run 1's ranks go on, write their files, and it merges
+            handle.result()
+    finally:
+        GATE.clear()
+        for fd in (gate_r, gate_w, ready_r, ready_w):
+            os.close(fd)
+    first, second = dfx.runs(out)                      # in the order they started
+    assert_only_its_own_records(first, IDS, {"gated"})
+    assert_only_its_own_records(second, [0, 1], {"deferred"})
+
+
+def test_trace_reads_a_dfx_outputs_folder_without_run_folders(tmp_path, allreduce_run):
+    legacy = tmp_path / "old" / "dfx_outputs"          # the layout of ptodist versions before run folders
+    shutil.copytree(run_dir(allreduce_run), legacy)
+    for path in (tmp_path / "old", legacy):
+        p = trace_cli(path)
+        assert p.returncode == 0, p.stderr
+        assert p.stdout.startswith(f"ptodist trace: {legacy}\ndispatch 0 (d0 found; --dispatch K picks one), 3 rank(s)")
 
 
 # -- the critical path and the waits follow what happened -----------------------------------------------------------

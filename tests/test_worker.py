@@ -953,7 +953,7 @@ def test_dfx_outputs_per_dispatch(no_leaks, tmp_path):
     with compiled.prepare() as rt:
         rt(x)
         rt(x)
-    root = tmp_path / "out" / "dfx_outputs"
+    root = ptodist.dfx.latest_run(tmp_path / "out")
     for r in range(2):
         for k in range(2):
             assert (root / f"rank{r}" / f"d{k}" / "chip_swimlane_records.json").is_file()

@@ -8,13 +8,109 @@ import argparse
 import json
 import os
 import runpy
+import signal
 import sys
+import threading
 import traceback
 
 from . import compat
 from .check import findings
 from .errors import PtodistError, PtodistInternalError
+from .runtime.config import started_by_mpi_launcher
 from .source import is_internal
+
+
+class Terminated(BaseException):
+    """Raised in the main thread of ``ptodist run`` when SIGTERM or SIGHUP asks it to stop.
+
+    A BaseException, like KeyboardInterrupt, so that it passes through the script's ``except Exception``
+    and the runtime's clean-up (ranks killed and reaped, shared memory unmapped) runs on its way out.
+    """
+
+    def __init__(self, signum: int):
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+        super().__init__(f"terminated by {self.name}")
+
+
+# What `timeout`, CI runners, batch schedulers and a closed terminal send: handled as Ctrl-C is.
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+class _StopSignals:
+    """While ``ptodist run`` runs a script: SIGTERM and SIGHUP raise :class:`Terminated` in the main thread.
+
+    Only the first signal raises; later ones are ignored until the previous handlers are back, so a second
+    SIGTERM (``timeout`` sends one to the process and one to its process group) cannot cut the clean-up or
+    the report short. Processes forked meanwhile (the ranks) get the previous handlers back at once.
+
+    With ``at_once`` (a process an MPI launcher started, which is itself a rank, and which the launcher
+    terminates when another process of the job ended) the first signal calls ``at_once(signum)`` and the
+    process dies of the signal there: unwinding would make MPI calls that wait for the peers, maybe for ever.
+    """
+
+    _active: _StopSignals | None = None
+    _hooked = False
+
+    def __init__(self, at_once=None):
+        self.pid = os.getpid()
+        self.at_once = at_once
+        self.previous: dict[int, object] = {}
+        self.armed = False
+
+    def __enter__(self) -> _StopSignals:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set from the main thread; leave the signals as they are
+        if not _StopSignals._hooked:
+            os.register_at_fork(after_in_child=_StopSignals._after_fork)
+            _StopSignals._hooked = True
+        for signum in STOP_SIGNALS:
+            self.previous[signum] = signal.signal(signum, self._handle)
+        self.armed = True
+        _StopSignals._active = self
+        return self
+
+    def disarm(self) -> None:
+        """From now on the signals are ignored (until ``__exit__`` puts the previous handlers back)."""
+        self.armed = False
+
+    def __exit__(self, *exc) -> None:
+        self.armed = False
+        if _StopSignals._active is self:
+            _StopSignals._active = None
+        self._restore()
+
+    def _restore(self) -> None:
+        for signum, previous in self.previous.items():
+            if signal.getsignal(signum) == self._handle:  # the script may have set its own: keep it
+                signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        self.previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        if os.getpid() != self.pid:  # a process forked by other means than os.fork: behave as before
+            self._restore()
+            os.kill(os.getpid(), signum)
+            return
+        if not self.armed:
+            return
+        self.armed = False
+        if self.at_once is None:
+            raise Terminated(signum)
+        try:
+            self.at_once(signum)
+        finally:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+
+    @staticmethod
+    def _after_fork() -> None:
+        active = _StopSignals._active
+        if active is not None:
+            _StopSignals._active = None
+            try:
+                active._restore()
+            except ValueError:  # not the main thread (an embedding that forks from elsewhere): as it is
+                pass
 
 
 def _run(args) -> int:
@@ -27,41 +123,59 @@ def _run(args) -> int:
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     found: list = []
     code = 1
-    try:
-        runpy.run_path(script, run_name="__main__")
-        code = 0
-    except SystemExit as e:
-        if e.code is None or isinstance(e.code, int):
-            code = e.code or 0
-        else:
-            print(e.code, file=sys.stderr)
-    except PtodistError as e:
-        # A user-facing error: the message names rank, function and line; our frames would be noise.
-        print(f"ptodist: {type(e).__name__}: {e}", file=sys.stderr)
-        user = [f for f in traceback.extract_tb(e.__traceback__)
-                if not _is_tool_frame(f.filename) and not f.filename.startswith("<")]
-        if user:
-            f = user[-1]
-            print(f"  raised by {f.filename}:{f.lineno} in {f.name}: {f.line}", file=sys.stderr)
-        found = findings.from_exception(e)
-        for item in found:
-            if not item.locations and user:
-                item.locations.append(f"{user[-1].filename}:{user[-1].lineno}")
-            print(item.summary(), file=sys.stderr)
-    except PtodistInternalError:
-        traceback.print_exc()
-        print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
-        code = 3
-    except KeyboardInterrupt:
-        print("ptodist: interrupted", file=sys.stderr)
-        code = 130
-    except Exception as e:
-        # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
-        print(format_script_error(e), end="", file=sys.stderr)
-        found = findings.from_exception(e)
-    finally:
+    ended_by = None  # the signal that stopped the run, for the report
+
+    def report_and_die(signum: int) -> None:  # under an MPI launcher; no MPI call, no unwinding
+        name = signal.Signals(signum).name
+        os.write(2, f"ptodist: terminated by {name}\n".encode())
         if args.report_json:
-            _write_report(args.report_json, code, found)
+            _write_report(args.report_json, 128 + signum, found, name)
+
+    with _StopSignals(report_and_die if started_by_mpi_launcher() else None) as stop:
+        try:
+            try:
+                runpy.run_path(script, run_name="__main__")
+                code = 0
+            except SystemExit as e:
+                if e.code is None or isinstance(e.code, int):
+                    code = e.code or 0
+                else:
+                    print(e.code, file=sys.stderr)
+            except PtodistError as e:
+                # A user-facing error: the message names rank, function and line; our frames would be noise.
+                print(f"ptodist: {type(e).__name__}: {e}", file=sys.stderr)
+                user = [f for f in traceback.extract_tb(e.__traceback__)
+                        if not _is_tool_frame(f.filename) and not f.filename.startswith("<")]
+                if user:
+                    f = user[-1]
+                    print(f"  raised by {f.filename}:{f.lineno} in {f.name}: {f.line}", file=sys.stderr)
+                found = findings.from_exception(e)
+                for item in found:
+                    if not item.locations and user:
+                        item.locations.append(f"{user[-1].filename}:{user[-1].lineno}")
+                    print(item.summary(), file=sys.stderr)
+            except PtodistInternalError:
+                traceback.print_exc()
+                print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
+                code = 3
+            except KeyboardInterrupt:
+                print("ptodist: interrupted", file=sys.stderr)
+                code = 130
+                ended_by = "SIGINT"
+            except Exception as e:
+                # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
+                print(format_script_error(e), end="", file=sys.stderr)
+                found = findings.from_exception(e)
+        except Terminated as e:
+            # SIGTERM / SIGHUP, while the script ran (the runtime stopped its ranks on the way out) or while
+            # another ending was being reported: the shell's convention, 128 + the signal number.
+            print(f"ptodist: {e}", file=sys.stderr)
+            code = 128 + e.signum
+            ended_by = e.name
+        finally:
+            stop.disarm()
+            if args.report_json:
+                _write_report(args.report_json, code, found, ended_by)
     return code
 
 
@@ -122,9 +236,11 @@ def _check(args) -> int:
     return 1 if failed else 0
 
 
-def _write_report(path: str, code: int, found: list) -> None:
-    """Write the --report-json document, whatever ended the run."""
+def _write_report(path: str, code: int, found: list, ended_by: str | None = None) -> None:
+    """Write the --report-json document, whatever ended the run (``ended_by``: the signal that stopped it)."""
     doc = findings.report("ok" if code == 0 else "error", found)
+    if ended_by is not None:
+        doc = {"status": doc.pop("status"), "signal": ended_by, **doc}
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
@@ -186,7 +302,8 @@ def main(argv=None) -> int:
                            description="Summarise one dispatch's swimlane records: per-rank busy, waiting and "
                                        "communicating time, the longest waits and what released them, and the "
                                        "critical path across ranks.")
-    trace.add_argument("dir", help="the run's output_dir, or its dfx_outputs folder")
+    trace.add_argument("dir", help="the program's output_dir or its dfx_outputs folder (the newest run in it is "
+                                   "summarised), or one run's folder (dfx_outputs/run_<timestamp>_<pid>)")
     trace.add_argument("--dispatch", type=int, default=None, metavar="K",
                        help="which dispatch (d{K}); default: the last one")
     trace.add_argument("--top", type=int, default=10, metavar="N", help="how many of the longest waits to list")

@@ -1,30 +1,42 @@
 """Diagnostic outputs (DFX): readers of the per-rank event log.
 
-``RunConfig(enable_chip_swimlane=True)`` → per rank and dispatch
-``<output_dir>/dfx_outputs/rank{r}/d{k}/chip_swimlane_records.json`` and, per
-run, ``<output_dir>/dfx_outputs/merged_swimlane_<timestamp>.json`` (Chrome trace
-/ Perfetto); ``enable_dep_gen`` → ``deps.json``; ``enable_scope_stats`` →
-``scope_stats/scope_stats.jsonl``.  Ranks write their own files when their
-dispatch ends; the driver merges the swimlanes.
+Each run gets its own folder, ``<output_dir>/dfx_outputs/run_<timestamp>_<pid>/`` (a run: the
+dispatches of one ``CompiledProgram`` object in one process, or in every process of one MPI job), so
+runs that share an ``output_dir`` — one after the other or at the same time — never read or replace
+each other's files.  In it, ``RunConfig(enable_chip_swimlane=True)`` → per rank and dispatch
+``rank{r}/d{k}/chip_swimlane_records.json`` and, per dispatch, ``merged_swimlane_<timestamp>.json``
+(Chrome trace / Perfetto); ``enable_dep_gen`` → ``rank{r}/d{k}/deps.json``; ``enable_scope_stats`` →
+``rank{r}/d{k}/scope_stats/scope_stats.jsonl``.  Ranks write their own files when their dispatch
+ends; the driver merges the swimlanes.
 """
 
 from __future__ import annotations
 
+import datetime
+import itertools
 import os
+import re
 import sys
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 BUILD_TIME_SWITCHES = ("SIMPLER_HOST_STRACE", "SIMPLER_DFX")
+DFX_DIR = "dfx_outputs"
+RUN_DIR = re.compile(r"run_\d{8}_\d{6}_\d{6}_\d+(_\d+)?$")  # run_<YYYYmmdd_HHMMSS_ffffff>_<pid>[_<n>]
 _told: set[str] = set()
+_lock = threading.Lock()
+_runs_by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> {(pid, dfx_outputs): run}
+_runs_by_dir: dict[tuple, Path] = {}  # (pid, dfx_outputs) -> run folder, for callers that name no owner
 
 
 @dataclass(frozen=True)
 class DfxRequest:
     """Which diagnostic outputs one dispatch writes, and where."""
 
-    root: Path          # <output_dir>/dfx_outputs
+    root: Path          # the run's folder: <output_dir>/dfx_outputs/run_<timestamp>_<pid>
     dispatch: int       # k in d{k}: the index of this call of the compiled program
     swimlane: bool
     deps: bool
@@ -35,17 +47,102 @@ class DfxRequest:
         return self.root / f"rank{rank}" / f"d{self.dispatch}"
 
 
-def request_for(config, output_dir: Callable[[], Path], dispatch: int) -> DfxRequest | None:
+def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=None) -> DfxRequest | None:
     """Return what ``config`` asks for, or None when no diagnostic output is enabled.
 
-    ``output_dir`` is called only when something is enabled (it creates the directory).
+    ``output_dir`` is called only when something is enabled (it creates the directory).  ``owner`` is
+    the object whose dispatches make one run (the ``CompiledProgram``): its first request makes the
+    run's folder, the later ones reuse it.  Without it, the owner is the object ``output_dir`` reads
+    ``.output_dir`` from (``lambda: compiled.output_dir``); failing that, the run is this process's.
     """
     notice_build_time_switches()
     if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats):
         return None
-    return DfxRequest(Path(output_dir()) / "dfx_outputs", dispatch, bool(config.enable_chip_swimlane),
-                      bool(config.enable_dep_gen), bool(config.enable_scope_stats),
+    base = Path(output_dir()) / DFX_DIR
+    return DfxRequest(_run_dir(base, owner if owner is not None else _owner_of(output_dir), config), dispatch,
+                      bool(config.enable_chip_swimlane), bool(config.enable_dep_gen), bool(config.enable_scope_stats),
                       os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0")
+
+
+def runs(path) -> list[Path]:
+    """The run folders under ``path`` (an output_dir or its ``dfx_outputs`` folder), oldest first.
+
+    Runs are ordered by the time their first dispatch asked for DFX outputs (the name's timestamp).
+    """
+    p = Path(path)
+    base = p / DFX_DIR if (p / DFX_DIR).is_dir() else p
+    if not base.is_dir():
+        return []
+    return sorted((c for c in base.iterdir() if RUN_DIR.match(c.name) and c.is_dir()), key=lambda c: c.name)
+
+
+def latest_run(path) -> Path | None:
+    """The newest run folder under ``path`` (an output_dir or its ``dfx_outputs`` folder), or None."""
+    found = runs(path)
+    return found[-1] if found else None
+
+
+def _owner_of(output_dir: Callable[[], Path]):
+    """The object that ``lambda: compiled.output_dir`` reads: the one whose dispatches make a run."""
+    for cell in getattr(output_dir, "__closure__", None) or ():
+        try:
+            obj = cell.cell_contents
+        except ValueError:  # an empty cell
+            continue
+        if isinstance(getattr(type(obj), "output_dir", None), property):
+            return obj
+    return None
+
+
+def _run_dir(base: Path, owner, config) -> Path:
+    """This owner's run folder under ``base`` (made at its first request)."""
+    key = (os.getpid(), base.resolve())  # a forked process that dispatches makes its own run
+    with _lock:
+        try:
+            mine = _runs_by_owner.setdefault(owner, {}) if owner is not None else _runs_by_dir
+        except TypeError:  # an owner without weak references: one run per process
+            mine = _runs_by_dir
+        run = mine.get(key)
+        if run is None:
+            run = mine[key] = _new_run(base, config)
+        return run
+
+
+def _new_run(base: Path, config) -> Path:
+    """Make a new run folder under ``base``; every process of an MPI job gets the same one."""
+    comm = _mpi_comm(config)
+    name = None
+    if comm is None or comm.Get_rank() == 0:
+        base.mkdir(parents=True, exist_ok=True)
+        stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
+        first = f"run_{stamp}_{os.getpid()}"
+        for n in itertools.count(1):
+            name = first if n == 1 else f"{first}_{n}"
+            try:
+                (base / name).mkdir()  # exclusive: a folder some other run made is never shared
+                break
+            except FileExistsError:
+                continue
+    if comm is not None:
+        name = comm.bcast(name, root=0)
+        (base / name).mkdir(parents=True, exist_ok=True)  # processes on other machines
+    return base / name
+
+
+def _mpi_comm(config):
+    """ptodist's MPI communicator when this dispatch runs on the mpi backend with more than one process."""
+    try:
+        if config.resolved_backend() != "mpi":
+            return None
+    except Exception:  # noqa: BLE001 - a bad PTODIST_BACKEND is reported by the run itself
+        return None
+    from ..backends import mpi
+    from ..runtime.config import started_by_mpi_launcher
+
+    if mpi._session is None and not started_by_mpi_launcher():
+        return None  # one process without a launcher: nothing to agree with (the backend refuses more)
+    comm = mpi._get_session(mpi.load_mpi()).comm
+    return comm if comm.Get_size() > 1 else None
 
 
 def notice_build_time_switches() -> None:

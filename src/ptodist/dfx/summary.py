@@ -1,6 +1,7 @@
 """``ptodist trace DIR``: a terminal summary of one dispatch's swimlane records.
 
-Reads every rank's ``chip_swimlane_records.json`` of one dispatch and prints:
+``DIR`` is an output_dir, its ``dfx_outputs`` folder (the newest run in it is summarised) or one
+run's folder.  Reads every rank's ``chip_swimlane_records.json`` of one dispatch of that run and prints:
 
 * per rank: the time from the rank's start to writing its records (*total*),
   time inside tasks that is neither waiting nor communicating (*busy*), time in
@@ -22,6 +23,7 @@ import os
 import re
 from pathlib import Path
 
+from .. import dfx
 from . import swimlane
 
 ENABLE_HINT = "RunConfig(enable_chip_swimlane=True)"
@@ -38,17 +40,40 @@ class TraceError(Exception):
 # -- finding the files ----------------------------------------------------------------------------
 
 def find_root(path) -> Path:
-    """Return the ``dfx_outputs`` folder for ``path`` (an output_dir or the folder itself)."""
+    """Return the run folder to summarise for ``path``.
+
+    ``path`` is a run's own folder (``dfx_outputs/run_<timestamp>_<pid>``), or an output_dir or its
+    ``dfx_outputs`` folder: then the newest run in it.  A ``dfx_outputs`` folder of the layout before
+    runs had folders (``rank*/`` directly in it) is one run.
+    """
+    return locate(path)[0]
+
+
+def locate(path) -> tuple[Path, list[Path]]:
+    """Return (the run folder to summarise for ``path``, every run beside it, oldest first)."""
     p = Path(path)
     if not p.is_dir():
         raise TraceError(f"no such directory: {path}")
-    if (p / "dfx_outputs").is_dir():
-        return p / "dfx_outputs"
-    if any(_RANK_DIR.match(c.name) for c in p.iterdir() if c.is_dir()):
-        return p
-    raise TraceError(f"{path} holds no DFX outputs (no dfx_outputs/ folder in it). Run the program with "
+    if dfx.RUN_DIR.match(p.name):
+        return p, dfx.runs(p.parent)
+    if _has_rank_dirs(p):
+        return p, [p]
+    base = p / dfx.DFX_DIR if (p / dfx.DFX_DIR).is_dir() else p
+    found = dfx.runs(base)
+    if found:
+        return found[-1], found
+    if base is not p and _has_rank_dirs(base):
+        return base, [base]
+    if base is not p:
+        raise TraceError(f"{base} holds no runs (no {dfx.DFX_DIR}/run_*/ folder): run the program with "
+                         f"{ENABLE_HINT}, then run ptodist trace on compiled.output_dir.")
+    raise TraceError(f"{path} holds no DFX outputs (no {dfx.DFX_DIR}/ folder in it). Run the program with "
                      f"{ENABLE_HINT} (and its output_dir, or PTODIST_OUTPUT_ROOT, pointing here), then "
                      f"run ptodist trace on compiled.output_dir.")
+
+
+def _has_rank_dirs(p: Path) -> bool:
+    return any(_RANK_DIR.match(c.name) and c.is_dir() for c in p.iterdir())
 
 
 def dispatches(root: Path) -> dict[int, list[int]]:
@@ -250,16 +275,28 @@ def _describe(rec: dict) -> str:
 
 def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = False) -> str:
     """Return the summary text for the DFX outputs under ``path``; raise TraceError if there are none."""
-    root = find_root(path)
-    dispatch, ranks, found = load(root, dispatch)
+    root, runs = locate(path)
+    try:
+        dispatch, ranks, found = load(root, dispatch)
+    except TraceError as e:
+        others = [r for r in runs if r != root]
+        if not others:
+            raise
+        text = str(e) if str(e).endswith(".") else f"{e}."
+        raise TraceError(f"{text} {len(others)} other run(s) in {root.parent} (the newest: {others[-1].name}); "
+                         "give a run's folder to summarise it.") from None
     devices = {data["rank"]: data["device_id"] for data in ranks}
     t0 = min(data["start"] for data in ranks)
     markers = all(data.get("device_markers", True) for data in ranks)
     merged = merged_trace(root, dispatch)
-    out = [f"ptodist trace: {root}",
-           f"dispatch {dispatch} ({', '.join(f'd{k}' for k in found)} found; --dispatch K picks one), "
-           f"{len(ranks)} rank(s); times in ms from the first rank's start",
-           f"merged trace: {merged if merged else 'none for this dispatch'}"]
+    out = [f"ptodist trace: {root}"]
+    if len(runs) > 1 and root in runs:
+        which = "the newest" if root == runs[-1] else f"number {runs.index(root) + 1} (oldest first)"
+        out.append(f"run {root.name}: {which} of {len(runs)} runs in {root.parent}; give a run's folder to "
+                   "summarise another")
+    out += [f"dispatch {dispatch} ({', '.join(f'd{k}' for k in found)} found; --dispatch K picks one), "
+            f"{len(ranks)} rank(s); times in ms from the first rank's start",
+            f"merged trace: {merged if merged else 'none for this dispatch'}"]
     if not markers:
         out.append("per-operation records are off (SIMPLER_DEVICE_STRACE_ENABLE=0): only tasks and collectives "
                    "were recorded, so waiting and communicating read 0 and the path stays on one rank")

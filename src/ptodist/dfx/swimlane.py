@@ -120,7 +120,7 @@ def chrome_trace(ranks: list[dict], device_ids: list[int], dispatch: int | None 
 
 
 def merge(request, world: int, device_ids: list[int]) -> Path:
-    """Write ``merged_swimlane_<timestamp>.json`` for one dispatch under the dfx_outputs root."""
+    """Write ``merged_swimlane_<timestamp>.json`` for one dispatch in the run's folder."""
     ranks = load_records(request.root, request.dispatch, world)
     stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
     path = request.root / f"merged_swimlane_{stamp}.json"
