@@ -365,7 +365,7 @@ def _dfx_outputs(p: int) -> None:
     # Every process's output_dir gets every rank's files and one merged trace with a track per rank.
     import torch
 
-    from ptodist import DistributedConfig, RunConfig, ir
+    from ptodist import DistributedConfig, RunConfig, dfx, ir
 
     spec = importlib.util.spec_from_file_location("ptodist_example_08", EXAMPLES / "08_allreduce_mesh.py")
     module = importlib.util.module_from_spec(spec)
@@ -377,7 +377,10 @@ def _dfx_outputs(p: int) -> None:
     compiled = ir.compile(module.build(p), config=cfg)
     compiled(x, y)
     assert torch.allclose(y, x.sum(0, keepdim=True).expand_as(y), rtol=1e-5, atol=1e-5)
-    root = compiled.output_dir / "dfx_outputs"
+    # One run folder (dfx_outputs/run_<timestamp>_<pid>), the same in every process of the job.
+    runs = dfx.runs(compiled.output_dir)
+    assert len(runs) == 1, runs
+    root = runs[0]
     for r in range(p):
         d = root / f"rank{r}" / "d0"
         for name in ("chip_swimlane_records.json", "deps.json", "scope_stats/scope_stats.jsonl"):
@@ -506,6 +509,7 @@ def test_ptodist_run_under_mpirun_selects_the_mpi_backend(tmp_path):
 
 
 FAULTY = '''
+import os
 import sys
 import numpy as np
 import ptodist.language as pl
@@ -533,6 +537,17 @@ def k(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
         time.sleep(3600)  # never returns to ptodist
     if MODE == "sleep" and me != 0:
         pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+    if MODE in ("spin", "busy", "exit", "kill") and me != 1 or MODE == "exitbusy" and me > 1:
+        pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)  # for a notify rank 1 never sends
+    if MODE == "spin" and me == 1:
+        while pl.read(sig, [0, 0]) < 1: pass  # spins on a cell nobody writes
+    if MODE == "busy" and me == 1 or MODE == "exitbusy" and me == 0:
+        while True: pass  # computes for ever
+    if MODE in ("exit", "exitbusy") and me == 1:
+        os._exit(3)  # no Python, no report
+    if MODE == "kill" and me == 1:
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
     for p in pl.range(n):
         pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
     pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)
@@ -554,11 +569,12 @@ def host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.F
 MODE, P = sys.argv[1], int(sys.argv[2])
 x = np.ones((P, 1, 8), np.float32)
 try:
+    # "spin" and "busy" take the hang timeout from PTODIST_HANG_TIMEOUT (their test sets it); the others 1 s.
+    timeout = None if MODE in ("spin", "busy") else 1.0
     host(x, np.zeros_like(x), config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(P))),
-                                               hang_timeout_s=1.0))
+                                               hang_timeout_s=timeout))
 except Exception as e:
     # What this process raised, with its findings, for the test to compare (one file per process).
-    import os
     from ptodist.check import findings
     who = os.environ.get("OMPI_COMM_WORLD_RANK", "shm")
     with open(f"{sys.argv[3]}/report-{who}.txt", "w") as f:
@@ -626,12 +642,76 @@ def test_a_rank_that_never_returns_is_reported_then_the_job_is_aborted(tmp_path)
     assert "FINISHED" not in proc.stdout
     err = proc.stderr
     assert "ptodist: HangError: no progress for" in err and "(hang timeout 1 s)" in err, err
-    assert "rank 0 (device 0): running task 'k' (not in a wait)" in err
+    # Its pulse thread sampled where the rank is: the report names the line it never returns from.
+    sleep = f"{script}:{_line(script, 'never returns to ptodist')}"
+    assert f"rank 0 (device 0): running task 'k' at {sleep} in k (busy, not in a wait)" in err, err
     wait_line = _line(script, "pld.system.wait(sig, [0, 0], 1,")
     assert f"rank 1 (device 1): blocked at {script}:{wait_line} in kernel 'k'" in err, err
+    assert f"Likely cause: rank 0 at {sleep} (kernel 'k') is running, not waiting" in err, err
     assert "ptodist: finding hang (SPEC §8.1 all ranks hang) on ranks 1, 2" in err
-    assert "rank 0 (device 0) did not stop within 2 s after the run failed: it was running in task 'k'" in err
+    assert ("rank 0 (device 0) did not stop within 2 s after the run failed: it was running in task 'k' at "
+            f"{sleep} in k") in err
     assert "MPI_Abort" in err
+    assert not _leftovers(str(script)), _leftovers(str(script))
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode, marker", [("spin", "spins on a cell nobody writes"), ("busy", "computes for ever")])
+def test_a_rank_that_runs_without_communicating_is_a_hang_that_names_its_line(mode, marker, tmp_path):
+    # Rank 1 loops (polling a cell nobody writes, or computing for ever) while rank 0 waits for its notify.
+    # CPU time is not progress: after the hang timeout rank 0 reports rank 1 as running at its loop's line.
+    script = _faulty_script(tmp_path)
+    proc = _mpirun(2, [sys.executable, "-m", "ptodist", "run", str(script), mode, "2", str(tmp_path)],
+                   env={"PTODIST_HANG_TIMEOUT": "2"}, timeout=120)
+    assert proc.returncode != 0
+    assert "FINISHED" not in proc.stdout
+    err = proc.stderr
+    loop = f"{script}:{_line(script, marker)}"
+    wait_line = _line(script, "for a notify rank 1 never sends")
+    assert "ptodist: HangError: no progress for" in err and "(hang timeout 2 s)" in err, err
+    assert f"rank 0 (device 0): blocked at {script}:{wait_line} in kernel 'k'" in err, err
+    assert f"rank 1 (device 1): running task 'k' at {loop} in k (busy, not in a wait)" in err, err
+    assert (f"Likely cause: rank 1 at {loop} (kernel 'k') is running, not waiting, and made no communication "
+            "progress, so the ranks that wait for it never get its notifies: the signalling is not at fault.") in err
+    # A loop in the kernel never returns to ptodist, so the job ends with MPI_Abort after the report.
+    assert ("rank 1 (device 1) did not stop within 2 s after the run failed: it was running in task 'k' at "
+            f"{loop} in k") in err, err
+    assert "MPI_Abort" in err
+    assert not _leftovers(str(script)), _leftovers(str(script))
+
+
+VANISHED = re.compile(r"ptodist: RankError: rank 1 \(device 1\) failed( in task 'k')?: RankDied: the rank process "
+                      r"vanished without reporting a result \(os\._exit, a signal or the OOM killer\)")
+
+
+@needs_mpi
+@pytest.mark.parametrize("mode, n, tcp", [("exit", 2, False), ("exit", 3, False), ("kill", 2, False),
+                                          ("exitbusy", 2, False), ("exitbusy", 3, False), ("exit", 3, True)])
+def test_a_rank_process_that_vanishes_is_named_by_every_surviving_process(mode, n, tcp, tmp_path):
+    # Rank 1's process ends without Python (os._exit(3), or SIGKILL) while the other ranks wait for it. A
+    # waiting rank sees its pid gone and reports it, then ends the job with MPI_Abort; a process that the
+    # launcher terminates first (SIGTERM) prints the same report from its signal handler. With "exitbusy"
+    # rank 0 computes for ever instead: its pulse thread reports, or its SIGTERM handler. Over TCP (Open
+    # MPI's pt2pt one-sided component) no process may touch the dead one's window: the report still comes.
+    script = _faulty_script(tmp_path)
+    open_mpi = "Open MPI" in subprocess.run([MPIRUN, "--version"], capture_output=True, text=True).stdout
+    if (mode == "exitbusy" or tcp) and not open_mpi:
+        pytest.skip("verified with Open MPI (which ends the other processes with SIGTERM; its transports)")
+    mca = ("--mca", "osc", "pt2pt", "--mca", "btl", "self,tcp") if tcp else ()
+    proc = _mpirun(n, [sys.executable, "-m", "ptodist", "run", str(script), mode, str(n), str(tmp_path)], mca=mca,
+                   timeout=120)
+    assert proc.returncode != 0
+    assert "FINISHED" not in proc.stdout
+    err = proc.stderr
+    # Once per surviving process. The kernel is named where the process read rank 1's status row: a waiting
+    # rank that sees the death first (Open MPI terminates the others about 1 s after a process exits) does.
+    assert len(VANISHED.findall(err)) == n - 1, err
+    assert "ptodist: finding rank_died on ranks 1" in err
+    assert err.count("ptodist: the process of rank 1 (device 1) ended during the run; ") == n - 1, err
+    if mode == "exitbusy":
+        # Rank 0 never waits: its pulse thread reported and ended the job, or its SIGTERM handler reported.
+        assert re.search(r"ended during the run; (rank 0 \(device 0\) ends the MPI job with MPI_Abort|the MPI "
+                         r"launcher then ended rank 0 \(device 0\) \(SIGTERM\))\.", err), err
     assert not _leftovers(str(script)), _leftovers(str(script))
 
 

@@ -7,9 +7,11 @@ the host orchestrator, so every process plans the same dispatch; process r of
 Two MPI windows per run, allocated collectively over the world and zeroed:
 
     heap      the window heap: every window buffer at its plan offset
-    control   abort word | accumulate lock | hang claim | arrived | CPU time |
+    control   abort word | accumulate lock | hang claim | arrived | result length |
+              who ends the job, and the ranks it found vanished |
               this rank's status board (state, the wait it is blocked in, the
-              notifies it sent) | its pickled result (read when the job is aborted)
+              notifies it sent, the line it runs when it stalls) | its pickled
+              result (read when the job is aborted)
 
 Every process holds a passive-target epoch on both windows (``Lock_all``) for
 the whole run.  Signal cells are touched only by MPI atomics (``Fetch_and_op``
@@ -19,12 +21,28 @@ any transport.  A peer's window data moves with ``Get`` and ``Put``
 before the next notify, so data is visible before the signal announcing it.
 
 There is no driver process.  A rank that waits, and a rank that has finished,
-watches the other ranks' status boards and diagnoses a hang itself.  A rank that
-fails or finds a hang sets every rank's abort word; the others stop at their
-next wait (after the grace period the ``shm`` driver gives), all processes
+watches the other ranks' status boards and diagnoses a hang itself, with the
+stall rule every backend uses (``base.StallRule``: only communication is
+progress, never CPU time).  Beside the rank's thread a helper thread (``_Pulse``)
+runs MPI's progress engine and, when its rank runs without progress, publishes
+the line the rank is at, so a hang report names where a busy rank spins.  A rank
+that fails or finds a hang sets every rank's abort word; the others stop at
+their next wait (after the grace period the ``shm`` driver gives), all processes
 exchange their results and raise the same error.  Each process's rank writes
 into private copies of the host tensors; at the end the bytes every rank
 changed are exchanged, so each process returns with every rank's outputs.
+
+A rank process that dies without Python (``os._exit``, a signal, the OOM killer)
+cannot report.  Every process knows each peer's pid and machine; a watching
+rank that finds a peer on its machine gone prints which rank vanished, tells
+the others that it ends the job and which ranks vanished (the ender words) and
+ends it with ``MPI_Abort``; beside a rank that does not watch (it computes, or
+waits in an MPI call) the pulse thread does that.  A process that the launcher
+terminates (SIGTERM, as Open MPI does once a process of the job exited) prints
+the same report if the ender words name a vanished rank or its pulse thread
+saw one gone before the signal came, or else says that the launcher ended it,
+then dies of the signal.  Pids mean nothing across machines: there only the
+launcher's message names the process that exited.
 """
 
 from __future__ import annotations
@@ -33,6 +51,7 @@ import hashlib
 import operator
 import os
 import pickle
+import signal
 import sys
 import threading
 import time
@@ -46,28 +65,39 @@ from ..check import findings
 from ..check.hang import diagnose_hang, hang_report, received
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
 from ..dfx import finish_run, write_rank_outputs
-from ..errors import ConfigError, DispatchValueError, HangError, PtodistError, PtodistInternalError, RankError
+from ..errors import (
+    ConfigError,
+    DispatchValueError,
+    HangError,
+    PtodistError,
+    PtodistInternalError,
+    RankError,
+    RankFailure,
+)
 from ..language.scalar import Scalar
 from ..language.types import Direction
 from ..runtime.config import started_by_mpi_launcher
 from ..runtime.events import EventLog
 from ..runtime.rank import RankContext
 from .base import (
-    CERTAIN_HANG_S,
     DONE,
     FAILED,
     RUNNING,
     STATE_NAMES,
     STATUS_DTYPE,
     WAITING,
+    StallRule,
     StatusBoard,
+    current_line,
     rank_failure,
 )
 from .shm import GRACE_S
 
 ALIGN = 64
 CHECK_S = 0.02          # how often a waiting or finished rank looks at the abort word and the other ranks
-PULSE_S = 0.01          # how often a rank publishes its CPU time and runs MPI progress while it computes
+PULSE_S = 0.01          # how often a rank runs MPI progress (and looks at its own progress) while it computes
+BUSY_AFTER_S = 0.5      # a running rank without progress this long (at most half the hang timeout) is sampled
+RESAMPLE_S = 0.1        # and sampled again this often while it stays so
 RESULT_BYTES = 1 << 16  # room for a rank's pickled result in its control window
 MERGE_BLOCK = 4096      # host tensor bytes are exchanged in blocks of this size
 MAX_CHUNK = 1 << 30     # MPI counts are C ints: larger contiguous transfers go in pieces
@@ -75,15 +105,24 @@ TYPE_CACHE = 512        # derived datatypes kept per run (one per distinct regio
 # After a failure, how long the other ranks get to stop before the job is ended with MPI_Abort:
 # as long as the hang timeout, within these bounds.
 STOP_WAIT_MIN_S, STOP_WAIT_MAX_S = 2.0, 10.0
+END_WAIT_S = 0.5  # how long a process that ends the job waits for the peers to be told who ends it
+# A peer gone this long without the rank thread reporting it (the rank computes, or is stuck in an MPI call
+# to the dead peer): the pulse thread reports it.
+PULSE_REPORT_S = 0.25
+PEEK_DEAD_S = 0.2  # how long to try reading a dead peer's status row (its window may have died with it)
 
-# The control window (byte offsets).  ABORT, LOCK and HANG are touched only by MPI atomics; the rest is
-# written by its owner with plain stores and read by the others with Get.
+# The control window (byte offsets).  ABORT, LOCK, HANG and ENDER are touched only by MPI atomics; the
+# rest is written by its owner with plain stores and read by the others with Get.
 CTL_ABORT = 0
 CTL_LOCK = 4
-CTL_HANG = 8  # on rank 0 only: rank + 1 of the rank that reported a hang
+CTL_HANG = 8    # on rank 0 only: rank + 1 of the rank that reported a hang
 CTL_ARRIVED = 16
-CTL_CPU = 24
-CTL_RESULT_LEN = 32
+CTL_RESULT_LEN = 24
+# One INT32 accumulate, by a process that reported and ends the job with MPI_Abort: its rank + 1, then a
+# bit mask of the ranks it found vanished (ranks below ENDER_RANKS).  A process read it without MPI calls.
+CTL_ENDER = 32
+ENDER_WORDS = 8
+ENDER_RANKS = 32 * (ENDER_WORDS - 1)
 CTL_BOARD = 64
 CTL_PEEK_END = CTL_BOARD + STATUS_DTYPE.itemsize  # what a watcher reads of each rank, from CTL_ARRIVED
 CTL_RESULT = -(-(CTL_BOARD + StatusBoard.nbytes(1)) // ALIGN) * ALIGN
@@ -144,6 +183,69 @@ class _Session:
         self.host = MPI.Get_processor_name()
         # A helper thread may call MPI (never at the same time as the rank thread) only from this level on.
         self.threaded_progress = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
+        # Every process's (pid, start time, machine): a process can tell whether a peer on its machine is alive.
+        self.processes = self.comm.allgather((os.getpid(), _start_time(os.getpid()), _machine(self.host)))
+        me = self.processes[self.rank]
+        self.same_machine = [r for r, p in enumerate(self.processes) if r != self.rank and p[2] == me[2]]
+        # Whether a dead peer's window can still be read: Open MPI's shared-memory one-sided component maps
+        # every window of a one-machine job, so its memory outlives the process.  Elsewhere (TCP, UCX, RDMA)
+        # an operation aimed at a dead process may wait for ever or end this process.
+        self.dead_peers_readable = (MPI.get_vendor()[0] == "Open MPI" and self.local_size == self.size
+                                    and os.environ.get("OMPI_MCA_osc", "sm") == "sm")
+
+
+def _machine(host: str) -> str:
+    """What identifies this machine, and the pid namespace its pids mean something in."""
+    parts = [host]
+    try:
+        parts.append(Path("/proc/sys/kernel/random/boot_id").read_text().strip())
+        parts.append(str(os.stat("/proc/self/ns/pid").st_ino))
+    except OSError:
+        pass
+    return "|".join(parts)
+
+
+_HAVE_PROC = os.path.exists("/proc/self/stat")
+# The signals with which a launcher (or a user) ends a job.
+_STOP_SIGNALS = frozenset(int(getattr(signal, n)) for n in ("SIGTERM", "SIGINT", "SIGHUP") if hasattr(signal, n))
+
+
+def _proc_stat(pid: int) -> list[bytes] | None:
+    """The fields of ``/proc/PID/stat`` after the command name (state first); None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+
+
+def _start_time(pid: int) -> int | None:
+    fields = _proc_stat(pid)
+    try:
+        return int(fields[19]) if fields else None  # field 22 of stat: the start time, in clock ticks after boot
+    except (IndexError, ValueError):
+        return None
+
+
+def _process_gone(pid: int, start: int | None) -> bool:
+    """Whether the process ``pid`` (started at ``start``) on this machine has ended (a zombie has ended)."""
+    if _HAVE_PROC:
+        fields = _proc_stat(pid)
+        if fields is None:
+            return not Path(f"/proc/{pid}").exists()
+        if fields[0] in (b"Z", b"X", b"x"):
+            return True
+        try:
+            return start is not None and int(fields[19]) != start  # the pid was reused
+        except (IndexError, ValueError):
+            return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        pass  # it exists, as another user's process
+    return False
 
 
 _session: _Session | None = None
@@ -689,28 +791,35 @@ class MpiMemory:
 # -- watching: abort and hangs ----------------------------------------------------------------------------
 
 class _Peek:
-    """What a watcher reads of one rank: has it finished, its CPU time, its status row."""
+    """What a watcher reads of one rank: has it finished, its status row."""
 
-    __slots__ = ("arrived", "cpu", "row")
+    __slots__ = ("arrived", "row")
 
     def __init__(self, raw: np.ndarray):
         self.arrived = bool(raw[CTL_ARRIVED:CTL_ARRIVED + 4].view(np.int32)[0])
-        self.cpu = int(raw[CTL_CPU:CTL_CPU + 8].view(np.int64)[0])
         self.row = raw[CTL_BOARD:CTL_PEEK_END].view(STATUS_DTYPE)[0]
 
 
 class _Control:
-    """Per process: the abort word, and the hang watcher (the ``shm`` driver's job, done by the ranks)."""
+    """Per process: the abort word, the hang watcher (the ``shm`` driver's job, done by the ranks), and the
+    watch on the peer processes of this machine."""
 
     def __init__(self, run: _MpiRun):
         self.run = run
         self.abort_seen: float | None = None
         self.hang: dict | None = None  # the hang this process found, as HangError's fields
         self.hang_timeout = run.hang_timeout
-        self._last: tuple | None = None
-        self._last_cpu: dict = {}
-        self._last_change = self._last_board_change = self._last_step = 0.0
+        self.rule = StallRule(run.hang_timeout)
+        self.seen: list[_Peek | None] = [None] * run.world  # each rank as this process last read it
+        self.reported = False  # this process printed a report of vanished ranks (or is printing it)
+        self._report_lock = threading.Lock()
+        # Peers on this machine the pulse thread saw gone before this process was told to stop (rank -> when).
+        self.gone: dict[int, float] = {}
+        self.stop_fd: int | None = None  # the read end of the signal wakeup pipe, while there is one
+        self.told_to_stop = False        # a SIGTERM (SIGINT, SIGHUP) reached this process
+        self._next_scan = 0.0
         self._abort_word = run.ctl_mem[CTL_ABORT:CTL_ABORT + 4].view(np.int32)
+        self._ender_words = run.ctl_mem[CTL_ENDER:CTL_ENDER + 4 * ENDER_WORDS].view(np.uint32)
 
     # -- abort ------------------------------------------------------------------------------------
     def aborted(self, now: float | None = None) -> bool:
@@ -738,7 +847,9 @@ class _Control:
         self.aborted()
 
     def poll(self, now: float, watching: bool) -> None:
-        """From a wait or a lock spin: stop after an abort; look for a hang when ``watching``."""
+        """From a wait or a lock spin: end the job if a peer vanished; stop after an abort; look for a hang
+        when ``watching``."""
+        self.check_peers()
         self.check_abort(now)
         if watching and self.abort_seen is None and self.hang is None:
             hang = self.step(now)
@@ -769,26 +880,12 @@ class _Control:
         """Look at every rank once; return a hang (HangError's fields) when the ranks are stuck."""
         run = self.run
         peeks = [run.peek(r) for r in range(run.world)]
+        self.seen = peeks
         pending = [r for r, p in enumerate(peeks) if not p.arrived and int(p.row["state"]) not in (DONE, FAILED)]
         if not pending:
             return None
-        progress = tuple(int(p.row["progress"]) for p in peeks)
-        cpu = {r: peeks[r].cpu for r in pending if int(peeks[r].row["state"]) == RUNNING}
-        if self._last is None or progress != self._last or now - self._last_step > 1.0:
-            # A change, or the first look after a while (this rank was busy): start timing afresh.
-            self._last, self._last_cpu = progress, cpu
-            self._last_change = self._last_board_change = self._last_step = now
-            return None
-        self._last_step = now
-        if cpu != self._last_cpu:
-            # A running rank that uses CPU (long tile math, Python loops) is making progress too.
-            self._last_cpu = cpu
-            self._last_change = now
-        if now - self._last_board_change >= CERTAIN_HANG_S and self._all_blocked(peeks, pending):
-            return run.hang_fields(True, now - self._last_board_change)
-        if now - self._last_change >= self.hang_timeout:
-            return run.hang_fields(False, now - self._last_change)
-        return None
+        found = self.rule.observe([p.row["progress"] for p in peeks], now, lambda: self._all_blocked(peeks, pending))
+        return None if found is None else run.hang_fields(*found)
 
     def _all_blocked(self, peeks: list[_Peek], pending: list[int]) -> bool:
         memory = self.run.memory
@@ -801,6 +898,108 @@ class _Control:
             if (value >= expected) if row["wait_cmp"] else (value == expected):
                 return False
         return True
+
+    # -- peer processes ---------------------------------------------------------------------------
+    def ender(self) -> int | None:
+        """The rank that reported and ended the job with MPI_Abort, if one did (read locally, no MPI call)."""
+        e = int(self._ender_words[0])
+        return e - 1 if e > 0 else None
+
+    def ender_found(self) -> set[int]:
+        """The ranks that the process ending the job found vanished (read locally, no MPI call)."""
+        words = [int(w) for w in self._ender_words[1:]]
+        return {32 * i + b for i, w in enumerate(words) for b in range(32) if w >> b & 1}
+
+    def vanished(self) -> list[int]:
+        """The ranks whose process, on this machine, ended during the run without ending the job on purpose
+        (no MPI call: /proc only)."""
+        processes, ender = self.run.session.processes, self.ender()
+        return [r for r in self.run.session.same_machine if r != ender and _process_gone(*processes[r][:2])]
+
+    def scan(self) -> None:
+        """From the pulse thread: note the peers on this machine that are gone, until a stop signal arrives.
+
+        After the launcher's SIGTERM the peers die of the same order, not by vanishing: the signal wakeup
+        pipe, read before and after each look, keeps them out.  (The rank thread needs no such care: it runs
+        the signal's handler before it could look.)
+        """
+        now = time.monotonic()
+        if self.stop_fd is None or self.told_to_stop or now < self._next_scan:
+            return
+        self._next_scan = now + CHECK_S
+        if self._stop_signalled():
+            return
+        found = [r for r in self.vanished() if r not in self.gone]
+        if found and not self._stop_signalled():
+            for r in found:
+                self.gone[r] = now
+        if self.gone and not self.reported and now - min(self.gone.values()) >= PULSE_REPORT_S:
+            self.run.report_from_pulse(sorted(self.gone))
+
+    def claim_report(self, timeout: float = -1) -> bool:
+        """Whether this thread is the one of this process that prints the report of vanished ranks."""
+        got = self._report_lock.acquire(timeout=timeout)
+        try:
+            if self.reported:
+                return False
+            self.reported = True
+            return True
+        finally:
+            if got:
+                self._report_lock.release()
+
+    def _stop_signalled(self) -> bool:
+        try:
+            data = os.read(self.stop_fd, 512)
+        except OSError:  # nothing there (or the pipe is closed)
+            data = b""
+        if any(b in _STOP_SIGNALS for b in data):
+            self.told_to_stop = True
+        return self.told_to_stop
+
+    def check_peers(self) -> None:
+        """End the job when a peer process on this machine vanished: it can neither report nor take part."""
+        run = self.run
+        run.ctl.Sync()
+        dead = self.vanished()
+        if not dead:
+            return
+        if self.claim_report():
+            for r in dead:
+                # Its last status row (the task it ran), where its window outlives it (shared memory);
+                # else what this process read of it last.
+                if run.session.dead_peers_readable:
+                    self.seen[r] = run.peek_dead(r, PEEK_DEAD_S) or self.seen[r]
+            run.report_vanished(dead, f"{run.who(run.rank)} ends the MPI job with MPI_Abort.")
+        self.end_job(dead)
+
+    def end_job(self, dead: tuple | list = ()) -> None:
+        """After this process reported: tell the live peers who ends the job and which ranks vanished, then
+        end it (MPI_Abort).
+
+        A peer that the launcher then terminates, or that sees this process gone, knows it did not vanish,
+        and which ranks did.
+        The word is sent without waiting for the peers (emulated one-sided operations complete only while
+        the target runs MPI's progress engine, and a peer that never returns to ptodist may not).
+        """
+        run = self.run
+        words = np.zeros(ENDER_WORDS, np.uint32)
+        words[0] = run.rank + 1
+        for r in dead:
+            if r < ENDER_RANKS:
+                words[1 + r // 32] |= np.uint32(1 << (r % 32))
+        words = words.view(np.int32)
+        sent = [run.ctl.Raccumulate(words, r, (CTL_ENDER, ENDER_WORDS, run.MPI.INT), run.MPI.REPLACE)
+                for r in range(run.world) if r != run.rank and r not in dead]
+        deadline = time.monotonic() + END_WAIT_S
+        while sent and time.monotonic() < deadline:
+            with run.lock:  # the pulse thread may call MPI too
+                sent = [q for q in sent if not q.Test()]
+            if sent:
+                time.sleep(1e-4)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        run.comm.Abort(1)
 
 
 class _Serialized:
@@ -824,28 +1023,48 @@ class _Serialized:
 
 
 class _Pulse(threading.Thread):
-    """While the rank runs: publish its thread's CPU time, and run MPI's progress engine.
+    """While the rank runs: run MPI's progress engine, publish the line the rank is at when it stalls, and
+    watch the peer processes of this machine (``_Control.scan``).
 
-    The CPU time tells watchers a computing rank from a hung one.  Progress matters where one-sided
-    operations are emulated (TCP, UCX without hardware atomics): a peer's get from, or notify to, a rank
-    that is computing completes only while that rank's process runs MPI's progress engine.
+    Progress matters where one-sided operations are emulated (TCP, UCX without hardware atomics): a
+    peer's get from, or notify to, a rank that is computing completes only while that rank's process runs
+    MPI's progress engine.  A rank that runs without communication progress for ``stall_s`` (a long
+    computation, or a loop that never ends) has its current line sampled into its status row
+    (``record_busy``), where the watching ranks read it for a hang report.
     """
 
-    def __init__(self, word: np.ndarray, comm, lock: threading.Lock, MPI):
+    def __init__(self, board: StatusBoard, comm, lock: threading.Lock, MPI, stall_s: float, scan):
         super().__init__(name="ptodist-mpi-pulse", daemon=True)
-        self.word = word
+        self.board, self.row = board, board.rows[0]
+        self.scan = scan  # looks at the peer processes of this machine (``_Control.scan``)
         self.comm, self.lock = comm, lock  # comm None: no MPI calls from this thread
         self.any_source, self.any_tag = MPI.ANY_SOURCE, MPI.ANY_TAG
-        try:
-            self.clock = time.pthread_getcpuclockid(threading.get_ident())
-        except (AttributeError, OSError):
-            self.clock = None  # no per-thread CPU clock: watchers then see board progress only
+        self.target = threading.get_ident()  # the rank's thread: made by it
+        self.stall_s = stall_s
         self.stopping = threading.Event()
 
     def run(self) -> None:
+        row = self.row
+        last, since, next_sample, sampled = None, time.monotonic(), 0.0, False
         while not self.stopping.wait(PULSE_S):
-            if self.clock is not None:
-                self.word[0] = time.clock_gettime_ns(self.clock)
+            now = time.monotonic()
+            try:
+                progress = int(row["progress"])
+                if progress != last:
+                    last, since = progress, now
+                    if sampled:
+                        row["busy"] = b""  # the line of an earlier stall
+                        sampled = False
+                elif int(row["state"]) == RUNNING and now - since >= self.stall_s and now >= next_sample:
+                    next_sample = now + RESAMPLE_S
+                    frame = sys._current_frames().get(self.target)
+                    if frame is not None:
+                        self.board.record_busy(0, current_line(frame))
+                        sampled = True
+                    del frame
+                self.scan()
+            except Exception:  # noqa: BLE001 - a diagnostic that fails must not stop MPI progress
+                pass
             if self.comm is not None and self.lock.acquire(blocking=False):  # else the rank thread is in MPI
                 try:
                     self.comm.Iprobe(self.any_source, self.any_tag)
@@ -873,6 +1092,7 @@ class _MpiRun:
         self.hang_timeout = config.resolved_hang_timeout()
         self.stop_wait = min(max(self.hang_timeout, STOP_WAIT_MIN_S), STOP_WAIT_MAX_S)
         self.result: dict = {"rank": self.rank, "failure": None, "stopped": False, "hang": None}
+        self._abandoned: list = []  # buffers of reads from dead peers that did not complete
 
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> None:
@@ -892,7 +1112,7 @@ class _MpiRun:
                 "Open MPI over TCP, run with `--mca osc pt2pt` (or `--mca osc ucx` where UCX is installed); see "
                 "docs/multi-node.md.") from None
         # While the rank runs, every MPI call of this process goes through one lock (see _Pulse).
-        lock = threading.Lock()
+        self.lock = lock = threading.Lock()
         self.heap, self.ctl, self.comm = _Serialized(heap, lock), _Serialized(ctl, lock), _Serialized(comm, lock)
         try:
             self.heap_mem = np.frombuffer(heap.tomemory(), np.uint8)[:heap_bytes]
@@ -903,21 +1123,23 @@ class _MpiRun:
             heap.Lock_all(MPI.MODE_NOCHECK)
             ctl.Lock_all(MPI.MODE_NOCHECK)
             self.control = _Control(self)
+            self._catch_termination()
             self.memory = MpiMemory(self)
             views = self._host_views()
-            pulse = _Pulse(self.ctl_mem[CTL_CPU:CTL_CPU + 8].view(np.int64),
-                           comm if self.session.threaded_progress else None, lock, MPI)
+            pulse = _Pulse(self.memory.status.board, comm if self.session.threaded_progress else None, lock, MPI,
+                           min(BUSY_AFTER_S, self.hang_timeout / 2), self.control.scan)
             pulse.start()
             try:
                 self._rank_body(views)
+                self._finish()
             finally:
                 pulse.stop()
-            self._finish()
             heap.Unlock_all()
             ctl.Unlock_all()
             self.memory.free_types()
             results = comm.allgather(self.result)
         finally:
+            self._release_termination()
             self.heap_mem = self.ctl_mem = None
             self.memory = None
             heap.Free()
@@ -943,6 +1165,120 @@ class _MpiRun:
                 v.flags.writeable = False
                 views[spec.index] = v
         return views
+
+    # -- processes that vanish, a launcher that ends the job --------------------------------------
+    def _vanished_report(self, dead: list[int]) -> list[str]:
+        """The RankError lines for the ranks whose process vanished, as every surviving process prints them."""
+        failures = []
+        for r in dead:
+            seen = self.control.seen[r]
+            task = (seen.row["task"].decode(errors="replace") or None) if seen is not None else None
+            when = "after it finished its tasks" if seen is not None and seen.arrived else "without reporting a result"
+            failures.append(RankFailure(r, self.plan.device_ids[r], task, "RankDied",
+                                        f"the rank process vanished {when} (os._exit, a signal or the OOM killer)", ""))
+        error = RankError(failures)
+        return [f"ptodist: RankError: {error}", *(f.summary() for f in findings.from_exception(error))]
+
+    def who(self, rank: int) -> str:
+        return f"rank {rank} (device {self.plan.device_ids[rank]})"
+
+    def report_vanished(self, dead: list[int], then: str) -> None:
+        """Print which ranks vanished (the caller claimed the report), and what happens ``then``."""
+        gone = ", ".join(self.who(r) for r in dead)
+        _say([*self._vanished_report(dead), f"ptodist: the process of {gone} ended during the run; {then}"])
+
+    def report_from_pulse(self, dead: list[int]) -> None:
+        """From the pulse thread: the rank thread did not report a vanished peer (it computes, or waits in an
+        MPI call to the dead peer that may never return): report it, and end the job where this thread may
+        call MPI."""
+        if not self.control.claim_report():
+            return
+        if self.session.threaded_progress:
+            self.report_vanished(dead, f"{self.who(self.rank)} ends the MPI job with MPI_Abort.")
+            self.control.end_job(dead)
+        else:
+            self.report_vanished(dead, "the MPI launcher is left to end the job.")
+
+    def peek_dead(self, rank: int, wait_s: float) -> _Peek | None:
+        """Read a dead rank's status row if that completes within ``wait_s`` (None otherwise): where the
+        one-sided operations need the target's progress, a read from a dead process never completes."""
+        raw = np.zeros(CTL_PEEK_END, np.uint8)
+        piece = raw[CTL_ARRIVED:]
+        try:
+            req = self.ctl.Rget([piece, piece.size, self.MPI.BYTE], rank, (CTL_ARRIVED, piece.size, self.MPI.BYTE))
+            deadline = time.monotonic() + wait_s
+            while True:
+                with self.lock:
+                    done = req.Test()
+                if done:
+                    return _Peek(raw)
+                if time.monotonic() >= deadline:
+                    self._abandoned.append(raw)  # MPI may still write into it
+                    return None
+                time.sleep(1e-4)
+        except self.MPI.Exception:
+            return None
+
+    def _catch_termination(self) -> None:
+        """During the run, say why before dying of SIGTERM (the launcher ending the job, mostly).
+
+        A wakeup pipe tells the pulse thread when a stop signal arrived (Python runs handlers in the main
+        thread only, maybe later): a peer seen gone after that was ended by the launcher, not vanished.
+        """
+        self._old_term = self._wakeup = None
+        if threading.current_thread() is not threading.main_thread():
+            return
+        old = signal.getsignal(signal.SIGTERM)
+        if old == signal.SIG_IGN:
+            return
+        self._old_term = signal.SIG_DFL if old is None else old
+        signal.signal(signal.SIGTERM, self._terminated)
+        r, w = os.pipe()
+        os.set_blocking(r, False)
+        os.set_blocking(w, False)
+        theirs = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+        if theirs != -1:
+            signal.set_wakeup_fd(theirs)  # the program's own (asyncio's): leave it
+            os.close(r)
+            os.close(w)
+            return
+        self._wakeup = (r, w)
+        self.control.stop_fd = r
+
+    def _release_termination(self, close: bool = True) -> None:
+        """Put SIGTERM's handler and the wakeup fd back; ``close``: also close the pipe (not while the pulse
+        thread may read it)."""
+        if self._old_term is not None:
+            signal.signal(signal.SIGTERM, self._old_term)
+            self._old_term = None
+        if self._wakeup is not None:
+            current = signal.set_wakeup_fd(-1)
+            if current not in (-1, self._wakeup[1]):
+                signal.set_wakeup_fd(current)  # the program set its own meanwhile: keep it
+        if self._wakeup is not None and close:
+            self.control.stop_fd = None
+            for fd in self._wakeup:
+                os.close(fd)
+            self._wakeup = None
+
+    def _terminated(self, signum, frame) -> None:
+        """SIGTERM during the run: print the best report this process can (no MPI call), then die of it."""
+        control = self.control
+        me = self.who(self.rank)
+        # Seen gone before the signal came, or named by the process that ended the job; not the latter itself.
+        dead = sorted((set(control.gone) | control.ender_found()) - {control.ender(), self.rank})
+        if control.reported:
+            pass  # this process reported the vanished ranks
+        elif dead:
+            # (The lock may be held by the code this handler interrupted: then only a short wait for it.)
+            if control.claim_report(timeout=0.1):
+                self.report_vanished(dead, f"the MPI launcher then ended {me} (SIGTERM).")
+        elif control.ender() is None:  # else the process that ended the job reported why
+            _say([f"ptodist: the MPI launcher ended {me} (SIGTERM) during the run: another process of the job "
+                  "ended or failed (see the launcher's message; a process on another machine cannot be named "
+                  "from here), or the job was cancelled."])
+        self._release_termination(close=False)
+        os.kill(os.getpid(), signum)
 
     # -- this rank --------------------------------------------------------------------------------
     def _rank_body(self, views: list) -> None:
@@ -1043,6 +1379,10 @@ class _MpiRun:
                     cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
                     cmp="Ge" if row["wait_cmp"] else "Eq", current=self.memory.cell_load(buffer_id, r, offset),
                     waiting_s=round(time.time() - float(row["since"]), 3))
+            if st["state"] == STATE_NAMES[RUNNING]:
+                line = self._busy_line(row)
+                if line:
+                    st["line"] = line  # where its pulse thread found it, running without progress
             states.append(st)
             for e in board.sent(0):
                 e["rank"] = r
@@ -1054,6 +1394,13 @@ class _MpiRun:
         return {"message": hang_report(states, certain, idle, self.hang_timeout, diagnosis), "states": states,
                 "certain": certain, "diagnosis": diagnosis}
 
+    @staticmethod
+    def _busy_line(row) -> str | None:
+        """The line a running rank was sampled at after it stopped making progress (None: not sampled)."""
+        if int(row["samples"]) > 0:
+            return row["busy"].decode(errors="replace") or None
+        return None
+
     # -- the end of the run -----------------------------------------------------------------------
     def _finish(self) -> None:
         """Wait for every rank to end, watching for hangs; abort the job if a rank cannot be stopped."""
@@ -1061,10 +1408,14 @@ class _MpiRun:
         delay = 1e-4
         next_check = 0.0
         control = self.control
-        while not req.Test():
+        while True:
+            with self.lock:  # the pulse thread calls MPI too
+                if req.Test():
+                    break
             now = time.monotonic()
             if now >= next_check:
                 next_check = now + CHECK_S
+                control.check_peers()
                 if control.aborted(now):
                     if now - control.abort_seen >= self.stop_wait:
                         self._abort_job(now)
@@ -1095,15 +1446,14 @@ class _MpiRun:
             row = peeks[r].row
             state = STATE_NAMES.get(int(row["state"]), "unknown")
             task = row["task"].decode(errors="replace")
+            line = self._busy_line(row) if int(row["state"]) == RUNNING else None
+            where = (f" in task '{task}'" if task else "") + (f" at {line}" if line else "")
             lines.append(f"ptodist: rank {r} (device {self.plan.device_ids[r]}) did not stop within "
-                         f"{self.stop_wait:g} s after the run failed: it was {state}"
-                         + (f" in task '{task}'" if task else "") + ". A kernel that does not return to ptodist "
-                         "(sleeping, blocked in a call, looping without communicating) cannot be stopped by "
-                         "another process, so the MPI job is ended with MPI_Abort.")
+                         f"{self.stop_wait:g} s after the run failed: it was {state}{where}. A kernel that does not "
+                         "return to ptodist (sleeping, blocked in a call, looping without communicating) cannot be "
+                         "stopped by another process, so the MPI job is ended with MPI_Abort.")
         print("\n".join(lines), file=sys.stderr)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self.comm.Abort(1)
+        self.control.end_job()
 
     # -- outputs ----------------------------------------------------------------------------------
     def _merge_outputs(self, views: list) -> None:
@@ -1178,6 +1528,15 @@ class _MpiRun:
                 os.replace(tmp, path)
         if merger:
             finish_run(self.dfx, self.world, self.plan.device_ids)
+
+
+def _say(lines: list[str]) -> None:
+    """Write ``lines`` to stderr at once, bypassing Python's buffers (also safe inside a signal handler)."""
+    if lines:
+        try:
+            os.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
+        except OSError:
+            pass
 
 
 def outcome(results: list) -> BaseException | None:
