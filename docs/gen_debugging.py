@@ -1086,12 +1086,16 @@ def run(bug: Bug, workdir: Path, timeout: float = 60) -> Run:
 
 
 _TIMING = re.compile(r"\b\d+\.\d+ s\b")
+_WALL_TIME = re.compile(r'("wall_time_s": )\d+(\.\d+)?')
+_STAMP = re.compile(r"_\d{8}_\d{6}_\d{6}\b")  # an output directory's time stamp
 
 
 def normalise(text: str, workdir: Path) -> str:
-    """Drop ``workdir`` from paths (the script becomes ``prog.py``) and show timings as ``N s``."""
+    """Drop ``workdir`` from paths (the script becomes ``prog.py``); show timings as ``N s``, time stamps as such."""
     text = text.replace(str(Path(workdir).resolve()) + os.sep, "").replace(str(workdir) + os.sep, "")
     text = _TIMING.sub("N s", text)
+    text = _WALL_TIME.sub(r"\1N", text)
+    text = _STAMP.sub("_<YYYYmmdd_HHMMSS_ffffff>", text)
     return "\n".join(line.rstrip() for line in text.strip("\n").splitlines())
 
 
@@ -1121,7 +1125,7 @@ def output_block(r: Run) -> str:
         found = ", ".join(f"`{f['kind']}`" for f in r.report.get("findings", [])) or "none"
         lines += ["", f"`report.json`: status `{r.report.get('status')}`, findings: {found}."]
     elif r.report:
-        lines += ["", f"`report.json`: `{json.dumps(r.report, separators=(', ', ': '))}`"]
+        lines += ["", f"`report.json`: `{normalise(json.dumps(r.report, separators=(', ', ': ')), r.script.parent)}`"]
     return "\n".join(lines)
 
 
@@ -1197,7 +1201,7 @@ def render(blocks: dict[str, str]) -> str:
         - `raised by FILE:LINE in FUNCTION: SOURCE` — the innermost line of the
           script in the driver's traceback (for errors inside ranks and hangs,
           the call of the compiled program);
-        - one `ptodist: finding KIND (SPEC §ROW) on ranks R` block per finding,
+        - one `ptodist: finding KIND (see docs/pitfalls.md#ANCHOR) on ranks R` block per finding,
           with `at` (the source locations, the root cause first) and `fix`.
 
         The exit status is 0 for a clean run and 1 when ptodist stopped it (3
@@ -1206,12 +1210,15 @@ def render(blocks: dict[str, str]) -> str:
         Bugs that a single run does not show (data races, stale signals, reads
         of bytes nobody wrote) are run under `ptodist check SCRIPT`
         ([check.md](check.md)): it prints one line per schedule, then each
-        finding as `[KIND] ranks R (SPEC §ROW)`, its message, `at` and `fix`,
+        finding as `[KIND] ranks R (see docs/pitfalls.md#ANCHOR)`, its message, `at` and `fix`,
         and the command that replays the schedule.
         `--report-json PATH` writes the same findings as JSON whatever ends the
-        run: `status` (`"ok"` or `"error"`) and `findings`, each with `kind`,
-        `message`, `ranks`, `locations`, `pitfall` (the SPEC §8 row, or
-        `null`) and `fix`. For the first program below:
+        run: `status` (`"ok"` or `"error"`), what ran (program, backend, device
+        ids, output_dir, wall time, ptodist version, exit status) and
+        `findings`, each with `kind`, `message`, `ranks`, `locations`,
+        `pitfall` (the SPEC §8 row, or `null`), `docs` (its section of
+        [pitfalls.md](pitfalls.md)), `fix` and, for a rank's error, its
+        `traceback`. For the first program below:
         """),
         _wrap("hang.report", blocks["hang.report"]),
         _md("""

@@ -567,3 +567,85 @@ def test_a_plain_wait_before_the_pull_is_clean_under_every_schedule():
 
     for seed in range(8):
         assert _checked(3, body, seed) == []
+
+
+# -- a 1-D signal addressed with integer offsets (documented as valid) -------------------------------------------
+
+def _one_d_signal_program(nr: int):
+    """Every rank notifies every peer's cell ``me`` of a ``[NR]`` signal and waits on cells ``0..n-1``, with
+    integer offsets (``notify(sig, peer, me, ...)``, ``wait(sig, src, ...)``), then pulls the next rank's row."""
+    @pl.jit.incore
+    def ring(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+             data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+             sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+        ctx = pld.get_comm_ctx(data)
+        me, n = pld.rank(ctx), pld.nranks(ctx)
+        data = pl.store(pl.load(x, [0, 0], [1, SIZE]), [0, 0], data)
+        for peer in pl.range(n):
+            pld.system.notify(sig, peer, me, 1, op=pld.NotifyOp.AtomicAdd)  # @int_notify
+        for src in pl.range(n):
+            pld.system.wait(sig, src, 1, cmp=pld.WaitCmp.Ge)  # @int_wait
+        return pl.store(pld.tile.remote_load(data, (me + 1) % n, [0, 0], [1, SIZE]), [0, 0], y)
+
+    @pl.jit
+    def per_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+        return ring(x, y, data, sig)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[nr, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
+        data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+        sig_buf = pld.alloc_window_buffer([nr], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            per_rank(x[r], y[r], pld.window(data_buf, [1, SIZE], dtype=pl.FP32),
+                     pld.window(sig_buf, [nr], dtype=pl.INT32), device=r)
+
+    return host
+
+
+def test_a_1d_signal_with_integer_offsets_is_checked_like_any_other():
+    # It crashed under the checker: the event recording iterated over the int offset.
+    nr = 3
+    x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
+    host = _one_d_signal_program(nr)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    for seed in range(4):
+        y = np.zeros_like(x)
+        with explore.checking(seed) as session:
+            host(x, y, config=cfg)
+        assert session.findings == [] and session.dispatches == 1 and session.events > 0
+        np.testing.assert_array_equal(y, np.roll(x, -1, axis=0))
+
+
+def test_a_1d_signal_with_integer_offsets_records_its_cells_in_the_swimlane(tmp_path):
+    import json
+
+    from ptodist import dfx
+
+    nr = 2
+    x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend="shm",
+                    output_dir=str(tmp_path / "out"), enable_chip_swimlane=True)
+    y = _one_d_signal_program(nr)(x, config=cfg)
+    np.testing.assert_array_equal(y, np.roll(x, -1, axis=0))
+    run = dfx.latest_run(tmp_path / "out")
+    recs = json.loads((run / "rank1" / "d0" / "chip_swimlane_records.json").read_text())
+    text = json.dumps(recs)
+    assert _line("int_notify") in text and _line("int_wait") in text
+    assert sorted(run.glob("merged_swimlane_*.json")), "no merged trace"
+
+
+def test_the_put_get_example_of_the_language_page_passes_ptodist_check(capsys, monkeypatch, tmp_path):
+    import re
+
+    page = (REPO / "docs" / "language.md").read_text()
+    block = next(b for b in re.findall(r"^```python\n(.*?)^```", page, re.S | re.M)
+                 if b.startswith("# runnable") and "pld.tensor.put(inbox, nxt, x)" in b)
+    assert "pld.system.notify(sig, nxt, 0, 1" in block  # the integer offset this is about
+    script = tmp_path / "put_get.py"
+    script.write_text(block)
+    rc, err, report = check(capsys, monkeypatch, tmp_path, "--schedules", "3", str(script))
+    assert rc == 0, err
+    assert report["status"] == "ok" and report["findings"] == []
+    assert "no findings in 3 schedule(s) (seeds 0..2)." in err

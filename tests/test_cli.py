@@ -14,8 +14,16 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
+import torch
 from conftest import child_env
+
+import ptodist
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import ConfigError, DistributedConfig, RunConfig, cli
+from ptodist.errors import DispatchTypeError
 
 PYPTO_RING = '''
 import sys
@@ -211,6 +219,11 @@ def line_with(path, marker: str) -> int:
     raise AssertionError(marker)
 
 
+def text_lines(text: str) -> list[str]:
+    """The lines of ``text`` less the lines of carets under a traceback's source lines (Python 3.11 on)."""
+    return [line for line in text.splitlines() if not re.fullmatch(r"\s+[\^~]+\s*", line)]
+
+
 def assert_no_internal_frames(text: str) -> None:
     frames = re.findall(r'File "([^"]+)"', text)
     internal = [f for f in frames if "/ptodist/" in f or "runpy" in f]
@@ -316,10 +329,18 @@ def test_script_exception_shows_only_the_scripts_frames(tmp_path):
     proc = ptodist_run(script, cwd=tmp_path)
     assert proc.returncode == 1
     err = proc.stderr
-    assert err.startswith("Traceback (most recent call last):\n")
-    assert f'File "{script}", line 5, in <module>' in err
-    assert f'File "{script}", line 3, in check' in err
-    assert err.rstrip().endswith("AssertionError: golden mismatch")
+    assert text_lines(err) == [
+        "Traceback (most recent call last):",
+        f'  File "{script}", line 5, in <module>',
+        "    check()",
+        f'  File "{script}", line 3, in check',
+        '    assert 1 == 2, "golden mismatch"',
+        "AssertionError: golden mismatch",
+        # the script's own error, not an invalid argument; nothing was dispatched, so no word about races
+        "ptodist: finding script_error",
+        f"  at {script}:3, {script}:5",
+        "  fix: The script's own code raised this before it dispatched anything: see its traceback.",
+    ]
     assert_no_internal_frames(err)
 
 
@@ -408,7 +429,11 @@ def test_termination_signal_stops_the_ranks_and_writes_the_report(tmp_path, sig,
     assert proc.returncode == 128 + sig, err
     assert f"ptodist: terminated by {name}" in err.splitlines(), err
     assert "Traceback" not in err and "UNREACHED" not in out
-    assert json.loads(report.read_text()) == {"status": "error", "signal": name, "findings": []}
+    doc = json.loads(report.read_text())
+    assert list(doc) == REPORT_KEYS[:1] + ["signal"] + REPORT_KEYS[1:]
+    assert _run_facts(doc, tmp_path, "host") == {
+        "status": "error", "signal": name, "exit_status": 128 + sig, "program": "host", "backend": "shm",
+        "device_ids": [0, 1], "world_size": 2, "ptodist_version": ptodist.__version__, "findings": []}
     # ptodist killed and reaped its ranks before it exited: no orphan, not even a zombie, and nothing
     # in /dev/shm is left by it or them (the one-shot arena is an anonymous mapping, gone with them).
     assert not [p for p in pids if _alive(p)]
@@ -437,7 +462,11 @@ def test_a_script_that_handles_sigterm_keeps_its_handler(tmp_path):
             proc.kill()
             proc.wait()
     assert proc.returncode == 7 and err == ""
-    assert json.loads(report.read_text()) == {"status": "error", "findings": []}
+    doc = json.loads(report.read_text())
+    assert isinstance(doc.pop("wall_time_s"), float)
+    assert doc == {"status": "error", "exit_status": 7, "program": None, "backend": None, "device_ids": None,
+                   "world_size": None, "output_dir": None, "programs": [], "ptodist_version": ptodist.__version__,
+                   "findings": []}
 
 
 def test_stop_signal_handlers_are_set_only_while_the_script_runs_and_not_in_the_ranks(tmp_path):
@@ -494,3 +523,262 @@ def test_stop_signal_handlers_are_set_only_while_the_script_runs_and_not_in_the_
     assert lines[0] == "script handled handled"            # the script runs under ptodist's handlers
     assert lines[1:3] == ["rank default ignored"] * 2       # the ranks get back what was there before
     assert lines[3:] == ["after True"]
+
+
+# -- the --report-json document: what ran, on success too ---------------------------------------------------
+
+REPORT_KEYS = ["status", "exit_status", "program", "backend", "device_ids", "world_size", "output_dir", "programs",
+               "wall_time_s", "ptodist_version", "findings"]
+
+
+def _run_facts(doc: dict, tmp_path, program: str | None) -> dict:
+    """``doc`` less what varies (wall time; the output_dir's time stamp), each checked first."""
+    doc = dict(doc)
+    assert isinstance(doc.pop("wall_time_s"), float)
+    out = doc.pop("output_dir")
+    assert re.fullmatch(re.escape(str(tmp_path / "build_output" / program)) + r"_\d{8}_\d{6}_\d{6}", out), out
+    assert os.path.isfile(os.path.join(out, "dispatch_plan.json"))
+    every = doc.pop("programs")
+    assert every == [{k: doc[k] for k in ("program", "backend")} | {"device_ids": doc["device_ids"],
+                                                                   "world_size": doc["world_size"],
+                                                                   "output_dir": out}]
+    return doc
+
+
+SUCCEEDS = '''
+import numpy as np
+
+import pypto.language as pl
+import pypto.language.distributed as pld
+from pypto.ir import DistributedConfig
+from pypto.runtime import RunConfig
+
+NR = pl.dynamic("NR")
+
+
+@pl.jit.incore
+def double(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
+
+
+@pl.jit
+def per_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    return double(x, y)
+
+
+@pl.jit.host
+def doubled(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        per_rank(x[r], y[r], device=r)
+
+
+y = doubled(np.ones((2, 1, 4), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[4, 7])))
+assert (y == EXPECTED).all(), "golden mismatch"
+print("OK")
+'''
+
+
+def test_report_json_names_what_ran_on_success(tmp_path):
+    script = write(tmp_path, "ok.py", SUCCEEDS.replace("EXPECTED", "2"))
+    report = tmp_path / "report.json"
+    proc = ptodist_run("--report-json", report, script, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(report.read_text())
+    assert list(doc) == REPORT_KEYS
+    assert _run_facts(doc, tmp_path, "doubled") == {
+        "status": "ok", "exit_status": 0, "program": "doubled", "backend": "shm", "device_ids": [4, 7],
+        "world_size": 2, "ptodist_version": ptodist.__version__, "findings": []}
+
+
+def test_an_assertion_after_a_dispatch_is_a_script_error_that_points_at_ptodist_check(tmp_path):
+    script = write(tmp_path, "wrong.py", SUCCEEDS.replace("EXPECTED", "3"))
+    report = tmp_path / "report.json"
+    proc = ptodist_run("--report-json", report, script, "--flag", cwd=tmp_path)
+    assert proc.returncode == 1
+    line = len(SUCCEEDS.splitlines()) - 1
+    fix = ("The script's own code raised this, not ptodist. If it checks a dispatch's results, wrong numbers often "
+           "come from a race, a stale signal or an uninitialised read, which `ptodist run` does not look for: "
+           f"`ptodist check {script} --flag` runs the script under many schedules and names them.")
+    assert text_lines(proc.stderr) == [
+        "ptodist: platform 'a2a3sim' runs on the local 'shm' backend (no NPU needed)",
+        "Traceback (most recent call last):",
+        f'  File "{script}", line {line}, in <module>',
+        '    assert (y == 3).all(), "golden mismatch"',
+        "AssertionError: golden mismatch",
+        "ptodist: finding script_error",
+        f"  at {script}:{line}",
+        f"  fix: {fix}",
+    ]
+    doc = json.loads(report.read_text())
+    found = [{k: f[k] for k in ("kind", "message", "ranks", "locations", "pitfall", "fix")} for f in doc["findings"]]
+    assert found == [{"kind": "script_error", "message": "AssertionError: golden mismatch", "ranks": [],
+                      "locations": [f"{script}:{line}"], "pitfall": None, "fix": fix}]
+    assert _run_facts(doc, tmp_path, "doubled") == {
+        "status": "error", "exit_status": 1, "program": "doubled", "backend": "shm", "device_ids": [4, 7],
+        "world_size": 2, "ptodist_version": ptodist.__version__, "findings": doc["findings"]}
+
+
+def test_version():
+    proc = subprocess.run([sys.executable, "-m", "ptodist", "--version"], capture_output=True, text=True,
+                          env=child_env(), timeout=60)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"ptodist {ptodist.__version__}\n", "")
+    from importlib.metadata import version
+
+    assert ptodist.__version__ == version("ptodist")
+
+
+# -- host tensors of a dtype ptodist lacks ------------------------------------------------------------------
+
+NR = pl.dynamic("NR")
+
+
+@pl.jit.incore
+def _double(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
+
+
+@pl.jit
+def _per_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    return _double(x, y)
+
+
+@pl.jit.host
+def _doubled(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        _per_rank(x[r], y[r], device=r)
+
+
+TORCH_DTYPES = ("torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32, torch.int64, "
+                "torch.uint8 and torch.bool")
+NUMPY_DTYPES = "float32, float16, bfloat16, int8, int16, int32, int64, uint8, bool, float8_e4m3fn and float8_e8m0fnu"
+
+
+@pytest.mark.parametrize("value, message", [
+    (torch.ones(2, 1, 4, dtype=torch.float64),
+     f"host tensor 'x' has torch dtype torch.float64, which ptodist does not support (it supports {TORCH_DTYPES}). "
+     "Convert it first: x.float() (float64 -> FP32; the same as x.to(torch.float32))."),
+    (np.ones((2, 1, 4)),
+     f"host tensor 'x' has numpy dtype float64, which ptodist does not support (it supports {NUMPY_DTYPES}). "
+     "Convert it first: x.astype(np.float32) (float64 -> FP32)."),
+    (torch.ones(2, 1, 4, dtype=torch.complex64),
+     f"host tensor 'x' has torch dtype torch.complex64, which ptodist does not support (it supports "
+     f"{TORCH_DTYPES}). Convert it first to a supported dtype, e.g. x.to(torch.float32)."),
+], ids=["torch-float64", "numpy-float64", "torch-complex64"])
+def test_an_unsupported_dtype_names_the_supported_ones_and_the_conversion(value, message):
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]))
+    with pytest.raises(DispatchTypeError) as info:
+        _doubled(value, config=cfg)
+    assert str(info.value) == message
+
+
+# -- ptodist check: a static error has no seed to replay ------------------------------------------------------
+
+def _check_in_process(capsys, monkeypatch, tmp_path, script) -> tuple[int, list[str], dict]:
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    report = tmp_path / "check.json"
+    capsys.readouterr()
+    rc = cli.main(["check", "--report-json", str(report), str(script)])
+    return rc, text_lines(capsys.readouterr().err), json.loads(report.read_text())
+
+
+def test_check_prints_no_replay_seed_for_a_static_error(capsys, monkeypatch, tmp_path):
+    script = write(tmp_path, "static.py", STATIC_ERROR)
+    rc, err, doc = _check_in_process(capsys, monkeypatch, tmp_path, script)
+    assert rc == 1
+    assert err[0] == "ptodist check: schedule 1/8 (seed 0): 1 finding(s)"
+    assert err[1].startswith("[task_args_order]")
+    assert err[-1] == ("ptodist check: this error was found before the ranks of its dispatch ran (a static "
+                       "check); it does not depend on the schedule, so there is no seed to replay.")
+    assert not any(line.startswith("Replay exactly") for line in err)
+    assert doc["replay"] is None and doc["status"] == "findings"
+
+
+def test_check_a_script_that_fails_before_any_dispatch_has_no_seed_to_replay(capsys, monkeypatch, tmp_path):
+    script = write(tmp_path, "early.py", "assert False, 'bad input'\n")
+    rc, err, doc = _check_in_process(capsys, monkeypatch, tmp_path, script)
+    assert rc == 1
+    assert err == [
+        "ptodist check: schedule 1/8 (seed 0): 1 finding(s)",
+        "Traceback (most recent call last):",
+        f'  File "{script}", line 1, in <module>',
+        "    assert False, 'bad input'",
+        "AssertionError: bad input",
+        "[script_error]",
+        "  AssertionError: bad input",
+        f"  at {script}:1",
+        "  fix: The script's own code raised this before it dispatched anything: see its traceback.",
+        "ptodist check: the script failed before any rank ran; it does not depend on the schedule, so there is no "
+        "seed to replay.",
+    ]
+    assert doc["replay"] is None and doc["findings"][0]["kind"] == "script_error"
+
+
+def test_check_a_wrong_golden_after_clean_dispatches_keeps_its_replay_seed(capsys, monkeypatch, tmp_path):
+    script = write(tmp_path, "wrong.py", SUCCEEDS.replace("EXPECTED", "3"))
+    rc, err, doc = _check_in_process(capsys, monkeypatch, tmp_path, script)
+    assert rc == 1
+    assert err[-1] == f"Replay exactly: ptodist check --seed 0 --schedules 1 {script}"
+    assert doc["replay"] == f"ptodist check --seed 0 --schedules 1 {script}"
+    assert err[-5:-1] == [
+        "[script_error]", "  AssertionError: golden mismatch", f"  at {script}:{len(SUCCEEDS.splitlines()) - 1}",
+        "  fix: The script's own code raised this, not ptodist, and the dispatches before it had no findings in "
+        "this schedule. If it checks their results, look at the kernels' arithmetic and offsets, or try more "
+        "schedules (--schedules N)."]
+
+
+# -- build_output: the newest runs of each program, nothing else touched ----------------------------------------
+
+def _stamped(root, name: str, n: int) -> list[str]:
+    """Make ``n`` output directories of program ``name`` as ptodist names them, oldest first."""
+    names = [f"{name}_20240101_0000{i // 60:02d}_{i % 60:06d}" for i in range(n)]
+    for d in names:
+        (root / d).mkdir(parents=True)
+    return names
+
+
+def _compile_and_touch(config=None):
+    compiled = _doubled.compile(config=config or RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    return compiled.output_dir
+
+
+def test_default_output_dirs_keep_the_newest_twenty_per_program(tmp_path):
+    root = tmp_path / "build_output"
+    old = _stamped(root, "_doubled", 25)
+    others = _stamped(root, "other", 3) + ["_doubled_notes", "_doubled_20240101_000000_000000_extra",
+                                            "x_doubled_20240101_000000_000001"]
+    for d in others[3:]:
+        (root / d).mkdir()
+    (root / "_doubled_20230101_000000_000000").write_text("a file, not ptodist's directory")
+    current = _compile_and_touch()
+    assert current.parent == root
+    kept = sorted(p.name for p in root.iterdir())
+    assert kept == sorted([*old[-19:], current.name, *others, "_doubled_20230101_000000_000000"])
+
+
+def test_keep_outputs_setting(tmp_path, monkeypatch):
+    root = tmp_path / "build_output"
+    old = _stamped(root, "_doubled", 5)
+    monkeypatch.setenv("PTODIST_KEEP_OUTPUTS", "2")
+    current = _compile_and_touch()
+    assert sorted(p.name for p in root.iterdir()) == [old[-1], current.name]
+    monkeypatch.setenv("PTODIST_KEEP_OUTPUTS", "0")  # 0: keep every one
+    _stamped(root, "_doubled", 3)
+    before = sorted(p.name for p in root.iterdir())
+    again = _compile_and_touch()
+    assert sorted(p.name for p in root.iterdir()) == sorted([*before, again.name])
+    monkeypatch.setenv("PTODIST_KEEP_OUTPUTS", "-1")
+    with pytest.raises(ConfigError) as info:
+        _compile_and_touch()
+    assert str(info.value) == ("PTODIST_KEEP_OUTPUTS='-1': must be a whole number >= 0: how many of a program's "
+                               "newest output directories to keep (default 20; 0 keeps them all)")
+
+
+def test_a_given_output_dir_is_never_pruned(tmp_path, monkeypatch):
+    root = tmp_path / "build_output"
+    old = _stamped(root, "_doubled", 4)
+    monkeypatch.setenv("PTODIST_KEEP_OUTPUTS", "1")
+    mine = root / "_doubled_20250101_000000_000000"
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), output_dir=str(mine))
+    assert _compile_and_touch(cfg) == mine
+    assert sorted(p.name for p in root.iterdir()) == sorted([*old, mine.name])
+

@@ -7,8 +7,10 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -101,9 +103,12 @@ def test_swimlane_records_per_rank(allreduce_run):
                 assert (a["op"], a["value"], a["new"]) == ("AtomicAdd", 1, a["old"] + 1)
             elif rec["kind"] == "wait":
                 assert rec["name"] == "pld.system.wait"
-                assert set(a) == {"buffer", "buffer_id", "owner", "cell", "offset", "cmp", "expected", "seen"}
+                assert set(a) == {"buffer", "buffer_id", "owner", "cell", "offset", "cmp", "expected", "seen",
+                                  "iteration", "loops"}
                 assert a["owner"] == r and a["offset"] == 4 * a["cell"][0]
                 assert (a["cmp"], a["expected"]) == ("Ge", 1) and a["seen"] >= 1
+                # allreduce.py waits in `for peer in pl.range(n)` on cell [peer, 0]: the loop index is the peer
+                assert a["iteration"] == a["cell"][0] and a["loops"] == [a["cell"][0]]
             else:
                 assert rec["name"] == "pld.tile.remote_load"
                 assert a == {"buffer": "data_buf", "peer": a["peer"], "bytes": 256 * 4, "direction": "read"}
@@ -461,8 +466,8 @@ def test_trace_cli_summary(allreduce_run):
         assert section in out
     for r, d in enumerate(IDS):
         assert re.search(rf"^  rank {r} \(device {d}\)\s+\d+\.\d{{3}}\s+\d+\.\d{{3}}", out, re.M)
-    assert re.search(r"allreduce\.py:30: sig_buf cell \[\d, 0\] Ge 1, saw 1\n\s+released by rank \d \(device \d\) "
-                     r"notify at .*allreduce\.py:28", out)
+    assert re.search(r"allreduce\.py:30: sig_buf cell \[(\d), 0\] Ge 1, saw 1 \(iteration \1\)\n\s+released by rank "
+                     r"\1 \(device \d\) notify at .*allreduce\.py:28", out)
     assert "ui.perfetto.dev" not in out
     # the same from the dfx_outputs folder, with --top and --open
     p = trace_cli(allreduce_run / "dfx_outputs", "--top", "2", "--open")
@@ -688,3 +693,190 @@ def test_a_deferred_wait_is_recorded_at_its_defer_wait_line(tmp_path):
     assert wait["where"] == f"{__file__}:{line}" and wait["task_id"] == 0
     (pair,) = swimlane.release_pairs([records(tmp_path, r) for r in range(2)])
     assert pair[2:] == (0, 1)
+
+
+# -- counter tracks, loop iterations -------------------------------------------------------------------------------
+
+def test_merged_trace_has_a_counter_track_per_signal_cell(allreduce_run):
+    events = trace_events(allreduce_run)
+    counters = [e for e in events if e["ph"] == "C"]
+    by_name: dict[str, list[dict]] = {}
+    for c in counters:
+        assert c["cat"] == "signal" and set(c["args"]) == {"value"}
+        by_name.setdefault(c["name"], []).append(c)
+    # allreduce.py's barrier: rank r notifies cell [r, 0] of every rank once, AtomicAdd 1
+    assert set(by_name) == {f"sig_buf[{r},0] on rank {o}" for r in range(len(IDS)) for o in range(len(IDS))}
+    flows = {(s["pid"], s["ts"]) for s in events if s["ph"] == "s"}
+    for name, points in by_name.items():
+        owner = int(name.rsplit(" ", 1)[1])
+        assert {p["pid"] for p in points} == {owner}  # on the process of the rank that owns the cell
+        assert [p["args"]["value"] for p in points] == [0, 1] and points[0]["ts"] <= points[1]["ts"]
+        sender = int(name.split("[")[1].split(",")[0])
+        assert (sender, points[1]["ts"]) in flows  # the value changes where the notify's arrow starts
+    assert [s["name"] for s in swimlane.counter_series([records(allreduce_run, r) for r in range(len(IDS))])] == \
+        sorted(by_name, key=lambda n: (int(n.split("on rank ")[1]), int(n.split("[")[1].split(",")[0])))
+
+
+def test_loop_indices_follow_the_pl_range_loops():
+    from ptodist.language.control import loop_indices
+
+    seen = []
+    for _i in pl.range(2):
+        for j in pl.range(3, 9, 3):
+            seen.append(loop_indices())
+            if j == 6:
+                break                                  # an inner loop left by a break drops its entry
+        seen.append(loop_indices())
+    assert seen == [[0, 3], [0, 6], [0], [1, 3], [1, 6], [1]] and loop_indices() == []
+    with pytest.raises(KeyError):
+        for _i in pl.range(2):
+            for j in pl.range(2):
+                raise KeyError(j)
+    assert loop_indices() == []                        # ... and so does an exception
+    for _i, (acc,) in pl.range(4, 6, init_values=(0,)):
+        seen = loop_indices()
+        pl.yield_(acc)
+    assert seen == [5] and loop_indices() == []
+
+
+# -- runs cut short: a hang or Ctrl-C leaves every rank's records up to the stop -------------------------------------
+
+@pl.jit.incore
+def ring_hang(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    ctx = pld.get_comm_ctx(sig)
+    me, n = pld.rank(ctx), pld.nranks(ctx)
+    for rnd in pl.range(3):                            # three rounds of a ring: notify the next rank, wait for the last
+        pld.system.notify(sig, (me + 1) % n, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        pld.system.wait(sig, [(me + n - 1) % n, 0], rnd + 1 if rnd < 2 else 100, cmp=pld.WaitCmp.Ge)  # HANG LINE
+    return sig
+
+
+@pl.jit
+def ring_hang_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    return ring_hang(sig)
+
+
+@pl.jit.host
+def ring_hang_host(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        ring_hang_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+def line_of(marker: str) -> str:
+    line = next(i for i, text in enumerate(Path(__file__).read_text().splitlines(), 1) if marker in text)
+    return f"{__file__}:{line}"
+
+
+@pytest.mark.parametrize("how", ["shm", "sim", "worker"])
+def test_a_hang_leaves_every_rank_records_up_to_the_hang(tmp_path, how):
+    from ptodist.errors import HangError
+
+    out = tmp_path / "out"
+    x = shared_array((len(IDS), 1))
+    cfg = config(out, enable_chip_swimlane=True, hang_timeout_s=30, backend="sim" if how == "sim" else None)
+    compiled = ring_hang_host.compile(x, config=cfg)
+    with pytest.raises(HangError):                     # a certain hang: found after 0.5 s of stillness
+        if how == "worker":
+            with compiled.prepare() as rt:
+                rt(x)
+        else:
+            compiled(x)
+    ranks = [records(out, r) for r in range(len(IDS))]
+    for r, data in enumerate(ranks):
+        assert data["stopped"] is True
+        kinds = [rec["kind"] for rec in data["records"]]
+        assert kinds == ["task"] + ["notify", "wait"] * 3
+        task, last = data["records"][0], data["records"][-1]
+        assert last["args"]["pending"] is True and last["where"] == line_of("# HANG LINE")
+        # the round it hung in, and the cell's value when it was stopped: the 3 notifies of the previous rank
+        assert (last["args"]["iteration"], last["args"]["loops"]) == (2, [2])
+        assert (last["args"]["expected"], last["args"]["seen"]) == (100, 3)
+        assert last["args"]["cell"] == [(r + len(IDS) - 1) % len(IDS), 0] and last["task_id"] == 0
+        assert task["start"] <= last["start"] <= last["end"] <= task["end"] <= data["end"]
+        for rnd, wait in enumerate(rec for rec in data["records"][:-1] if rec["kind"] == "wait"):
+            assert "pending" not in wait["args"] and wait["args"]["iteration"] == rnd
+    # the merged trace shows every rank up to the hang; the pending waits have no arrow
+    events = trace_events(out)
+    labels = {e["pid"]: e["args"]["labels"] for e in events if e["ph"] == "M" and e["name"] == "process_labels"}
+    assert labels == {r: "stopped" for r in range(len(IDS))}
+    xs = [e for e in events if e["ph"] == "X"]
+    assert sorted(x["pid"] for x in xs) == sorted(list(range(len(IDS))) * 7)
+    assert sum(1 for x in xs if x["args"].get("pending")) == len(IDS)
+    assert sum(1 for e in events if e["ph"] == "s") == 2 * len(IDS)  # the waits of rounds 0 and 1
+    counters = {}
+    for c in (e for e in events if e["ph"] == "C"):
+        counters.setdefault(c["name"], []).append(c["args"]["value"])
+    assert counters == {f"buf[{r},0] on rank {(r + 1) % len(IDS)}": [0, 1, 2, 3] for r in range(len(IDS))}
+    # the run's error, beside the merged trace (a DistributedWorker's driver does not pass it on yet)
+    ending = summary.findings_for(run_dir(out), 0)
+    if how != "worker":
+        assert (ending["dispatch"], ending["status"], ending["error"]) == (0, "error", "HangError")
+        (finding,) = ending["findings"]
+        assert finding["kind"] == "hang" and finding["ranks"] == [0, 1, 2]
+        assert line_of("# HANG LINE") in finding["locations"]
+    text = summary.report(out)
+    assert "stopped before the dispatch ended: rank 0 (device 3), rank 1 (device 5), rank 2 (device 9)" in text
+    assert text.count("still waiting when the run was stopped (the cell held 3)") == len(IDS)
+    assert re.search(r"buf cell \[\d, 0\] Ge 100, saw 3 \(iteration 2\)", text)
+
+
+def press_ctrl_c_when_every_rank_waits_at(where: str) -> None:
+    """In a rank: a thread sends SIGINT to the driver once every rank is blocked in the wait at ``where``."""
+    from ptodist import context
+    from ptodist.backends.base import WAITING
+
+    rows = context.current().status.rows
+
+    def watch():
+        while not all(row["state"] == WAITING and row["where"].decode() == where for row in rows):
+            os.sched_yield()
+        os.kill(os.getppid(), signal.SIGINT)
+
+    threading.Thread(target=watch, daemon=True).start()
+
+
+@pl.jit.incore
+def interrupting(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    ctx = pld.get_comm_ctx(sig)
+    me, n = pld.rank(ctx), pld.nranks(ctx)
+    for p in pl.range(n):                              # a barrier ...
+        pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    for p in pl.range(n):
+        pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
+    if me == 0:                                        # ... then Ctrl-C on the driver while every rank waits for ever
+        press_ctrl_c_when_every_rank_waits_at(line_of("# FOR " + "EVER"))
+    for p in pl.range(n):
+        pld.system.wait(sig, [p, 0], 2, cmp=pld.WaitCmp.Ge)  # FOR EVER
+    return sig
+
+
+@pl.jit
+def interrupting_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    return interrupting(sig)
+
+
+@pl.jit.host
+def interrupting_host(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        interrupting_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+def test_an_interrupted_run_leaves_every_rank_records(tmp_path):
+    out = tmp_path / "out"
+    x = np.zeros((2, 1), np.float32)
+    compiled = interrupting_host.compile(x, config=config(out, ids=[0, 1], enable_chip_swimlane=True,
+                                                          hang_timeout_s=600))
+    with pytest.raises(KeyboardInterrupt):
+        compiled(x)
+    for r in range(2):
+        data = records(out, r)
+        last = data["records"][-1]
+        assert data["stopped"] is True and last["kind"] == "wait" and last["args"]["pending"] is True
+        assert (last["args"]["cell"], last["args"]["expected"], last["args"]["iteration"]) == ([0, 0], 2, 0)
+    assert len(merged(out)) == 1
+    ending = summary.findings_for(run_dir(out), 0)
+    assert ending == {"dispatch": 0, "status": "interrupted", "error": "KeyboardInterrupt", "message": "",
+                      "findings": []}
+    assert "the dispatch ended with KeyboardInterrupt (interrupted; no findings)" in summary.report(out)

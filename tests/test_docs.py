@@ -142,3 +142,41 @@ def test_doc_block(page, body, expected, tmp_path, monkeypatch):
     if "--- traceback" not in expected:
         message = message.split("\n--- traceback")[0]
     assert normalise(message) == normalise(expected)
+
+
+# -- the runnable examples, checked and traced ----------------------------------------------------
+
+def dispatching_blocks():
+    """The runnable blocks that dispatch a distributed program (the rest are plain Python)."""
+    return [p for p in marked_blocks() if p.values[1].startswith("# runnable") and "pld.world_size()" in p.values[1]]
+
+
+def test_there_are_dispatching_blocks():
+    assert len(dispatching_blocks()) >= 5
+
+
+@pytest.mark.parametrize("page, body, expected", dispatching_blocks())
+def test_runnable_block_passes_ptodist_check(page, body, expected, tmp_path, monkeypatch):
+    from ptodist.check import explore
+
+    if ".prepare(" in body:
+        pytest.skip("ptodist check runs one-shot calls only; a DistributedWorker does not run on the sim backend")
+    outcome = explore.run_checked(lambda: run_block(page, body, tmp_path, monkeypatch), seed=0)
+    assert outcome.session.dispatches, "the example made no dispatch"
+    assert not outcome.failed, "\n".join([outcome.traceback, *(f.render() for f in outcome.findings)])
+
+
+@pytest.mark.parametrize("page, body, expected", dispatching_blocks())
+def test_runnable_block_runs_with_every_diagnostic_output_on(page, body, expected, tmp_path, monkeypatch):
+    from ptodist import RunConfig
+
+    init = RunConfig.__init__
+
+    def all_on(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.enable_chip_swimlane = self.enable_dep_gen = self.enable_scope_stats = True
+
+    monkeypatch.setattr(RunConfig, "__init__", all_on)
+    run_block(page, body, tmp_path, monkeypatch)
+    written = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"chip_swimlane_records.json", "deps.json", "scope_stats.jsonl"} <= written, sorted(written)

@@ -630,7 +630,7 @@ def test_an_error_or_a_hang_ends_the_whole_job_with_the_findings_of_shm(mode, n,
         assert reports[0].startswith("HangError: deadlock: every unfinished rank is blocked")
         assert "Wait-for cycle: rank 0 -> rank 1" in reports[0]
         raw = (tmp_path / "report-0.txt").read_text()
-        assert f"[hang] ranks {', '.join(map(str, range(n)))} (SPEC §8.1 all ranks hang)" in raw
+        assert f"[hang] ranks {', '.join(map(str, range(n)))} (see docs/pitfalls.md#all-ranks-hang)" in raw
     assert not _leftovers(str(script)), _leftovers(str(script))
 
 
@@ -648,7 +648,7 @@ def test_a_rank_that_never_returns_is_reported_then_the_job_is_aborted(tmp_path)
     wait_line = _line(script, "pld.system.wait(sig, [0, 0], 1,")
     assert f"rank 1 (device 1): blocked at {script}:{wait_line} in kernel 'k'" in err, err
     assert f"Likely cause: rank 0 at {sleep} (kernel 'k') is running, not waiting" in err, err
-    assert "ptodist: finding hang (SPEC §8.1 all ranks hang) on ranks 1, 2" in err
+    assert "ptodist: finding hang (see docs/pitfalls.md#all-ranks-hang) on ranks 1, 2" in err
     assert ("rank 0 (device 0) did not stop within 2 s after the run failed: it was running in task 'k' at "
             f"{sleep} in k") in err
     assert "MPI_Abort" in err

@@ -558,7 +558,7 @@ def test_plain_tensor_given_to_a_kernel_window_parameter():
     msg = str(e).splitlines()[0]
     call_line = line_of(passes_plain_to_window, "wants_window_kernel(x, y)")
     assert (f"wants_window_kernel() parameter 'data' (declared pl.InOut[pld.DistributedTensor[[1, {SIZE}], "
-            f"pl.FP32]] at {__file__}:{wants_window_kernel.line}), called at {__file__}:{call_line}") in msg
+            f"pl.FP32]] at {__file__}:{wants_window_kernel.line + 1}), called at {__file__}:{call_line}") in msg
     assert f"expected pld.DistributedTensor (a window-bound tensor) but got a tensor (pl.Tensor[1, {SIZE}] FP32)" \
         in msg
 

@@ -871,3 +871,196 @@ def test_host_index_past_the_rank_count_names_the_line():
     assert f"x[2] at {FILE}:{line_of(host, 'x[r + 1]')}" in msg
     assert "index 2 is out of range for dimension 0 of host tensor 'x' (size 2)" in msg
     assert "for r in pl.range(pld.world_size())" in msg
+
+
+# ---------------------------------------------------------------------------
+# Reports point at the root line, with a fix for the cause found
+# ---------------------------------------------------------------------------
+
+from ptodist.check import findings  # noqa: E402
+from ptodist.errors import DispatchCoverageError, WindowTooSmallError  # noqa: E402
+
+
+@pl.jit
+def annotated_on_lines(x: pl.Tensor[[1, 8], pl.FP32],
+                       y: pl.Out[pl.Tensor[[1, 8], pl.FP32]],
+                       data: pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]]):  # @data_param
+    pass
+
+
+@pl.jit.host
+def gives_tensor_for_data(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        annotated_on_lines(x[r], y[r], x[r], device=r)
+
+
+def test_a_dispatch_mismatch_names_the_line_of_the_parameters_annotation():
+    with pytest.raises(ProgramTypeError) as info:
+        gives_tensor_for_data(zeros(2, 1, 8), config=cfg(0, 1))
+    e = info.value
+    param_line = line_of(annotated_on_lines, "# @data_param")
+    call_line = line_of(gives_tensor_for_data, "annotated_on_lines(x[r]")
+    assert param_line != annotated_on_lines.line
+    assert str(e).startswith(
+        "annotated_on_lines() parameter 'data' (declared pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]] at "
+        f"{FILE}:{param_line}), called at {FILE}:{call_line}: expected pld.DistributedTensor")
+    assert e.fix == ("Pass a window as 'data': pld.window(buf, [1, 8], dtype=pl.FP32) of a buffer from "
+                     "pld.alloc_window_buffer; stage a host tensor's data into it inside the kernel.")
+    (f,) = findings.from_exception(e)
+    assert f.locations[0] == f"{FILE}:{param_line}" and f.fix == e.fix
+
+
+@pl.jit.host
+def split_on_lines(
+        x: pl.Tensor[[NR, 1, 8], pl.FP32],  # @split_x
+        y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        copy_rank(x[r], y[r], device=r)
+
+
+def test_more_slices_than_ranks_names_the_parameters_line_first():
+    with pytest.raises(ShapeError) as info:
+        split_on_lines(zeros(3, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
+    e = info.value
+    x_line = line_of(split_on_lines, "# @split_x")
+    assert str(e).startswith("split_on_lines() parameter 'x' (declared pl.Tensor[[NR, 1, 8], pl.FP32] at "
+                             f"{FILE}:{x_line}): dimension 0 is pl.dynamic('NR') = 3")
+    assert e.locations == [f"{FILE}:{x_line}", f"{FILE}:{line_of(split_on_lines, 'copy_rank(x[r]')}"]
+    assert e.fix == "Pass 'x' with one slice per rank (2), or give DistributedConfig one device id per slice (3)."
+
+
+def _host_check_names_the_annotation_line() -> bool:
+    from ptodist.runtime import program
+
+    return "param_where" in inspect.getsource(program)
+
+
+@pytest.mark.skipif(not _host_check_names_the_annotation_line(),
+                    reason="runtime/program.py still names the host's def line (the change is in the report)")
+def test_a_host_shape_mismatch_names_the_line_of_the_parameters_annotation():
+    with pytest.raises(ShapeError) as info:
+        split_on_lines(zeros(2, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
+    y_line = line_of(split_on_lines, "y: pl.Out")
+    assert str(info.value).startswith("split_on_lines() parameter 'y' (declared pl.Out[pl.Tensor[[NR, 1, 8], "
+                                      f"pl.FP32]] at {FILE}:{y_line}): dimension 0 is pl.dynamic('NR') = 3 here")
+    (f,) = findings.from_exception(info.value)
+    assert f.locations[0] == f"{FILE}:{y_line}"
+
+
+def test_a_short_dispatch_loop_is_named_first():
+    with pytest.raises(DispatchCoverageError) as info:
+        dispatches_two(zeros(4, 1, 8), config=cfg(0, 1, 4, 5))
+    e = info.value
+    loop = f"{FILE}:{line_of(dispatches_two, 'for r in pl.range(2)')}"
+    assert str(e) == (
+        f"host orchestrator 'dispatches_two' ({FILE}:{dispatches_two.line}) dispatched ranks [0, 1] but never ranks "
+        f"[2, 3] (devices [4, 5]); world = len(device_ids) = 4. The dispatch loop at {loop}, "
+        "`for r in pl.range(2):`, must cover [0, world): write `for r in pl.range(pld.world_size()):`.")
+    assert e.locations == [loop, f"{FILE}:{dispatches_two.line}"]
+    assert e.fix == f"Make the loop at {loop} run over every rank: `for r in pl.range(pld.world_size()):`."
+    (f,) = findings.from_exception(e)
+    assert f.kind == "dispatch_coverage" and f.locations == e.locations and f.fix == e.fix
+    assert f.docs == "docs/pitfalls.md#dispatch-loop-does-not-cover-every-rank"
+
+
+@pl.jit.host
+def loop_that_never_runs(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    for r in pl.range(0):
+        copy_rank(x[r], y[r], device=r)
+
+
+def test_a_dispatch_loop_that_never_runs_is_named():
+    with pytest.raises(DispatchCoverageError) as info:
+        loop_that_never_runs(zeros(2, 1, 8), config=cfg(0, 1))
+    loop = f"{FILE}:{line_of(loop_that_never_runs, 'for r in pl.range(0)')}"
+    call = f"{FILE}:{line_of(loop_that_never_runs, 'copy_rank(')}"
+    assert str(info.value) == (
+        f"host orchestrator 'loop_that_never_runs' ({FILE}:{loop_that_never_runs.line}) dispatched nothing: call the "
+        f"per-device function with device=r for every rank. The dispatch at {call} is in the loop at {loop} "
+        "(`for r in pl.range(0):`), which ran no iteration.")
+    assert info.value.locations[0] == loop
+
+
+def test_device_ids_given_as_device_get_their_own_fix():
+    with pytest.raises(DispatchCoverageError) as info:
+        dispatches_by_device_id(zeros(2, 1, 8), config=cfg(4, 5))
+    assert info.value.fix == ("device= takes the rank index, not the device id (device 4 is rank 0): dispatch with "
+                              "device=r for r in pl.range(pld.world_size()); DistributedConfig(device_ids=...) maps "
+                              "ranks to devices.")
+    with pytest.raises(DispatchCoverageError) as info:
+        dispatches_past_the_end(zeros(2, 1, 8), config=cfg(0, 1))
+    assert info.value.fix == ("Dispatch with device=r exactly, r the variable of `for r in "
+                              "pl.range(pld.world_size())` (no offset, no other range).")
+
+
+@pl.jit
+def takes_rank_rows(data: pl.InOut[pld.DistributedTensor[[NR, 8], pl.FP32]]):
+    pass
+
+
+@pl.jit.host
+def sized_without_rank_dim(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer([8], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        takes_rank_rows(pld.window(buf, [pld.world_size(), 8], dtype=pl.FP32), device=r)
+
+
+@pl.jit.host
+def sized_with_one_row(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        takes_rank_rows(pld.window(buf, [pld.world_size(), 8], dtype=pl.FP32), device=r)
+
+
+@pl.jit.host
+def sized_in_a_smaller_dtype(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer([2, 8], dtype=pl.FP16)
+    for r in pl.range(pld.world_size()):
+        takes_rank_rows(pld.window(buf, [pld.world_size(), 8], dtype=pl.FP32), device=r)
+
+
+@pytest.mark.parametrize("host, hint, fix", [
+    (sized_without_rank_dim,
+     " The buffer was allocated as [8], without the view's leading rank dimension (2 = the world size).",
+     "Size the buffer with the rank dimension, as the view is: pld.alloc_window_buffer([pld.world_size(), 8], "
+     "dtype=pl.FP32)."),
+    (sized_with_one_row,
+     " The buffer was allocated as [1, 8]: its dimension 0 is 1 where the view has the world size (2).",
+     "Size the buffer's dimension 0 by the rank count, as the view is: "
+     "pld.alloc_window_buffer([pld.world_size(), 8], dtype=pl.FP32)."),
+    (sized_in_a_smaller_dtype,
+     " The buffer was allocated as [2, 8] FP16 (2 bytes per element) and is viewed as FP32 (4 bytes per element).",
+     "Allocate the buffer with the dtype of its views: pld.alloc_window_buffer([2, 8], dtype=pl.FP32)."),
+    (rank_count_as_bytes,
+     " The buffer's size equals the world size (2): alloc_window_buffer takes bytes, not a rank count; use "
+     "pld.alloc_window_buffer(shape, dtype=...).",
+     "alloc_window_buffer(n) takes bytes, not a rank count: allocate with the shape and dtype of the view, "
+     "pld.alloc_window_buffer([2, 1], dtype=pl.INT32)."),
+], ids=["no rank dim", "one row", "smaller dtype", "bytes"])
+def test_a_window_too_small_gets_the_fix_for_its_cause(host, hint, fix):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the byte-size allocation warns too
+        with pytest.raises(WindowTooSmallError) as info:
+            host(zeros(2, 1, 8), config=cfg(0, 1))
+    e = info.value
+    assert str(e).endswith(hint), str(e)
+    assert e.fix == fix
+    alloc = f"{FILE}:{line_of(host, 'alloc_window_buffer')}"
+    (f,) = findings.from_exception(e)
+    assert f.locations[0] == alloc and f.fix == fix
+    assert f.docs == "docs/pitfalls.md#a-rank-count-as-the-window-size"
+
+
+def test_a_shape_mismatch_gets_the_fix_for_its_cause():
+    with pytest.raises(ShapeError) as info:
+        hard_coded_four(zeros(2, 1, 8), config=cfg(0, 1))
+    assert info.value.fix == ('Declare dimension 0 as NR = pl.dynamic("NR") instead of 4: the rank count binds from '
+                              "the arguments at each call.")
+    with pytest.raises(ShapeError) as info:
+        hard_coded_four(zeros(4, 1, 6), config=cfg(0, 1, 2, 3))
+    assert info.value.fix == ("Pass an argument whose dimension 2 is 8, or change the annotation (a pl.dynamic name "
+                              "for a size that varies).")
+    with pytest.raises(ShapeError) as info:
+        dispatches_two(zeros(2, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
+    assert info.value.fix == ("Make every use of pl.dynamic('NR') the same size (2 or 3), or use separate "
+                              "pl.dynamic names for sizes that differ.")

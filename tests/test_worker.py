@@ -568,7 +568,8 @@ def test_a_rank_killed_during_a_dispatch_stops_the_worker(no_leaks, pipe):
             assert str(info.value) == (
                 "rank 1 (device 1) failed in task 'victim_kernel': RankDied: the rank process was killed by "
                 "signal 9 (SIGKILL): by the kernel's OOM killer if memory ran out (see `dmesg`), or by a `kill -9`, "
-                "without reporting a result (so there is no traceback)")
+                "without reporting a result (so there is no traceback); it was running 'victim_kernel', and it "
+                "had made no communication operation yet")
             with pytest.raises(RuntimeError) as info:
                 rt(shared(torch.ones(2, 1, 4)))
             assert str(info.value) == (

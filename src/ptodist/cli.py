@@ -8,14 +8,17 @@ import argparse
 import json
 import os
 import runpy
+import shlex
 import signal
 import sys
 import threading
+import time
 import traceback
 
-from . import compat
+from . import __version__, compat
 from .check import findings
-from .errors import PtodistError, PtodistInternalError
+from .errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError, RankInternalError
+from .runtime import program as programs
 from .runtime.config import started_by_mpi_launcher
 from .source import is_internal
 
@@ -124,12 +127,14 @@ def _run(args) -> int:
     found: list = []
     code = 1
     ended_by = None  # the signal that stopped the run, for the report
+    started = time.monotonic()
+    programs.forget_dispatches()
 
     def report_and_die(signum: int) -> None:  # under an MPI launcher; no MPI call, no unwinding
         name = signal.Signals(signum).name
         os.write(2, f"ptodist: terminated by {name}\n".encode())
         if args.report_json:
-            _write_report(args.report_json, 128 + signum, found, name)
+            _write_report(args.report_json, 128 + signum, found, name, started)
 
     with _StopSignals(report_and_die if started_by_mpi_launcher() else None) as stop:
         try:
@@ -141,6 +146,12 @@ def _run(args) -> int:
                     code = e.code or 0
                 else:
                     print(e.code, file=sys.stderr)
+            except RankInternalError as e:
+                # A rank hit a bug in ptodist: the message holds the rank's whole traceback, ptodist's frames too.
+                print(f"ptodist: {type(e).__name__}: {e}", file=sys.stderr)
+                print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
+                found = findings.from_exception(e)
+                code = 3
             except PtodistError as e:
                 # A user-facing error: the message names rank, function and line; our frames would be noise.
                 print(f"ptodist: {type(e).__name__}: {e}", file=sys.stderr)
@@ -154,8 +165,9 @@ def _run(args) -> int:
                     if not item.locations and user:
                         item.locations.append(f"{user[-1].filename}:{user[-1].lineno}")
                     print(item.summary(), file=sys.stderr)
-            except PtodistInternalError:
+            except PtodistInternalError as e:
                 traceback.print_exc()
+                found = findings.from_exception(e)
                 print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
                 code = 3
             except KeyboardInterrupt:
@@ -165,7 +177,11 @@ def _run(args) -> int:
             except Exception as e:
                 # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
                 print(format_script_error(e), end="", file=sys.stderr)
-                found = findings.from_exception(e)
+                found = _error_findings(e, _script_error_fix(programs.dispatched()[1] is not None,
+                                                             [script, *args.args]))
+                for item in found:
+                    if item.kind == "script_error":
+                        print(item.summary(), file=sys.stderr)
         except Terminated as e:
             # SIGTERM / SIGHUP, while the script ran (the runtime stopped its ranks on the way out) or while
             # another ending was being reported: the shell's convention, 128 + the signal number.
@@ -175,8 +191,57 @@ def _run(args) -> int:
         finally:
             stop.disarm()
             if args.report_json:
-                _write_report(args.report_json, code, found, ended_by)
+                _write_report(args.report_json, code, found, ended_by, started)
     return code
+
+
+def _error_findings(e: Exception, fix: str) -> list:
+    """The findings of an exception that is not ptodist's own error.
+
+    One the script's own code raised (its innermost frame is the script's, as an ``assert`` comparing
+    results) is a ``script_error`` with ``fix``; one raised inside ptodist (a misused call) stays what
+    :func:`findings.from_exception` makes of it.
+    """
+    frames = traceback.extract_tb(e.__traceback__)
+    if not frames or _is_tool_frame(frames[-1].filename):
+        return findings.from_exception(e)
+    where: list[str] = []
+    for f in reversed(frames):
+        loc = f"{f.filename}:{f.lineno}"
+        if not _is_tool_frame(f.filename) and not f.filename.startswith("<") and loc not in where:
+            where.append(loc)
+    return [findings.Finding("script_error", f"{type(e).__name__}: {e}", [], where, None, fix)]
+
+
+def _script_error_fix(dispatched: bool, command: list[str]) -> str:
+    """The fix of a ``script_error`` under ``ptodist run``: after a dispatch, wrong numbers may be a race."""
+    if not dispatched:
+        return "The script's own code raised this before it dispatched anything: see its traceback."
+    return ("The script's own code raised this, not ptodist. If it checks a dispatch's results, wrong numbers "
+            "often come from a race, a stale signal or an uninitialised read, which `ptodist run` does not look "
+            f"for: `{shlex.join(['ptodist', 'check', *command])}` runs the script under many schedules and "
+            "names them.")
+
+
+def _check_script_error_fix(dispatched: bool) -> str:
+    """The fix of a ``script_error`` under ``ptodist check``."""
+    if not dispatched:
+        return "The script's own code raised this before it dispatched anything: see its traceback."
+    return ("The script's own code raised this, not ptodist, and the dispatches before it had no findings in "
+            "this schedule. If it checks their results, look at the kernels' arithmetic and offsets, or try more "
+            "schedules (--schedules N).")
+
+
+def _run_facts(code: int, started: float | None) -> dict:
+    """What ran, for the report: the last program dispatched (and every one), the exit status, time, version."""
+    every, last = programs.dispatched()
+    facts = {"exit_status": code}
+    facts.update(last or {"program": None, "backend": None, "device_ids": None, "world_size": None,
+                          "output_dir": None})
+    facts["programs"] = every
+    facts["wall_time_s"] = round(time.monotonic() - started, 3) if started is not None else None
+    facts["ptodist_version"] = __version__
+    return facts
 
 
 def format_script_error(e: BaseException) -> str:
@@ -203,6 +268,10 @@ def _check(args) -> int:
         seed = args.seed + k
         outcome = explore.run_schedule(script, list(args.args), seed)
         s = outcome.session
+        error = getattr(outcome, "error", None)
+        if error is not None and not isinstance(error, PtodistError) and outcome.findings:
+            # the script's own exception: its finding comes last
+            outcome.findings[-1:] = _error_findings(error, _check_script_error_fix(bool(s.dispatches)))
         head = f"ptodist check: schedule {k + 1}/{args.schedules} (seed {seed}"
         head += f", {s.policy}): " if s.policy else "): "
         if outcome.findings or outcome.exit_code:
@@ -215,7 +284,12 @@ def _check(args) -> int:
                 print(outcome.traceback.rstrip(), file=sys.stderr)
             for f in outcome.findings:
                 print(f.render(), file=sys.stderr)
-            print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
+            static = _schedule_independent(outcome)
+            if static:
+                print(f"ptodist check: {static}; it does not depend on the schedule, so there is no seed to replay.",
+                      file=sys.stderr)
+            else:
+                print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
             break
         print(head + f"no findings ({s.world} ranks, {s.dispatches} dispatch(es), {s.events} events)",
               file=sys.stderr)
@@ -229,32 +303,57 @@ def _check(args) -> int:
     if args.report_json:
         doc = findings.report("findings" if outcome.findings else ("error" if failed else "ok"), outcome.findings)
         doc.update(seed=outcome.session.seed, policy=outcome.session.policy,
-                   replay=replay.format(seed=outcome.session.seed))
+                   replay=None if failed and _schedule_independent(outcome) else
+                   replay.format(seed=outcome.session.seed))
         with open(args.report_json, "w") as f:
             json.dump(doc, f, indent=2)
             f.write("\n")
     return 1 if failed else 0
 
 
-def _write_report(path: str, code: int, found: list, ended_by: str | None = None) -> None:
+def _schedule_independent(outcome) -> str:
+    """Why a failed schedule's outcome does not depend on the schedule ("": it may)."""
+    s = outcome.session
+    if s.findings:
+        return ""  # the checker's findings: from this schedule's interleaving
+    error = getattr(outcome, "error", None)
+    if error is not None:
+        static = isinstance(error, PtodistError) and not isinstance(error, (RankError, HangError, CheckError))
+    else:  # no exception object: ptodist's static errors are the findings that name no rank
+        static = bool(outcome.findings) and not outcome.traceback and all(not f.ranks for f in outcome.findings)
+    if static:
+        return "this error was found before the ranks of its dispatch ran (a static check)"
+    return "the script failed before any rank ran" if not s.dispatches else ""
+
+
+def _write_report(path: str, code: int, found: list, ended_by: str | None = None,
+                  started: float | None = None) -> None:
     """Write the --report-json document, whatever ended the run (``ended_by``: the signal that stopped it)."""
     doc = findings.report("ok" if code == 0 else "error", found)
+    head = {"status": doc.pop("status")}
     if ended_by is not None:
-        doc = {"status": doc.pop("status"), "signal": ended_by, **doc}
+        head["signal"] = ended_by
+    doc = {**head, **_run_facts(code, started), **doc}
     with open(path, "w") as f:
         json.dump(doc, f, indent=2)
         f.write("\n")
 
 
 def _trace(args) -> int:
-    from .dfx import summary
+    from .dfx import html, summary
 
     try:
         text = summary.report(args.dir, dispatch=args.dispatch, top=max(args.top, 0), open_trace=args.open)
+        written = html.write(args.dir, args.html, dispatch=args.dispatch, top=max(args.top, 0)) if args.html else None
     except summary.TraceError as e:
         print(f"ptodist trace: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        print(f"ptodist trace: cannot write the HTML report {args.html}: {e}", file=sys.stderr)
+        return 2
     sys.stdout.write(text)
+    if written is not None:
+        sys.stdout.write(f"\nHTML report: {written} (one self-contained file: open it in any browser, offline)\n")
     return 0
 
 
@@ -279,10 +378,13 @@ def _is_tool_frame(filename: str) -> bool:
 def main(argv=None) -> int:
     """Entry point of the ``ptodist`` command."""
     parser = argparse.ArgumentParser(prog="ptodist", description="Run PyPTO distributed programs without NPUs.")
+    parser.add_argument("--version", action="version", version=f"ptodist {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run a script (pypto.* imports resolve to ptodist)")
     run.add_argument("--report-json", metavar="PATH", default=None,
-                     help='write {"status": "ok" | "error", "findings": [...]} to PATH, whatever happens')
+                     help='write {"status": "ok" | "error", "exit_status", "program", "backend", "device_ids", '
+                          '"world_size", "output_dir", "wall_time_s", "ptodist_version", "findings": [...]} to PATH, '
+                          'whatever happens')
     run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     check = sub.add_parser("check", help="run a script under several simulated schedules and report races, "
@@ -308,6 +410,9 @@ def main(argv=None) -> int:
                        help="which dispatch (d{K}); default: the last one")
     trace.add_argument("--top", type=int, default=10, metavar="N", help="how many of the longest waits to list")
     trace.add_argument("--open", action="store_true", help="also print the merged trace's path and how to open it")
+    trace.add_argument("--html", metavar="FILE", default=None,
+                       help="also write one self-contained HTML report (timeline, who waited on whom, critical path, "
+                            "findings) to FILE")
     args = parser.parse_args(argv)
     if args.command == "run":
         return _run(args)

@@ -20,7 +20,9 @@ class PtodistError(Exception):
 
     kind = "invalid_argument"
     pitfall: str | None = None
-    fix: str | None = None  # a fix specific to this class; reports fall back to one per kind
+    fix: str | None = None  # a fix specific to this class (or, set on the instance, to this error's cause);
+    # reports fall back to one per kind
+    locations: list[str] | None = None  # set on an instance: the user's ``file:line``s, root cause first
 
 
 class ProgramError(PtodistError):
@@ -162,6 +164,14 @@ class RankFailure:
     message: str
     traceback: str
     exception: BaseException | None = field(default=None, repr=False)
+    # True when the exception is a bug in ptodist (raised in ptodist's own code, not on purpose; see
+    # ``ptodist.backends.base.ptodist_bug``); ``traceback`` then keeps ptodist's frames.
+    internal: bool = False
+
+
+# Said under every failure that is a bug in ptodist rather than in the program.
+INTERNAL_NOTE = ("This is a bug in ptodist, not in your program: the exception was raised inside ptodist without "
+                 "ptodist meaning to raise it. Please report it, with the traceback below.")
 
 
 class RankError(PtodistError):
@@ -173,7 +183,16 @@ class RankError(PtodistError):
         rank, device_id, task: where the first failure happened.
         failures: every rank failure that arrived before the others were stopped.
         original: the exception raised inside the rank, when it could be carried back.
+        internal: True when a failure is a bug in ptodist; the error is then a :class:`RankInternalError`,
+            which is also a :class:`PtodistInternalError`.
     """
+
+    def __new__(cls, failures=(), *args, **kwargs):
+        # Whoever reports the failures (every backend's driver) makes a RankError; one that carries a bug
+        # in ptodist becomes a RankInternalError, so that it is caught as a PtodistInternalError too.
+        if cls is RankError and any(getattr(f, "internal", False) for f in failures or ()):
+            cls = RankInternalError
+        return super().__new__(cls, failures, *args, **kwargs)
 
     def __init__(self, failures: list[RankFailure]):
         self.failures = failures
@@ -182,6 +201,7 @@ class RankError(PtodistError):
         self.device_id = first.device_id
         self.task = first.task
         self.original = first.exception
+        self.internal = any(getattr(f, "internal", False) for f in failures)
         super().__init__(_format_failures(failures))
 
 
@@ -196,6 +216,8 @@ def _format_failures(failures: list[RankFailure]) -> str:
         who = ", ".join(f"rank {m.rank} (device {m.device_id})" for m in members)
         where = f" in task '{f.task}'" if f.task else ""
         parts.append(f"{who} failed{where}: {etype}: {f.message}")
+        if getattr(f, "internal", False):
+            parts.append(INTERNAL_NOTE)
         if f.traceback:
             parts.append(f"--- traceback of rank {f.rank} ---\n{f.traceback.rstrip()}")
     return "\n".join(parts)
@@ -236,3 +258,15 @@ class CheckError(PtodistError):
 
 class PtodistInternalError(Exception):
     """A bug in ptodist itself (not in the user's program); please report it."""
+
+    kind = "internal_error"
+
+
+class RankInternalError(RankError, PtodistInternalError):
+    """A rank failed because of a bug in ptodist (an exception ptodist's own code raised without meaning to).
+
+    A :class:`RankError` (``failures``, ``rank``, ``original``, ... as usual) and a
+    :class:`PtodistInternalError`: ``ptodist run`` reports it as a bug in ptodist and exits with status 3.
+    """
+
+    kind = "internal_error"

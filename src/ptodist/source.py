@@ -6,9 +6,12 @@ the program that made the call, not at the library.
 
 from __future__ import annotations
 
+import ast
 import functools
+import linecache
 import os
 import sys
+import sysconfig
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -46,6 +49,82 @@ def is_internal(filename: str) -> bool:
     """
     return os.path.abspath(filename).startswith(_PKG_DIR) or filename.startswith("<frozen") \
         or filename == threading.__file__
+
+
+@functools.lru_cache(maxsize=4096)
+def is_ptodist(filename: str) -> bool:
+    """Return True for a file of the ptodist package itself (unlike :func:`is_internal`, not the stdlib's)."""
+    return os.path.abspath(filename).startswith(_PKG_DIR)
+
+
+_LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", "platstdlib", "purelib", "platlib")
+                              if (p := sysconfig.get_paths().get(key))}))
+
+
+@functools.lru_cache(maxsize=4096)
+def is_library(filename: str) -> bool:
+    """Return True for code that is neither ptodist's nor the program's: the standard library, an installed
+    package (numpy, torch, ...), or code without a file (``<frozen ...>``, ``<string>``)."""
+    if is_ptodist(filename):
+        return False
+    return filename.startswith("<") or os.path.abspath(filename).startswith(_LIBRARY_DIRS)
+
+
+def raise_lines(filename: str) -> frozenset:
+    """The lines of ``filename`` that hold a ``raise`` statement (its first line, as tracebacks name it)."""
+    return _statements(_source_text(filename))[0]
+
+
+def _source_text(filename: str) -> str:
+    linecache.checkcache(filename)  # the file may have changed since it was last read (one name, many files)
+    return "".join(linecache.getlines(filename))
+
+
+@functools.lru_cache(maxsize=64)
+def _statements(text: str) -> tuple[frozenset, tuple]:
+    """The lines of ``raise`` statements and the line spans of loops in a module's source text."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return frozenset(), ()
+    nodes = list(ast.walk(tree))
+    return (frozenset(n.lineno for n in nodes if isinstance(n, ast.Raise)),
+            tuple((n.lineno, n.end_lineno or n.lineno) for n in nodes if isinstance(n, (ast.For, ast.While))))
+
+
+@functools.lru_cache(maxsize=1024)
+def param_lines(fn) -> dict:
+    """Map each parameter of the Python function ``fn`` to the line it is declared on (``{}`` without source).
+
+    A parameter annotated on a line of its own (``def host(x: ...,\n         y: pl.Out[...])``) is named by
+    that line, not by the ``def``'s.
+    """
+    import inspect
+    import textwrap
+
+    try:
+        lines, start = inspect.getsourcelines(fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return {}
+    node = next((n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if node is None:
+        return {}
+    a = node.args
+    params = [*a.posonlyargs, *a.args, *([a.vararg] if a.vararg else []), *a.kwonlyargs,
+              *([a.kwarg] if a.kwarg else [])]
+    return {p.arg: start + p.lineno - 1 for p in params}
+
+
+def enclosing_loop_line(filename: str, line: int) -> int | None:
+    """The first line of the innermost ``for``/``while`` loop of ``filename`` that holds ``line`` (None: none)."""
+    loops = _statements(_source_text(filename))[1]
+    found = None
+    for first, last in loops:
+        if first <= line <= last and (found is None or first > found):
+            found = first
+    return found
+
 
 
 def user_frame(skip: int = 1) -> tuple[str, int] | None:

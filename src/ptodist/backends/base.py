@@ -13,6 +13,7 @@ import ctypes
 import os
 import pickle
 import signal
+import sys
 import time
 import traceback
 from contextlib import AbstractContextManager
@@ -21,7 +22,7 @@ from typing import Protocol
 import numpy as np
 
 from ..errors import PtodistError, RankFailure
-from ..source import is_internal
+from ..source import is_internal, is_library, is_ptodist, raise_lines
 
 # Rank states on the status board.
 IDLE, RUNNING, WAITING, DONE, FAILED = 0, 1, 2, 3, 4
@@ -41,7 +42,16 @@ STATUS_DTYPE = np.dtype([
     ("where", "S192"),
     ("what", "S128"),
     ("busy", "S192"),          # the rank's current line when last sampled (a running rank that stalls)
+    ("last_op", np.int32),     # the last communication operation the rank began (an index of LAST_OPS; 0: none)
+    ("last_site", np.int32),   # its source line, a slot of the rank's site table (-1: unknown)
 ])
+
+# The operations ``last_op`` names: the ones a rank communicates with (written only by them, so cheaply).
+LAST_OPS = ("", "pld.system.notify", "pld.system.wait", "pld.system.defer_wait", "pld.tile.remote_load",
+            "pld.tile.remote_store", "pld.tensor.remote_store", "pld.tensor.put", "pld.tensor.get",
+            "pld.tensor.barrier", "pld.tensor.allreduce", "pld.tensor.broadcast", "pld.tensor.allgather",
+            "pld.tensor.reduce_scatter", "pld.tensor.all_to_all", "pld.tensor.all_to_all_v")
+LAST_OP_CODES = {name: i for i, name in enumerate(LAST_OPS)}
 
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
 CERTAIN_HANG_S = 0.5
@@ -93,15 +103,40 @@ class StatusBoard:
     def nbytes(world: int) -> int:
         return (STATUS_DTYPE.itemsize + ctypes.sizeof(Sent) * HISTORY + SITES * SITE_BYTES) * world
 
+    def site_slot(self, rank: int, site) -> int:
+        """The slot of ``site`` (the user's ``(file, line)``) in rank's site table, added if new; -1 if none."""
+        if site is None:
+            return -1
+        slot = self._site_index.get(site, -1)
+        if slot < 0 and len(self._site_index) < SITES:
+            slot = self._site_index[site] = len(self._site_index)
+            self._sites[rank, slot] = f"{site[0]}:{site[1]}".encode()[-SITE_BYTES:]
+        return slot
+
+    def site(self, rank: int, slot: int) -> str:
+        """The ``file:line`` in slot ``slot`` of rank's site table ('' for none)."""
+        return self._sites[rank, slot].decode(errors="replace") if 0 <= slot < SITES else ""
+
+    def last_op_words(self, rank: int) -> ctypes.c_uint64 | None:
+        """Rank's ``last_op`` and ``last_site`` words as one ctypes 64-bit word, ``last_op`` in its low half
+        (little-endian): ``.value = op | (slot & 0xFFFFFFFF) << 32`` writes both at once, the cheapest update."""
+        if sys.byteorder != "little":  # the one-store update assumes last_op is the low half; not kept elsewhere
+            return None
+        addr = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize + STATUS_DTYPE.fields["last_op"][1]
+        return ctypes.c_uint64.from_address(addr)
+
+    def last_op(self, rank: int) -> tuple[str, str]:
+        """The last communication operation rank began and its ``file:line`` (``('', '')`` for none)."""
+        row = self.rows[rank]
+        code = int(row["last_op"])
+        if not 0 < code < len(LAST_OPS):
+            return "", ""
+        return LAST_OPS[code], self.site(rank, int(row["last_site"]))
+
     def record_notify(self, rank: int, buffer: int, owner: int, offset: int, op: int, value: int, old: int,
                       new: int, site) -> None:
         """Keep one sent notify in rank's ring (``site``: the user's ``(file, line)``, or None)."""
-        slot = -1
-        if site is not None:
-            slot = self._site_index.get(site, -1)
-            if slot < 0 and len(self._site_index) < SITES:
-                slot = self._site_index[site] = len(self._site_index)
-                self._sites[rank, slot] = f"{site[0]}:{site[1]}".encode()[-SITE_BYTES:]
+        slot = self.site_slot(rank, site)
         self._seq += 1
         e = self._history[rank][self._seq % HISTORY]
         e.offset, e.buffer, e.owner, e.op, e.value, e.old, e.new, e.site = offset, buffer, owner, op, value, old, new, slot
@@ -112,15 +147,18 @@ class StatusBoard:
         out = []
         for e in self._history[rank]:
             if e.seq > 0:
-                where = self._sites[rank, e.site].decode(errors="replace") if 0 <= e.site < SITES else ""
+                where = self.site(rank, e.site)
                 out.append({"seq": e.seq, "rank": rank, "buffer": e.buffer, "owner": e.owner, "offset": e.offset,
                             "op": "Set" if e.op else "AtomicAdd", "value": e.value, "old": e.old, "new": e.new,
                             "where": where})
         return sorted(out, key=lambda d: d["seq"])
 
     def clear_history(self, rank: int) -> None:
-        """Forget the notifies ``rank`` sent so far (a new dispatch on long-lived ranks starts afresh)."""
+        """Forget the notifies ``rank`` sent so far, and its last operation (a new dispatch on long-lived ranks
+        starts afresh)."""
         ctypes.memset(ctypes.addressof(self._history[rank]), 0, ctypes.sizeof(self._history[rank]))
+        self.rows[rank]["last_op"] = 0
+        self.rows[rank]["last_site"] = -1
 
     def set_running(self, rank: int, task: str) -> None:
         row = self.rows[rank]
@@ -276,11 +314,50 @@ class Backend(Protocol):
         """
 
 
+# Exceptions that say what the machine could not do, not what the code did wrong: never a bug in ptodist.
+ENVIRONMENT_ERRORS = (MemoryError, OSError, RecursionError)
+
+
+def ptodist_bug(e: BaseException) -> traceback.FrameSummary | None:
+    """The frame of ptodist's own code that raised ``e`` by mistake, or None when ``e`` is not a bug in ptodist.
+
+    The rule: ``e`` is a bug in ptodist when
+
+    * it is an ``Exception`` but not a ``PtodistError`` (those ptodist raises on purpose), nor one the
+      environment causes (``MemoryError``, ``OSError``, ``RecursionError``);
+    * the innermost frame of its traceback that is not library code (the standard library, numpy, torch,
+      any installed package: frames :func:`ptodist.source.is_library` names) is ptodist's — so an error
+      raised in the program's own code, or inside a library the program itself called, is the program's;
+    * and that frame did not raise it with a ``raise`` statement of its own: ptodist's language layer
+      raises builtin ``TypeError``/``ValueError``/``IndexError``/``ZeroDivisionError`` on purpose for
+      values the program got wrong (tiles that do not broadcast, a float index), always with ``raise``.
+
+    So a builtin error that numpy raises for bad data that ptodist handed it without checking counts as
+    a bug in ptodist: a check is missing there, and the report must say so (the program's line is still
+    in the traceback).
+    """
+    if not isinstance(e, Exception) or isinstance(e, (PtodistError, *ENVIRONMENT_ERRORS)):
+        return None
+    frames = traceback.extract_tb(e.__traceback__)
+    for i in range(len(frames) - 1, -1, -1):
+        f = frames[i]
+        if is_ptodist(f.filename):
+            if i == len(frames) - 1 and f.lineno in raise_lines(f.filename):
+                return None  # raised on purpose
+            return f
+        if not is_library(f.filename):
+            return None  # the program's own code, or a library it called itself
+    return None
+
+
 def user_traceback(e: BaseException) -> str:
-    """Format the rank's traceback; for errors ptodist raised on purpose, without ptodist's own frames."""
+    """Format the rank's traceback; for errors ptodist raised on purpose, without ptodist's own frames.
+
+    For a bug in ptodist (:func:`ptodist_bug`) every frame is kept.
+    """
     frames = traceback.extract_tb(e.__traceback__)
     innermost_is_user = bool(frames) and not is_internal(frames[-1].filename)
-    if isinstance(e, PtodistError) or innermost_is_user:
+    if isinstance(e, PtodistError) or (innermost_is_user and ptodist_bug(e) is None):
         frames = traceback.StackSummary.from_list([f for f in frames if not is_internal(f.filename)])
     lines = ["Traceback (most recent call last):\n", *frames.format(),
              *traceback.format_exception_only(type(e), e)]
@@ -288,11 +365,36 @@ def user_traceback(e: BaseException) -> str:
 
 
 def rank_failure(plan, rank: int, task: str | None, e: BaseException) -> RankFailure:
-    """What a rank reports when ``e`` escaped its tasks: the traceback as text, the exception when it pickles."""
+    """What a rank reports when ``e`` escaped its tasks: the traceback as text, the exception when it pickles.
+
+    ``internal`` says whether ``e`` is a bug in ptodist (:func:`ptodist_bug`)."""
     tb = user_traceback(e)
     exc = e if isinstance(e, PtodistError) or type(e).__module__ == "builtins" else None
     try:
         exc = pickle.loads(pickle.dumps(exc))
     except Exception:  # noqa: BLE001 - exceptions that do not survive pickling travel as text only
         exc = None
-    return RankFailure(rank, plan.device_ids[rank], task, type(e).__name__, str(e), tb, exc)
+    return RankFailure(rank, plan.device_ids[rank], task, type(e).__name__, str(e), tb, exc,
+                       internal=ptodist_bug(e) is not None)
+
+
+def last_activity(board: StatusBoard, rank: int) -> str:
+    """What ``rank`` was doing, read off its status row, for a rank that died without reporting.
+
+    Returns text to append to the death's message (``shm.died(note, last_activity(board, r))``):
+    ``"; it was running 'k', and its last operation was pld.system.notify at FILE:LINE"``, or ``""`` when
+    the row holds nothing (the rank died before its first task).
+    """
+    row = board.rows[rank]
+    task = row["task"].decode(errors="replace")
+    op, where = board.last_op(rank)
+    if not task and not op:
+        return ""
+    parts = []
+    if task:
+        parts.append(f"it was running '{task}'")
+    if op:
+        parts.append(f"its last operation was {op}" + (f" at {where}" if where else ""))
+    elif task:
+        parts.append("it had made no communication operation yet")
+    return "; " + ", and ".join(parts)

@@ -61,6 +61,7 @@ from .base import (
     StallRule,
     StatusBoard,
     install_line_sampler,
+    last_activity,
     rank_failure,
     sample_lines,
 )
@@ -69,6 +70,8 @@ ALIGN = 64
 POLL_S = 0.02
 # After the first failure, wait this long for the other ranks' reports before stopping them.
 GRACE_S = 0.2
+# Ranks of a run cut short (hang, Ctrl-C, failure) that keep DFX records get this long to write them.
+STOP_WRITE_S = 1.0
 
 
 _CPUS = os.cpu_count() or 1
@@ -367,13 +370,35 @@ class _Driver:
         row = self.memory.status.rows[r]
         task = row["task"].decode() or None
         self.failures.append(RankFailure(r, self.plan.device_ids[r], task, "RankDied",
-                                         died(resources.death_note(status, self.oom_kills)), ""))
+                                         died(resources.death_note(status, self.oom_kills),
+                                              last_activity(self.memory.status, r)), ""))
 
     def _stop_all(self) -> None:
-        _kill_and_reap(self.pids)
-        for fd in self.fds:
-            os.close(fd)
-        self.fds.clear()
+        try:
+            if self.pids and self.dfx is not None:
+                self._let_ranks_write()
+        except Exception:  # noqa: BLE001 - best effort: the run's own ending is the one to report
+            pass
+        finally:
+            _kill_and_reap(self.pids)
+            for fd in self.fds:
+                os.close(fd)
+            self.fds.clear()
+
+    def _let_ranks_write(self) -> None:
+        """Stop the ranks still running with SIGTERM, so they write their DFX records; wait STOP_WRITE_S at most."""
+        for pid in self.pids.values():
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + STOP_WRITE_S
+        while self.fds:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for key, _ in self.selector.select(min(left, POLL_S)):
+                self._read(key.fd)
 
 
 def died(note: str, when: str = "") -> str:
@@ -385,6 +410,7 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
     """Body of a one-shot rank process; never returns."""
     code = 0
     try:
+        _enter_rank(rank, plan.world, plan.device_ids[rank])
         _atomics.die_with_parent()
         if os.getppid() != parent:
             os._exit(1)
@@ -393,7 +419,14 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
         install_line_sampler(memory.status, rank)
         log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
         ctx = RankContext(plan, rank, memory, host_views, events=log)
-        result = _run_plan(ctx, plan, rank)
+        if log is not None:  # the driver stops a run cut short with SIGTERM: write what was recorded
+            signal.signal(signal.SIGTERM, _stop_rank)
+        try:
+            _stoppable[0] = log is not None
+            result = _run_plan(ctx, plan, rank)
+            _stoppable[0] = False
+        except _Aborted as e:
+            _die_stopped(log, dfx, e)
         if log is not None:
             result = _write_outputs(log, dfx, plan, rank, result)
         memory.status.finish(rank, DONE if result is None else FAILED)
@@ -410,6 +443,30 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
             sys.stderr.flush()
         finally:
             os._exit(code)
+
+
+_stoppable = [False]  # in a one-shot rank: whether SIGTERM stops its dispatch now
+
+
+def _stop_rank(signum, frame) -> None:
+    """SIGTERM in a one-shot rank that keeps an event log: stop its dispatch (at most once)."""
+    if _stoppable[0]:
+        _stoppable[0] = False
+        raise _Aborted()
+
+
+def _die_stopped(log, dfx, e: _Aborted) -> None:
+    """Write a stopped rank's DFX outputs, then die of SIGTERM as a rank without them does."""
+    from ..dfx.flush import write_stopped
+
+    write_stopped(log, dfx, e)
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)
 
 
 # -- the rank body, shared by both drivers ---------------------------------------------------
@@ -467,6 +524,12 @@ def _close_group_fds() -> None:
 
 class _Aborted(BaseException):
     """Raised in a rank whose command the driver aborted (another rank failed, or the ranks hang)."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        from ..dfx.flush import loops_now
+
+        self.loops = loops_now()  # the pl.range indices where it stopped, for the rank's DFX records
 
 
 class GroupLayout:
@@ -782,7 +845,8 @@ class RankGroup:
             why = resources.death_note(status, self.oom_kills) if status is not None else "ended (reaped elsewhere)"
             self.death_notes[r] = why
             row = self.status.rows[r]
-            out.append(RankFailure(r, self.device_ids[r], row["task"].decode() or None, "RankDied", died(why), ""))
+            out.append(RankFailure(r, self.device_ids[r], row["task"].decode() or None, "RankDied",
+                                   died(why, last_activity(self.status, r)), ""))
         return out
 
     def kill(self) -> None:
@@ -930,6 +994,7 @@ class _RankState:
 def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> None:
     """Body of a long-lived rank: serve commands until killed; never returns."""
     try:
+        _enter_rank(rank, group.world, group.device_ids[rank])
         _atomics.die_with_parent()
         if os.getppid() != parent:
             os._exit(1)
@@ -1080,8 +1145,12 @@ def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | N
             failure = _run_plan(ctx, plan, rank)
         finally:
             state.running = False
-    except _Aborted:
+    except _Aborted as e:
         code = ABORTED
+        if log is not None:  # the records up to the abort (a hang, another rank's failure), ending with the wait
+            from ..dfx.flush import write_stopped
+
+            write_stopped(log, dfx, e)
     if failure is not None:
         code = CMD_FAILED
     last = segment == len(segments) - 1
@@ -1128,3 +1197,8 @@ def _segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPlan]:
         tasks = [[t for t in ts if lo < t.seq < hi] for ts in plan.tasks]
         out.append(dataclasses.replace(plan, tasks=tasks))
     return out
+
+
+# -- a rank's environment and output (imported here, before the ranks fork) --------------------
+
+from ..rank_output import enter_rank as _enter_rank  # noqa: E402 - RANK, WORLD_SIZE, ...; [rank r] lines

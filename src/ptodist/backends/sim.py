@@ -50,6 +50,12 @@ _RUNNABLE, _BLOCKED, _ENDED = 0, 1, 2
 class SimAbort(BaseException):
     """Raised inside a rank thread to end it when the run stops (deadlock, failure, stall)."""
 
+    def __init__(self, *args):
+        super().__init__(*args)
+        from ..dfx.flush import loops_now
+
+        self.loops = loops_now()  # the pl.range indices where it stopped, for the rank's DFX records
+
 
 def policy_for(seed: int, world: int) -> tuple[str, int | None]:
     """The scheduling policy a seed selects: ``("random", None)`` or ``("delay", rank)``.
@@ -362,6 +368,7 @@ class _SimRun:
                           self.hang_timeout, busy)
 
     def _rank_main(self, rank: int, views: list) -> None:
+        _enter_sim_rank(rank, self.world)
         status = StatusBoard(self.board_raw, self.world)  # one per rank: its notify-site table is its own
         memory = SimMemory(self.heaps, self.plan, rank, status, self.sched)
         log = None
@@ -377,7 +384,11 @@ class _SimRun:
         result = None
         try:
             ctx.run_all()
-        except SimAbort:
+        except SimAbort as e:
+            if log is not None and self.dfx is not None:  # stopped (a hang): write what was recorded up to it
+                from ..dfx.flush import write_stopped
+
+                write_stopped(log, self.dfx, e)
             return
         except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
             result = rank_failure(self.plan, rank, ctx.failed_task or ctx.task, e)
@@ -400,3 +411,10 @@ class _SimRun:
 def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:
     """Raise ``exc`` in ``thread`` at its next bytecode (a rank stuck in a loop that never yields)."""
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(exc))
+
+
+def _enter_sim_rank(rank: int, world: int) -> None:
+    """First thing in a rank thread: what it prints starts with ``[rank r]`` (threads share one environment)."""
+    from ..rank_output import enter_sim_rank
+
+    enter_sim_rank(rank, world)

@@ -2,8 +2,10 @@
 
 A finding has a ``kind`` (one of :data:`KINDS`), a ``message``, the ``ranks``
 involved, the user ``locations`` (``file:line``, root cause first), the SPEC §8
-``pitfall`` row it matches (or None) and a ``fix``.  :func:`from_exception`
-turns any error ptodist raised into findings.
+``pitfall`` row it matches (or None), ``docs`` (that row's section of
+``docs/pitfalls.md``, as ``docs/pitfalls.md#anchor``), a ``fix`` and, for an
+error a rank raised, the rank's ``traceback``.  :func:`from_exception` turns any
+error ptodist raised into findings.
 """
 
 from __future__ import annotations
@@ -12,12 +14,63 @@ import re
 import traceback
 from dataclasses import asdict, dataclass, field
 
-from ..errors import CheckError, HangError, PtodistError, RankError
+from ..errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError
 from ..source import is_internal
 
 KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
          "shape_mismatch", "type_mismatch", "task_args_order", "dispatch_coverage", "window_too_small", "not_shared",
-         "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "rank_error")
+         "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "rank_error", "rank_died",
+         "internal_error")
+
+PITFALLS_PAGE = "docs/pitfalls.md"
+
+# SPEC §8's rows, as the ``pitfall`` texts name them, and their sections (anchors) of docs/pitfalls.md.
+PITFALL_ANCHORS = {
+    "8.1 all ranks hang": "all-ranks-hang",
+    "8.1 silent data corruption": "silent-data-corruption",
+    "8.1 signal never reaches expected": "signal-never-reaches-expected",
+    "8.1 shape mismatch": "shape-mismatch-at-compile-time",
+    "8.1 typeerror at dispatch": "typeerror-at-dispatch",
+    "8.1 allreduce rejected in a loop": "allreduce-rejected-in-a-loop",
+    "8.2 missing .share_memory_()": "missing-share_memory_",
+    "8.2 alloc_window_buffer(nr)": "a-rank-count-as-the-window-size",
+    "8.2 dispatch loop": "dispatch-loop-does-not-cover-every-rank",
+    "8.2 scalar before tensor": "scalar-parameter-before-a-tensor-parameter",
+}
+STEP_ANCHORS = {
+    "01": "step-01-scalar-before-tensor",
+    "02": "step-02-rank-identity-outside-the-dispatch-loop",
+    "03": "step-03-distributedtensor-used-as-tensor",
+    "04": "step-04-set-on-a-shared-cell-barrier",
+    "05": "step-05-rma-before-the-ordering-barrier",
+    "06": "step-06-put-without-notify-and-wait",
+    "07": "step-07-hard-coded-rank-count",
+    "08": "step-08-missing-barrier",
+    "09": "step-09-two-barriers-reuse-one-signal-row",
+    "10": "step-10-negative-left-neighbour",
+    "11": "step-11-signal-shape-vs-collective-mode",
+    "12": "step-12-broadcast-from-your-own-slice",
+    "13": "step-13-gather-into-the-wrong-slot",
+    "14": "step-14-own-row-left-out-of-the-reduction",
+    "15": "step-15-one-window-as-source-and-result",
+    "16": "step-16-one-signal-window-two-layouts",
+}
+_STEP = re.compile(r"8\.3 steps? (\d\d)")
+
+
+def pitfall_docs(pitfall: str | None) -> str | None:
+    """The section of docs/pitfalls.md for a ``pitfall`` text (its first row): ``docs/pitfalls.md#anchor``."""
+    if not pitfall:
+        return None
+    first = pitfall.split(";")[0].strip()
+    low = first.lower()
+    for row, anchor in PITFALL_ANCHORS.items():
+        if low.startswith(row):
+            return f"{PITFALLS_PAGE}#{anchor}"
+    m = _STEP.match(first)
+    if m and m.group(1) in STEP_ANCHORS:
+        return f"{PITFALLS_PAGE}#{STEP_ANCHORS[m.group(1)]}"
+    return None
 
 # The fix for each kind, for reports; messages carry the specifics.
 FIXES = {
@@ -46,6 +99,8 @@ FIXES = {
     "aliasing": "Use separate windows for the collective's source, result and signal.",
     "invalid_argument": "Correct the argument named in the message.",
     "rank_error": "Fix the error raised in the rank (see its traceback).",
+    "internal_error": "Nothing to fix in your program: this is a bug in ptodist. Please report it, with the "
+                      "traceback and, if you can, the program.",
     "rank_died": "The rank process ended without reporting, so there is no traceback: look for os._exit, a "
                  "native crash, an outside kill, or (killed by signal 9 when memory ran short) the OOM killer.",
     "resource": "Ask for less (smaller windows, fewer ranks) or raise the limit the message names.",
@@ -56,7 +111,12 @@ _LOCATION = re.compile(r"((?:/|\.{0,2}/)?[\w.\-/]+\.py):(\d+)")
 
 @dataclass
 class Finding:
-    """One diagnosed problem."""
+    """One diagnosed problem.
+
+    ``pitfall`` is the SPEC §8 row's text (kept for compatibility); ``docs`` names the row's section of
+    docs/pitfalls.md, derived from ``pitfall`` when not given; ``traceback`` is the rank's traceback for
+    an error a rank raised ("" otherwise).
+    """
 
     kind: str
     message: str
@@ -64,18 +124,28 @@ class Finding:
     locations: list[str] = field(default_factory=list)
     pitfall: str | None = None
     fix: str = ""
+    docs: str | None = None
+    traceback: str = ""
+
+    def __post_init__(self) -> None:
+        if self.docs is None:
+            self.docs = pitfall_docs(self.pitfall)
 
     def to_json(self) -> dict:
         return asdict(self)
 
     def render(self) -> str:
-        """Return the finding as a person reads it on a terminal."""
+        """Return the finding as a person reads it on a terminal (with the rank's traceback, if any)."""
         head = f"[{self.kind}]"
         if self.ranks:
             head += f" ranks {', '.join(map(str, self.ranks))}"
-        if self.pitfall:
-            head += f" (SPEC §{self.pitfall})"
+        if self.docs:
+            head += f" (see {self.docs})"
         lines = [head, *("  " + line for line in self.message.splitlines())]
+        if self.traceback:
+            rank = f" of rank {self.ranks[0]}" if self.ranks else ""
+            lines.append(f"  --- traceback{rank} ---")
+            lines.extend("  " + line for line in self.traceback.rstrip().splitlines())
         if self.locations:
             lines.append("  at " + ", ".join(self.locations))
         if self.fix:
@@ -83,10 +153,13 @@ class Finding:
         return "\n".join(lines)
 
     def summary(self) -> str:
-        """The short block ``ptodist run`` prints under an error: kind, SPEC row, ranks, locations, fix."""
+        """The short block ``ptodist run`` prints under an error: kind, pitfall section, ranks, locations, fix.
+
+        (The error printed above it already holds any traceback.)
+        """
         parts = [f"ptodist: finding {self.kind}"]
-        if self.pitfall:
-            parts.append(f"(SPEC §{self.pitfall})")
+        if self.docs:
+            parts.append(f"(see {self.docs})")
         if self.ranks:
             parts.append(f"on ranks {', '.join(map(str, self.ranks))}")
         text = " ".join(parts)
@@ -122,8 +195,13 @@ def from_exception(exc: BaseException) -> list[Finding]:
         return list(exc.findings)
     if isinstance(exc, PtodistError):
         kind = exc.kind
-        return [Finding(kind, str(exc), [], _locations(str(exc)), exc.pitfall, exc.fix or FIXES.get(kind, ""))]
+        locations = list(exc.locations or [])
+        locations += [loc for loc in _locations(str(exc)) if loc not in locations]
+        return [Finding(kind, str(exc), [], locations, exc.pitfall, exc.fix or FIXES.get(kind, ""))]
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if isinstance(exc, PtodistInternalError):
+        return [Finding("internal_error", f"{type(exc).__name__}: {exc}", [], _user_frames(tb), None,
+                        FIXES["internal_error"], traceback=tb)]
     return [Finding("invalid_argument", f"{type(exc).__name__}: {exc}", [],
                     _user_frames(tb), None, "")]
 
@@ -133,8 +211,11 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
     groups: dict[tuple, Finding] = {}
     for f in exc.failures:
         original = f.exception
+        internal = getattr(f, "internal", False)
         if isinstance(original, PtodistError):
             kind, pitfall, fix = original.kind, original.pitfall, original.fix or FIXES.get(original.kind, "")
+        elif internal:
+            kind, pitfall, fix = "internal_error", None, FIXES["internal_error"]
         elif f.error_type == "RankDied":
             kind, pitfall, fix = "rank_died", None, FIXES["rank_died"]
         else:
@@ -149,8 +230,14 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
             if loc not in locations:
                 locations.append(loc)
         where = f" in task '{f.task}'" if f.task else ""
+        first = getattr(original, "locations", None)
+        if first:
+            locations = [*first, *(loc for loc in locations if loc not in first)]
+        # The traceback goes with the finding: `ptodist check` prints findings alone. A PtodistError's
+        # message says all (its traceback is only the user's call chain, listed in ``locations``).
+        tb = "" if isinstance(original, PtodistError) else f.traceback
         groups[key] = Finding(kind, f"rank {f.rank} (device {f.device_id}){where}: {message}", [f.rank], locations,
-                              pitfall, fix)
+                              pitfall, fix, traceback=tb)
     return list(groups.values())
 
 
@@ -164,7 +251,8 @@ def _from_hang(exc: HangError) -> list[Finding]:
             locations.append(s["where"])
     kind = diagnosis.get("kind", "hang")
     pitfall = "8.1 signal never reaches expected; 8.3 step 04" if kind == "set_clobber" else HangError.pitfall
-    fix = FIXES.get(kind, FIXES["hang"])
+    pitfall = diagnosis.get("pitfall", pitfall)  # a cause that is another row of SPEC §8
+    fix = diagnosis.get("fix") or FIXES.get(kind, FIXES["hang"])
     return [Finding(kind, str(exc), [s["rank"] for s in blocked], locations, pitfall, fix)]
 
 

@@ -33,8 +33,24 @@ def wait_for_cycle(states: list[dict]) -> list[int]:
     return []
 
 
+# The fix for each cause diagnose_hang names (a report's ``fix``; the generic one when no cause is known).
+FIX_WAIT_FIRST = ("Put the notify loop before the wait loop: notify every peer, then wait for every peer. If the "
+                  "send is in another task than the wait, order it first with pl.submit(..., deps=[send_task]).")
+FIX_ZERO_NOTIFY = "Notify with a positive value: an AtomicAdd of 0 never moves a counter toward the expected value."
+FIX_EQ_PASSED = ("Wait with WaitCmp.Ge on a threshold that grows each phase, or give each phase its own signal row "
+                 "(or reset the cell after each wait): counters only grow.")
+FIX_PEER_SKIPPED = ("Make the finished rank notify the cell the waiting rank waits on: check that notify's peer "
+                    "index and any condition that skips it.")
+FIX_WRONG_CELLS = ("Make each notify's peer and offsets name the cell its receiver waits on (e.g. notify (r + 1) % n "
+                   "at [r, 0] when the right neighbour waits on [left, 0]).")
+FIX_BUSY = ("End the loop that never ends, or wait on signals with pld.system.wait instead of polling with pl.read; "
+            "if the rank is legitimately computing for longer, raise RunConfig(hang_timeout_s=...) or "
+            "PTODIST_HANG_TIMEOUT.")
+
+
 def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
-    """Name the likely cause of a hang: ``kind`` (``set_clobber`` or ``hang``), ``cause``, ``culprits``, ``cycle``."""
+    """Name the likely cause of a hang: ``kind`` (``set_clobber`` or ``hang``), ``cause``, ``culprits``, ``cycle``,
+    and, when the cause is known, its ``fix`` (and the SPEC §8 ``pitfall`` row when it is not "all ranks hang")."""
     blocked = [s for s in states if s["state"] == "waiting"]
     by_rank = {s["rank"]: s for s in states}
     for s in blocked:
@@ -45,24 +61,27 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                     "cause": f"NotifyOp.Set from ranks {writers} on one cell ('{s['buffer']}' on rank {s['rank']}): "
                              "each Set overwrote the arrivals before it, so the count never reaches "
                              f"{s['expected']}. Use NotifyOp.AtomicAdd with WaitCmp.Ge for a cell with several "
-                             "writers."}
+                             "writers.",
+                    "fix": "Use NotifyOp.AtomicAdd with WaitCmp.Ge on a cell that several ranks notify; Set is for "
+                           "1:1 exchanges."}
     running = [s for s in states if s["state"] == "running"]
     if running:
         return _running_cause(running, blocked, states)
     if blocked and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
-        return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states),
+        return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "fix": FIX_WAIT_FIRST,
                 "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
                          "it notifies. Put the notify loop before the wait loop (or, if the send is in another "
                          "task, order it first with pl.submit(..., deps=[send_task]))."}
     for s in blocked:
         zeros = [e for e in received(s, sent) if e["op"] == "AtomicAdd" and e["value"] == 0]
         if zeros and s["current"] < s["expected"]:
-            return {"kind": "hang", "culprits": _lines(zeros), "cycle": wait_for_cycle(states),
+            return {"kind": "hang", "culprits": _lines(zeros), "cycle": wait_for_cycle(states), "fix": FIX_ZERO_NOTIFY,
                     "cause": f"the cell rank {s['rank']} waits on received AtomicAdd notifies of value 0 (from ranks "
                              f"{sorted({e['rank'] for e in zeros})}): adding 0 never moves a counter toward "
                              f"{s['expected']}. Notify with a positive value (a tag of 0 counts nothing)."}
         if s["cmp"] == "Eq" and s["current"] > s["expected"]:
             return {"kind": "hang", "culprits": _lines(received(s, sent)), "cycle": wait_for_cycle(states),
+                    "fix": FIX_EQ_PASSED, "pitfall": "8.3 step 09 (a reused signal row)",
                     "cause": f"rank {s['rank']} waits for == {s['expected']} but the cell already holds "
                              f"{s['current']}: counters only grow (a reused row keeps older arrivals). Wait with "
                              "WaitCmp.Ge on a per-phase threshold, or give each phase its own row."}
@@ -70,13 +89,13 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
         peer = by_rank.get(s.get("cell0", -1))
         if peer is not None and peer["rank"] != s["rank"] and peer["state"] in ("finished", "failed") and \
                 not any(e["rank"] == peer["rank"] for e in received(s, sent)):
-            return {"kind": "hang", "culprits": [], "cycle": [],
+            return {"kind": "hang", "culprits": [], "cycle": [], "fix": FIX_PEER_SKIPPED,
                     "cause": f"rank {peer['rank']} {peer['state']} without notifying the cell rank {s['rank']} "
                              f"waits on (cell {s['wait'].rsplit('cell ', 1)[-1]}): check the peer index of its "
                              "notify, or a condition that skipped it."}
     if blocked and not any(received(s, sent) for s in blocked):
         senders = [e for e in sent if e["rank"] in {s["rank"] for s in blocked}]
-        return {"kind": "hang", "culprits": _lines(senders), "cycle": wait_for_cycle(states),
+        return {"kind": "hang", "culprits": _lines(senders), "cycle": wait_for_cycle(states), "fix": FIX_WRONG_CELLS,
                 "cause": "the blocked ranks did notify, but none of their notifies reached a cell that a blocked "
                          "rank waits on: the notifies' peer or cell index does not match the waits (e.g. "
                          "notifying the left neighbour while it waits for a notify from its left). Check each "
@@ -99,7 +118,7 @@ def _running_cause(running: list[dict], blocked: list[dict], states: list[dict])
                 f"{'its' if one else 'their'} notifies: the signalling is not at fault. ")
     else:
         head = f"every unfinished rank runs without communicating: {'; '.join(where)}. "
-    return {"kind": "hang", "culprits": lines, "cycle": wait_for_cycle(states),
+    return {"kind": "hang", "culprits": lines, "cycle": wait_for_cycle(states), "fix": FIX_BUSY,
             "cause": head + "A rank that makes no notify, satisfied wait, RMA or new read for this long is in "
                             "a loop that never ends (a spin on a cell nobody writes, a condition that never "
                             "changes) or in a blocking call (a sleep, I/O, a lock). Wait on signals with "

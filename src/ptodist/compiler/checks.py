@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import ast
 import inspect
+import io
+import linecache
 import textwrap
+import tokenize
 import types as pytypes
 
 from ..errors import (
@@ -21,7 +24,28 @@ from ..errors import (
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar
 from ..language.types import DynDim, ParamSpec, TensorType
+from ..source import enclosing_loop_line, param_lines
 from .plan import DispatchPlan, HostTensorRef, WindowView
+
+
+def param_location(fn: Function, name: str) -> str:
+    """``file:line`` of parameter ``name`` of ``fn``: the line its annotation is on (the ``def``'s when the
+    source cannot be read)."""
+    return f"{fn.file}:{param_lines(fn.fn).get(name, fn.line)}"
+
+
+def param_where(fn: Function, spec: ParamSpec) -> str:
+    """How messages name a parameter: ``f() parameter 'x' (declared pl.Tensor[...] at FILE:LINE)``."""
+    return f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {param_location(fn, spec.name)})"
+
+
+def _with(exc: Exception, fix: str | None = None, locations: list[str] | None = None) -> Exception:
+    """``exc`` with a fix specific to its cause and the user lines it is about (root cause first)."""
+    if fix is not None:
+        exc.fix = fix
+    if locations is not None:
+        exc.locations = locations
+    return exc
 
 
 def check_task_args_order(fn: Function) -> None:
@@ -150,11 +174,12 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding)."""
     from ..runtime.tensors import RankTensor, WindowTensor
 
-    where = LazyText(lambda: f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {fn.location}), "
-                             f"called at {loc}")
+    where = LazyText(lambda: f"{param_where(fn, spec)}, called at {loc}")
     if spec.kind == "scalar":
         if not isinstance(value, (Scalar, int, float, bool)):
-            raise ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}.")
+            raise _with(ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}."),
+                        f"Pass a scalar (a Python number, or a pl.Scalar) as '{spec.name}', or annotate the "
+                        "parameter as a tensor (tensor parameters come before scalar ones).")
         return
     if spec.kind != "tensor":
         return
@@ -162,18 +187,26 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     is_window = isinstance(value, (WindowView, WindowTensor))
     is_tensor = is_window or isinstance(value, (HostTensorRef, RankTensor))
     if not is_tensor:
-        raise ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}.")
+        raise _with(ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}."),
+                    f"Pass a tensor as '{spec.name}' (a slice of a host tensor such as x[r], or a window), or "
+                    "annotate the parameter pl.Scalar[...] and move it after the tensor parameters.")
     if ttype.distributed and not is_window:
-        raise ProgramTypeError(
+        raise _with(ProgramTypeError(
             f"{where}: expected pld.DistributedTensor (a window-bound tensor) but got {value_kind(value)}. "
-            "RMA, signals and collectives need window memory: pass pld.window(buf, shape, dtype=...) here.")
+            "RMA, signals and collectives need window memory: pass pld.window(buf, shape, dtype=...) here."),
+            f"Pass a window as '{spec.name}': pld.window(buf, {list(value.shape)}, dtype=pl.{value.dtype.name}) of a "
+            "buffer from pld.alloc_window_buffer; stage a host tensor's data into it inside the kernel.")
     if not ttype.distributed and is_window:
-        raise ProgramTypeError(
+        raise _with(ProgramTypeError(
             f"{where}: expected pl.Tensor but got {value_kind(value)}. Annotate the parameter as "
-            "pld.DistributedTensor[...] (wrapped in pl.InOut[...] if written) or pass a plain tensor.")
+            "pld.DistributedTensor[...] (wrapped in pl.InOut[...] if written) or pass a plain tensor."),
+            f"Annotate '{spec.name}' as pld.DistributedTensor[...] (pl.InOut[...] if the kernel writes it), or pass "
+            "a host tensor slice instead of the window.")
     if ttype.dtype is not None and value.dtype is not ttype.dtype and value.dtype.np_dtype != ttype.dtype.np_dtype:
-        raise ProgramTypeError(f"{where}: dtype mismatch: the argument is {value.dtype.name}, "
-                               f"the annotation says {ttype.dtype.name}.")
+        raise _with(ProgramTypeError(f"{where}: dtype mismatch: the argument is {value.dtype.name}, "
+                                     f"the annotation says {ttype.dtype.name}."),
+                    f"Pass a {ttype.dtype.name} argument as '{spec.name}' (or a window viewed with "
+                    f"dtype=pl.{ttype.dtype.name}), or annotate the parameter pl.{value.dtype.name}.")
     if ttype.shape is not None:
         bind_shape(where, ttype.shape, tuple(value.shape), bindings, world)
 
@@ -203,21 +236,30 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
         return _decl(declared)
 
     if len(declared) != len(actual):
-        raise ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the annotation "
-                         f"{decl()} has {len(declared)} dims.")
+        raise _with(ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the "
+                               f"annotation {decl()} has {len(declared)} dims."),
+                    f"Pass an argument with {len(declared)} dimensions ({decl()}), or make the annotation match "
+                    f"the argument's {len(actual)}.")
     for i, (d, a) in enumerate(zip(declared, actual)):
         if isinstance(d, DynDim):
             prev = bindings.setdefault(d.name, (a, where))
             if prev[0] != a:
-                raise ShapeError(f"{where}: dimension {i} is pl.dynamic('{d.name}') = {a} here, but "
-                                 f"'{d.name}' was bound to {prev[0]} by {prev[1]}; all uses of one name must agree.")
+                raise _with(ShapeError(f"{where}: dimension {i} is pl.dynamic('{d.name}') = {a} here, but "
+                                       f"'{d.name}' was bound to {prev[0]} by {prev[1]}; all uses of one name must "
+                                       "agree."),
+                            f"Make every use of pl.dynamic('{d.name}') the same size ({prev[0]} or {a}), or use "
+                            "separate pl.dynamic names for sizes that differ.")
         elif d != a:
             hint = ""
+            fix = (f"Pass an argument whose dimension {i} is {d}, or change the annotation (a pl.dynamic name for "
+                   "a size that varies).")
             if a == world:
                 hint = (f" The argument's size {a} is the world size: the annotation hard-codes a rank count. "
                         f"Use NR = pl.dynamic(\"NR\") for dimension {i} so one program runs at any P.")
-            raise ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl()} fixes it at {d}, "
-                             f"the argument has {a} (shape {list(actual)}).{hint}")
+                fix = (f"Declare dimension {i} as NR = pl.dynamic(\"NR\") instead of {d}: the rank count binds "
+                       "from the arguments at each call.")
+            raise _with(ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl()} fixes it at "
+                                   f"{d}, the argument has {a} (shape {list(actual)}).{hint}"), fix)
 
 
 def check_dispatch_args(fn: Function, values: list, loc, world: int) -> None:
@@ -237,12 +279,58 @@ def check_coverage(plan: DispatchPlan, host: Function) -> None:
         return
     covered = [r for r in range(plan.world) if plan.tasks[r]]
     if not covered:
-        raise DispatchCoverageError(f"host orchestrator '{host.name}' ({host.location}) dispatched nothing: call the "
-                           "per-device function with device=r for every rank.")
-    raise DispatchCoverageError(
+        call = _dispatch_call_line(host)
+        loop = enclosing_loop_line(host.file, call) if call is not None else None
+        extra = ""
+        locations = [host.location]
+        if loop is not None:
+            extra = (f" The dispatch at {host.file}:{call} is in the loop at {host.file}:{loop} "
+                     f"(`{_line_text(host.file, loop)}`), which ran no iteration.")
+            locations = [f"{host.file}:{loop}", f"{host.file}:{call}", host.location]
+        raise _with(DispatchCoverageError(
+            f"host orchestrator '{host.name}' ({host.location}) dispatched nothing: call the per-device function "
+            f"with device=r for every rank.{extra}"),
+            "Dispatch every rank: `for r in pl.range(pld.world_size()): per_rank(..., device=r)`.", locations)
+    file, _, line = plan.tasks[covered[0]][0].location.rpartition(":")
+    loop = enclosing_loop_line(file, int(line)) if file and line.isdigit() else None
+    if loop is not None:
+        at = f"{file}:{loop}"
+        loop_text = f" The dispatch loop at {at}, `{_line_text(file, loop)}`, must cover [0, world)"
+        fix = f"Make the loop at {at} run over every rank: `for r in pl.range(pld.world_size()):`."
+    else:
+        at = f"{file}:{line}" if file else host.location
+        loop_text = (f" The dispatch at {at} is not in a loop; the dispatches must cover [0, world)" if file else
+                     " The dispatch loop must cover [0, world)")
+        fix = (f"Put the dispatch at {at} in `for r in pl.range(pld.world_size()):` with device=r, so that every "
+               "rank gets one.")
+    raise _with(DispatchCoverageError(
         f"host orchestrator '{host.name}' ({host.location}) dispatched ranks {covered} but never ranks "
-        f"{missing} (devices {[plan.device_ids[r] for r in missing]}); world = len(device_ids) = {plan.world}. "
-        "The dispatch loop must cover [0, world): write `for r in pl.range(pld.world_size()):`.")
+        f"{missing} (devices {[plan.device_ids[r] for r in missing]}); world = len(device_ids) = {plan.world}."
+        f"{loop_text}: write `for r in pl.range(pld.world_size()):`."), fix, [at, host.location])
+
+
+def _line_text(file: str, line: int) -> str:
+    """The source text of a line, without its comment."""
+    text = linecache.getline(file, line)
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(text).readline):
+            if tok.type == tokenize.COMMENT:
+                text = text[:tok.start[1]]
+                break
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return text.strip()
+
+
+def _dispatch_call_line(host: Function) -> int | None:
+    """The line of the first call with ``device=`` in the host orchestrator's source (None: none, or no source)."""
+    try:
+        lines, start = inspect.getsourcelines(host.fn)
+        tree = ast.parse(textwrap.dedent("".join(lines)))
+    except (OSError, TypeError, SyntaxError):
+        return None
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and any(k.arg == "device" for k in n.keywords)]
+    return start + min(n.lineno for n in calls) - 1 if calls else None
 
 
 def check_rank_slices(plan: DispatchPlan, host: Function) -> None:
@@ -280,7 +368,8 @@ def _raise_rank_slices(host: Function, spec, world: int, device_ids: list, loc: 
     n = spec.shape[0]
     param = host.params[spec.index]
     declared = param.ttype.shape if isinstance(param.ttype, TensorType) else None
-    where = f"{host.name}() parameter '{spec.name}' (declared {param.type_name} at {host.location})"
+    where = param_where(host, param)
+    locations = [param_location(host, param.name), loc]
     dim0 = declared[0] if declared else None
     unused = f"slice {world}" if n == world + 1 else f"slices {world} to {n - 1}"
     ranks = f"the world has {world} rank{'s' if world != 1 else ''} (len(device_ids) = {world}, device_ids " \
@@ -288,16 +377,20 @@ def _raise_rank_slices(host: Function, spec, world: int, device_ids: list, loc: 
     split = (f"The dispatch loop gives rank r the slice {spec.name}[r] (at {loc} for rank 0), so {unused} of "
              f"{spec.name} would never be read or written and the run would return a wrong result.")
     if isinstance(dim0, int):
-        raise ShapeError(
+        raise _with(ShapeError(
             f"{where}: dimension 0 is fixed at {dim0} by the annotation {_decl(declared)} and the argument has "
             f"{n} slices (shape {list(spec.shape)}), but {ranks}. {split} The annotation hard-codes a rank count: "
             f"use NR = pl.dynamic(\"NR\") for dimension 0 so one program runs at any P, and pass one slice per "
-            f"rank ({world}).")
+            f"rank ({world})."),
+            f"Declare dimension 0 of '{spec.name}' as NR = pl.dynamic(\"NR\") instead of {dim0}, and pass one "
+            f"slice per rank ({world}).", locations)
     size = f"pl.dynamic('{dim0.name}') = {n}, bound from" if isinstance(dim0, DynDim) else f"{n} in"
-    raise ShapeError(
+    raise _with(ShapeError(
         f"{where}: dimension 0 is {size} the argument's shape {list(spec.shape)}, but {ranks}. {split} "
         f"Pass one slice per rank (a leading dimension of {world}), or run on {n} devices "
-        f"(DistributedConfig(device_ids=[...]) with one device id per slice).")
+        f"(DistributedConfig(device_ids=[...]) with one device id per slice)."),
+        f"Pass '{spec.name}' with one slice per rank ({world}), or give DistributedConfig one device id per "
+        f"slice ({n}).", locations)
 
 
 def _decl(declared: tuple) -> str:

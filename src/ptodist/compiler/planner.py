@@ -61,6 +61,7 @@ class PlanningContext(context.Context):
         self.plan = DispatchPlan(program, self.world, list(device_ids), host_tensors, [], [[] for _ in device_ids])
         self._heap = 0
         self._seq = 0
+        self._allocated: dict = {}  # window buffer id -> (shape or None, dtype or None): how the program sized it
 
     # -- host operations ------------------------------------------------------
     def world_size(self):
@@ -68,6 +69,7 @@ class PlanningContext(context.Context):
 
     def alloc_window_buffer(self, size_or_shape, dtype, name):
         loc = user_location(3)
+        shape = None
         if isinstance(size_or_shape, (list, tuple)):
             if not isinstance(dtype, DataType):
                 raise ProgramTypeError(
@@ -93,7 +95,9 @@ class PlanningContext(context.Context):
         if not name and loc is not None:
             m = _ASSIGN.match(loc.text())
             name = m.group(1) if m else f"window{len(self.plan.windows)}"
-        return self._reserve(name or f"window{len(self.plan.windows)}", nbytes, str(loc))
+        buf = self._reserve(name or f"window{len(self.plan.windows)}", nbytes, str(loc))
+        self._allocated[buf.id] = (shape, dtype if isinstance(dtype, DataType) else None)
+        return buf
 
     def _reserve(self, name: str, nbytes: int, where: str) -> WindowBuffer:
         buf = WindowBuffer(len(self.plan.windows), name, nbytes, self._heap, where)
@@ -112,14 +116,49 @@ class PlanningContext(context.Context):
         shape = tuple(as_int(d, "a window dimension") for d in shape)
         view = WindowView(buf, shape, dtype, str(loc))
         if view.nbytes > buf.nbytes:
-            hint = ""
-            if buf.nbytes == self.world:
-                hint = (f" The buffer's size equals the world size ({self.world}): alloc_window_buffer takes "
-                        "bytes, not a rank count; use pld.alloc_window_buffer(shape, dtype=...).")
-            raise WindowTooSmallError(
+            hint, fix = self._too_small(buf, list(shape), dtype)
+            e = WindowTooSmallError(
                 f"pld.window at {loc}: a view of shape {list(shape)} {dtype.name} needs {view.nbytes} bytes but "
                 f"window buffer '{buf.name}' (allocated at {buf.location}) has only {buf.nbytes} bytes.{hint}")
+            e.fix = fix
+            e.locations = [buf.location, str(loc)]  # the allocation is what is wrong
+            raise e
         return view
+
+    def _too_small(self, buf: WindowBuffer, shape: list, dtype: DataType) -> tuple[str, str]:
+        """Why a view does not fit its buffer, as (a hint for the message, the fix), from how the buffer was sized."""
+        alloc_shape, alloc_dtype = self._allocated.get(buf.id, (None, None))
+        fits = f"pld.alloc_window_buffer({_shape_text(shape)}, dtype=pl.{dtype.name})"
+        if alloc_shape is None:
+            if buf.nbytes == self.world:
+                return ((f" The buffer's size equals the world size ({self.world}): alloc_window_buffer takes "
+                         "bytes, not a rank count; use pld.alloc_window_buffer(shape, dtype=...)."),
+                        f"alloc_window_buffer(n) takes bytes, not a rank count: allocate with the shape and dtype "
+                        f"of the view, {fits}.")
+            return "", (f"alloc_window_buffer(n) takes bytes: this view needs {int(np.prod(shape)) * dtype.get_byte()};"
+                        f" allocate with the shape and dtype of the largest view, {fits}.")
+        if alloc_dtype is not None and alloc_dtype.get_byte() < dtype.get_byte() and \
+                int(np.prod(alloc_shape, dtype=np.int64)) >= int(np.prod(shape, dtype=np.int64)):
+            return ((f" The buffer was allocated as {list(alloc_shape)} {alloc_dtype.name} ({alloc_dtype.get_byte()} "
+                     f"bytes per element) and is viewed as {dtype.name} ({dtype.get_byte()} bytes per element)."),
+                    f"Allocate the buffer with the dtype of its views: "
+                    f"pld.alloc_window_buffer({_shape_text(alloc_shape)}, dtype=pl.{dtype.name}).")
+        if len(shape) == len(alloc_shape) + 1 and shape[0] == self.world and list(shape[1:]) == list(alloc_shape):
+            return ((f" The buffer was allocated as {list(alloc_shape)}, without the view's leading rank dimension "
+                     f"({self.world} = the world size)."),
+                    f"Size the buffer with the rank dimension, as the view is: "
+                    f"pld.alloc_window_buffer({_shape_text(['pld.world_size()', *shape[1:]])}, "
+                    f"dtype=pl.{dtype.name}).")
+        if len(shape) == len(alloc_shape) and shape[0] == self.world and alloc_shape[0] != self.world \
+                and list(shape[1:]) == list(alloc_shape[1:]):
+            return ((f" The buffer was allocated as {list(alloc_shape)}: its dimension 0 is {alloc_shape[0]} where "
+                     f"the view has the world size ({self.world})."),
+                    f"Size the buffer's dimension 0 by the rank count, as the view is: "
+                    f"pld.alloc_window_buffer({_shape_text(['pld.world_size()', *shape[1:]])}, "
+                    f"dtype=pl.{dtype.name}).")
+        return ((f" The buffer was allocated as {list(alloc_shape)} "
+                 f"{alloc_dtype.name if alloc_dtype is not None else ''}".rstrip() + "."),
+                f"Allocate the buffer with the shape and dtype of its largest view: {fits}.")
 
     # -- dispatch ---------------------------------------------------------------
     def call_function(self, fn: Function, args, kwargs, device):
@@ -150,11 +189,19 @@ class PlanningContext(context.Context):
             raise ProgramTypeError(f"{fn.name}(..., device={device!r}) at {loc}: device= must be an integer "
                                    "rank index") from None
         if not 0 <= r < self.world:
-            raise DispatchCoverageError(
+            e = DispatchCoverageError(
                 f"{fn.name}(..., device={r}) at {loc}: device= is a logical rank index and must be in "
                 f"[0, {self.world}) (world = len(device_ids) = {self.world}); device ids "
                 f"{self.plan.device_ids} are mapped from rank indices. Loop with `for r in "
                 "pl.range(pld.world_size())`.")
+            if r in self.plan.device_ids:
+                e.fix = (f"device= takes the rank index, not the device id (device {r} is rank "
+                         f"{self.plan.device_ids.index(r)}): dispatch with device=r for r in "
+                         "pl.range(pld.world_size()); DistributedConfig(device_ids=...) maps ranks to devices.")
+            else:
+                e.fix = ("Dispatch with device=r exactly, r the variable of `for r in pl.range(pld.world_size())` "
+                         "(no offset, no other range).")
+            raise e
         values = fn.bind_arguments(args, kwargs)
         checks.check_dispatch_args(fn, values, loc, self.world)
         self.plan.tasks[r].append(TaskSpec(r, fn, values, str(loc), self._seq))
@@ -242,6 +289,10 @@ def make_plan(host: Function, program: str, device_ids: list[int], host_specs: l
         host.invoke(*proxies)
     checks.check_coverage(ctx.plan, host)
     return ctx.plan
+
+
+def _shape_text(shape) -> str:
+    return "[" + ", ".join(map(str, shape)) + "]"
 
 
 def _enclosing_loop(code, lineno: int) -> int | None:

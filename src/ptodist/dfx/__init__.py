@@ -7,7 +7,9 @@ each other's files.  In it, ``RunConfig(enable_chip_swimlane=True)`` → per ran
 ``rank{r}/d{k}/chip_swimlane_records.json`` and, per dispatch, ``merged_swimlane_<timestamp>.json``
 (Chrome trace / Perfetto); ``enable_dep_gen`` → ``rank{r}/d{k}/deps.json``; ``enable_scope_stats`` →
 ``rank{r}/d{k}/scope_stats/scope_stats.jsonl``.  Ranks write their own files when their dispatch
-ends; the driver merges the swimlanes.
+ends, or when the driver stops it (:mod:`.flush`); the driver merges the swimlanes and, when the
+dispatch ended with an error, writes ``findings_d{k}.json``.  ``ptodist trace DIR [--html FILE]``
+(:mod:`.summary`, :mod:`.html`) reads them.
 """
 
 from __future__ import annotations
@@ -169,10 +171,62 @@ def write_rank_outputs(log, request: DfxRequest) -> None:
         scope_stats.write(log, out)
 
 
-def finish_run(request: DfxRequest, world: int, device_ids: list[int]) -> Path | None:
-    """In the driver, after the ranks ended: merge the swimlanes; return the merged trace's path."""
+def finish_run(request: DfxRequest, world: int, device_ids: list[int],
+               error: BaseException | None = None) -> Path | None:
+    """In the driver, after the ranks ended: merge the swimlanes; return the merged trace's path.
+
+    When the dispatch ended with an error, also write ``findings_d{k}.json`` in the run's folder.
+    The error is ``error``, or else the exception propagating through the caller (backends call
+    this in a ``finally``); an exception the caller's callers are handling does not count.
+    """
+    if error is None:
+        error = _propagating(sys._getframe(1))
+    if error is not None:
+        write_findings(request, error)
     if not request.swimlane:
         return None
     from . import swimlane
 
     return swimlane.merge(request, world, device_ids)
+
+
+FINDINGS = "findings_d{dispatch}.json"
+
+
+def _propagating(frame) -> BaseException | None:
+    """The exception now passing through (or handled in) ``frame``, or None."""
+    exc = sys.exc_info()[1]
+    tb = exc.__traceback__ if exc is not None else None
+    while tb is not None:
+        if tb.tb_frame is frame:
+            return exc
+        tb = tb.tb_next
+    return None
+
+
+def findings_document(request: DfxRequest, error: BaseException) -> dict:
+    """What ``findings_d{k}.json`` holds for a dispatch that ended with ``error``."""
+    from ..check import findings
+
+    interrupted = not isinstance(error, Exception)  # KeyboardInterrupt, SIGTERM under ptodist run, ...
+    try:
+        found = [] if interrupted else [f.to_json() for f in findings.from_exception(error)]
+    except Exception:  # noqa: BLE001 - the error itself still goes in the file
+        found = []
+    return {"dispatch": request.dispatch, "status": "interrupted" if interrupted else "error",
+            "error": type(error).__name__, "message": str(error), "findings": found}
+
+
+def write_findings(request: DfxRequest, error: BaseException) -> Path | None:
+    """Write ``findings_d{k}.json`` for a dispatch that ended with ``error``; never raises."""
+    import json
+
+    from .swimlane import _write_atomically
+
+    try:
+        path = request.root / FINDINGS.format(dispatch=request.dispatch)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomically(path, json.dumps(findings_document(request, error), indent=1) + "\n")
+        return path
+    except Exception:  # noqa: BLE001 - the run's own error is the one to report
+        return None

@@ -273,18 +273,85 @@ def _describe(rec: dict) -> str:
     return ""
 
 
+def findings_for(root: Path, dispatch: int) -> dict | None:
+    """The ``findings_d{k}.json`` the driver wrote when dispatch ``k`` ended with an error, or None."""
+    path = root / dfx.FINDINGS.format(dispatch=dispatch)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def wait_list(ranks: list[dict]) -> list[tuple[int, int, dict, tuple[dict, int] | None]]:
+    """Every wait record, longest first: ``(duration ns, rank, record, (releasing notify, its rank) or None)``."""
+    pairs = {id(w): (n, src) for n, w, src, _dst in swimlane.release_pairs(ranks)}
+    waits = sorted(((rec["end"] - rec["start"], data["rank"], rec) for data in ranks for rec in data["records"]
+                    if rec["kind"] == "wait"), key=lambda w: (-w[0], w[1]))
+    return [(dur, r, rec, pairs.get(id(rec))) for dur, r, rec in waits]
+
+
+def wait_matrix(ranks: list[dict]) -> dict:
+    """Who waited on whom: nanoseconds each rank spent in waits, by the rank whose notify released them.
+
+    Returns ``{"by_pair": {(waiter, notifier): ns}, "unreleased": {waiter: ns}, "pending": {waiter: ns}}``:
+    ``unreleased`` are the waits no recorded notify released (a cell written by RMA, or left over),
+    ``pending`` those still blocked when the run was stopped.
+    """
+    by_pair: dict[tuple[int, int], int] = {}
+    unreleased: dict[int, int] = {}
+    pending: dict[int, int] = {}
+    for dur, r, rec, released in wait_list(ranks):
+        if rec["args"].get("pending"):
+            pending[r] = pending.get(r, 0) + dur
+        elif released is None:
+            unreleased[r] = unreleased.get(r, 0) + dur
+        else:
+            key = (r, released[1])
+            by_pair[key] = by_pair.get(key, 0) + dur
+    return {"by_pair": by_pair, "unreleased": unreleased, "pending": pending}
+
+
+def path_summary(path_steps: list[tuple[dict, str]], devices: dict[int, int], t0: int) -> dict:
+    """The critical path as rows and totals, for the text summary and the HTML report.
+
+    Returns ``{"length", "crossings", "ranks", "by_rank", "by_kind", "rows"}``; each row is a dict:
+    ``at``, ``dur`` (None for a begin or start), ``on_path`` (ns), ``rank``, ``label``, ``step``, ``name``,
+    ``where``, ``what`` (the operation in a few words), ``released`` (a wait released by the step before).
+    """
+    length = path_steps[-1][0]["t"] - path_steps[0][0]["t"] if path_steps else 0
+    crossings = sum(1 for (s, how), (before, _) in zip(path_steps[1:], path_steps)
+                    if how == "released" and s["rank"] != before["rank"])
+    rows, prev, by_rank, by_kind = [], None, {}, {}
+    for s, how in path_steps:
+        rec = s["rec"]
+        on_path = 0 if prev is None else max(s["t"] - prev, 0)
+        prev = s["t"]
+        label = _label(s["rank"], devices)
+        by_rank[label] = by_rank.get(label, 0) + on_path
+        if s["step"] == "start":
+            rows.append({"at": s["t"] - t0, "dur": None, "on_path": on_path, "rank": s["rank"], "label": label,
+                         "step": "start", "name": "(rank process starts)", "where": "", "what": "",
+                         "released": False})
+            continue
+        if s["step"] == "op":
+            kind = rec["kind"]
+        elif s["step"] == "begin" and "args" not in rec:  # a task begins: what came before was outside tasks
+            kind = "outside tasks"
+        else:
+            kind = "in tasks, not in an operation"
+        by_kind[kind] = by_kind.get(kind, 0) + on_path
+        dur = _end(rec, {"end": rec["start"]}) - rec["start"] if s["step"] != "begin" else None
+        what = {"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"], rec["kind"])
+        rows.append({"at": s["t"] - t0, "dur": dur, "on_path": on_path, "rank": s["rank"], "label": label,
+                     "step": what, "name": rec["name"], "where": _where(rec["where"]),
+                     "what": _describe(rec) if s["step"] == "op" else "", "released": how == "released"})
+    return {"length": length, "crossings": crossings, "ranks": sorted({s["rank"] for s, _ in path_steps}),
+            "by_rank": by_rank, "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "rows": rows}
+
+
 def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = False) -> str:
     """Return the summary text for the DFX outputs under ``path``; raise TraceError if there are none."""
-    root, runs = locate(path)
-    try:
-        dispatch, ranks, found = load(root, dispatch)
-    except TraceError as e:
-        others = [r for r in runs if r != root]
-        if not others:
-            raise
-        text = str(e) if str(e).endswith(".") else f"{e}."
-        raise TraceError(f"{text} {len(others)} other run(s) in {root.parent} (the newest: {others[-1].name}); "
-                         "give a run's folder to summarise it.") from None
+    root, runs, dispatch, ranks, found = read(path, dispatch)
     devices = {data["rank"]: data["device_id"] for data in ranks}
     t0 = min(data["start"] for data in ranks)
     markers = all(data.get("device_markers", True) for data in ranks)
@@ -297,6 +364,18 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
     out += [f"dispatch {dispatch} ({', '.join(f'd{k}' for k in found)} found; --dispatch K picks one), "
             f"{len(ranks)} rank(s); times in ms from the first rank's start",
             f"merged trace: {merged if merged else 'none for this dispatch'}"]
+    ending = findings_for(root, dispatch)
+    if ending is not None:
+        kinds = ", ".join(sorted({f["kind"] for f in ending.get("findings", [])})) or "no findings"
+        out.append(f"the dispatch ended with {ending['error']} ({ending['status']}; {kinds}): "
+                   f"{root / dfx.FINDINGS.format(dispatch=dispatch)}")
+    stopped = [data["rank"] for data in ranks if data.get("stopped")]
+    if stopped:
+        out.append(f"stopped before the dispatch ended: {', '.join(_label(r, devices) for r in stopped)} "
+                   "(their records end where the driver stopped them)")
+    missing = missing_ranks(ranks)
+    if missing:
+        out.append(f"no records from rank(s) {', '.join(map(str, missing))} (killed before writing them)")
     if not markers:
         out.append("per-operation records are off (SIMPLER_DEVICE_STRACE_ENABLE=0): only tasks and collectives "
                    "were recorded, so waiting and communicating read 0 and the path stays on one rank")
@@ -312,18 +391,18 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
     out += _table(["rank", "total", "busy", "waiting", "communicating", "outside tasks", "waiting %",
                    "tasks/waits/notifies/rma"], rows, "<rrrrrrr")
 
-    pairs = {id(w): (n, src) for n, w, src, _dst in swimlane.release_pairs(ranks)}
-    waits = sorted(((rec["end"] - rec["start"], data["rank"], rec) for data in ranks for rec in data["records"]
-                    if rec["kind"] == "wait"), key=lambda w: (-w[0], w[1]))
+    waits = wait_list(ranks)
     out += ["", f"Longest waits ({min(top, len(waits))} of {len(waits)}):"]
     if not waits:
         out.append("  none recorded")
-    for dur, r, rec in waits[:top]:
+    for dur, r, rec, released in waits[:top]:
         a = rec["args"]
         out.append(f"  {_ms(dur):>9} ms  {_label(r, devices)} at {_where(rec['where'])}: {a['buffer']} cell "
-                   f"{a['cell']} {a['cmp']} {a['expected']}, saw {a['seen']}")
-        if id(rec) in pairs:
-            n, src = pairs[id(rec)]
+                   f"{a['cell']} {a['cmp']} {a['expected']}, saw {a['seen']}{_iteration(a)}")
+        if a.get("pending"):
+            out.append(f"  {'':>12} still waiting when the run was stopped (the cell held {a['seen']})")
+        elif released is not None:
+            n, src = released
             out.append(f"  {'':>12} released by {_label(src, devices)} notify at {_where(n['where'])} "
                        f"({n['args']['op']} {n['args']['value']}: {n['args']['old']} -> {n['args']['new']}, "
                        f"at {_ms(n['start'] - t0)} ms)")
@@ -335,38 +414,17 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
     if not path_steps:
         out.append("Critical path: no records")
     else:
-        length = path_steps[-1][0]["t"] - path_steps[0][0]["t"]
-        crossings = sum(1 for (s, how), (before, _) in zip(path_steps[1:], path_steps)
-                        if how == "released" and s["rank"] != before["rank"])
-        ranks_on = sorted({s["rank"] for s, _ in path_steps})
-        out.append(f"Critical path: {_ms(length)} ms over rank(s) {', '.join(map(str, ranks_on))}, {len(path_steps)} "
-                   f"steps, {crossings} cross-rank release(s); earliest first. 'at': when the step ended; "
-                   f"'on path': time since the step before (0 where a wait ended before its notify's record did).")
-        rows, prev, by_rank, by_kind = [], None, {}, {}
-        for s, how in path_steps:
-            rec = s["rec"]
-            on_path = 0 if prev is None else max(s["t"] - prev, 0)
-            prev = s["t"]
-            label = _label(s["rank"], devices)
-            by_rank[label] = by_rank.get(label, 0) + on_path
-            if s["step"] == "start":
-                rows.append([_ms(s["t"] - t0), "", _ms(on_path), label, "start", "(rank process starts)", "", ""])
-                continue
-            if s["step"] == "op":
-                kind = rec["kind"]
-            elif s["step"] == "begin" and "args" not in rec:  # a task begins: what came before was outside tasks
-                kind = "outside tasks"
-            else:
-                kind = "in tasks, not in an operation"
-            by_kind[kind] = by_kind.get(kind, 0) + on_path
-            dur = _ms(_end(rec, {"end": rec["start"]}) - rec["start"]) if s["step"] != "begin" else ""
-            what = {"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"], rec["kind"])
-            link = "<- released by the notify above" if how == "released" else ""
-            rows.append([_ms(s["t"] - t0), dur, _ms(on_path), label, what, rec["name"], _where(rec["where"]),
-                         " ".join(filter(None, [_describe(rec) if s["step"] == "op" else "", link]))])
-        out.append("  on path by rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in by_rank.items()))
-        out.append("  on path by step: " + ", ".join(f"{k} {_ms(v)}" for k, v in
-                                                    sorted(by_kind.items(), key=lambda kv: -kv[1])))
+        p = path_summary(path_steps, devices, t0)
+        out.append(f"Critical path: {_ms(p['length'])} ms over rank(s) {', '.join(map(str, p['ranks']))}, "
+                   f"{len(path_steps)} steps, {p['crossings']} cross-rank release(s); earliest first. 'at': when the "
+                   f"step ended; 'on path': time since the step before (0 where a wait ended before its notify's "
+                   f"record did).")
+        rows = [[_ms(row["at"]), _ms(row["dur"]) if row["dur"] is not None else "", _ms(row["on_path"]),
+                 row["label"], row["step"], row["name"], row["where"],
+                 " ".join(filter(None, [row["what"], "<- released by the notify above" if row["released"] else ""]))]
+                for row in p["rows"]]
+        out.append("  on path by rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in p["by_rank"].items()))
+        out.append("  on path by step: " + ", ".join(f"{k} {_ms(v)}" for k, v in p["by_kind"].items()))
         skipped = rows[PATH_HEAD:-PATH_TAIL] if len(rows) > PATH_HEAD + PATH_TAIL else []
         if skipped:
             rows = rows[:PATH_HEAD] + rows[-PATH_TAIL:]
@@ -379,6 +437,34 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
     if open_trace:
         out += ["", *open_instructions(merged)]
     return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def read(path, dispatch: int | None = None) -> tuple[Path, list[Path], int, list[dict], dict[int, list[int]]]:
+    """Find and load one dispatch: ``(run folder, runs beside it, dispatch, every rank's records, dispatches)``."""
+    root, runs = locate(path)
+    try:
+        dispatch, ranks, found = load(root, dispatch)
+    except TraceError as e:
+        others = [r for r in runs if r != root]
+        if not others:
+            raise
+        text = str(e) if str(e).endswith(".") else f"{e}."
+        raise TraceError(f"{text} {len(others)} other run(s) in {root.parent} (the newest: {others[-1].name}); "
+                         "give a run's folder to summarise it.") from None
+    return root, runs, dispatch, ranks, found
+
+
+def missing_ranks(ranks: list[dict]) -> list[int]:
+    """Ranks below the highest rank with records that have none (killed before they could write them)."""
+    present = {data["rank"] for data in ranks}
+    return [r for r in range(max(present, default=-1) + 1) if r not in present]
+
+
+def _iteration(args: dict) -> str:
+    loops = args.get("loops")
+    if not loops:
+        return ""
+    return f" (iteration {loops[-1]})" if len(loops) == 1 else f" (iterations {loops})"
 
 
 def open_instructions(merged: Path | None) -> list[str]:

@@ -5,6 +5,10 @@ arithmetic has the device's C semantics.  ``pl.range(..., init_values=(...))``
 yields ``(i, values)`` pairs; ``pl.yield_(...)`` inside the body sets the
 values the next iteration sees, and returns them so that ``acc = pl.yield_(acc2)``
 leaves the final value bound after the loop.
+
+Every ``pl.range`` loop also keeps its current index on a per-thread stack
+(:func:`loop_indices`), so that a rank's event log can say in which loop
+iteration a wait happened: one list store per iteration.
 """
 
 from __future__ import annotations
@@ -27,6 +31,32 @@ def _stack() -> list:
     return st
 
 
+def _index_stack() -> list:
+    st = getattr(_loops, "indices", None)
+    if st is None:
+        st = _loops.indices = []
+    return st
+
+
+def loop_indices() -> list[int]:
+    """The current index of every ``pl.range`` loop running on this thread, outermost first."""
+    st = getattr(_loops, "indices", None)
+    return [i for i in st if i is not None] if st else []
+
+
+def _indexed(rng: builtins.range):
+    """Iterate ``rng`` as INDEX scalars, keeping the current index on this thread's loop stack."""
+    st = _index_stack()
+    k = len(st)
+    st.append(None)
+    try:
+        for i in rng:
+            st[k] = i
+            yield Scalar(i, dt.INDEX)
+    finally:
+        del st[k:]  # also drops the entries of inner loops left by a break or an exception
+
+
 class _CarriedLoop:
     def __init__(self, rng: range, init_values: tuple):
         self.rng = rng
@@ -36,11 +66,16 @@ class _CarriedLoop:
     def __iter__(self):
         stack = _stack()
         stack.append(self)
+        indices = _index_stack()
+        k = len(indices)
+        indices.append(None)
         try:
             for i in self.rng:
                 self.yielded = False
+                indices[k] = i
                 yield Scalar(i, dt.INDEX), self.values
         finally:
+            del indices[k:]
             stack.remove(self)
 
 
@@ -54,7 +89,7 @@ def range(*args, init_values=None, **_options):
         if not isinstance(init_values, (tuple, list)):
             init_values = (init_values,)
         return _CarriedLoop(rng, tuple(init_values))
-    return (Scalar(i, dt.INDEX) for i in rng)
+    return _indexed(rng)
 
 
 parallel = range

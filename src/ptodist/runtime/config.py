@@ -13,12 +13,39 @@ BACKENDS = ("shm", "sim", "mpi")
 # Set by MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx-based launchers, MVAPICH) in each process.
 MPI_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 DEFAULT_HANG_TIMEOUT_S = 60.0
+DEFAULT_KEEP_OUTPUTS = 20
 _announced: set[str] = set()
 
 
 def started_by_mpi_launcher() -> bool:
     """Whether this process was started by an MPI launcher (``mpirun``, ``mpiexec``, ``srun --mpi=pmix``)."""
     return any(os.environ.get(name) for name in MPI_LAUNCHER_ENV)
+
+
+def rank_prefix_setting() -> bool | None:
+    """``PTODIST_RANK_PREFIX``: ``True`` (1: always prefix), ``False`` (0: never), ``None`` (unset: when world > 1)."""
+    text = os.environ.get("PTODIST_RANK_PREFIX", "").strip()
+    if not text:
+        return None
+    if text not in ("0", "1"):
+        raise ConfigError(f"PTODIST_RANK_PREFIX={text!r}: must be 0 (the ranks' output lines are not prefixed) or 1 "
+                          "(each line a rank prints starts with [rank r], even with one rank)")
+    return text == "1"
+
+
+def keep_outputs_setting() -> int:
+    """``PTODIST_KEEP_OUTPUTS``: how many default output directories to keep per program (0: all); default 20."""
+    text = os.environ.get("PTODIST_KEEP_OUTPUTS", "").strip()
+    if not text:
+        return DEFAULT_KEEP_OUTPUTS
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise ConfigError(f"PTODIST_KEEP_OUTPUTS={text!r}: must be a whole number >= 0: how many of a program's "
+                          f"newest output directories to keep (default {DEFAULT_KEEP_OUTPUTS}; 0 keeps them all)")
+    return value
 
 
 @dataclass
@@ -136,7 +163,12 @@ class RunConfig:
         return DEFAULT_HANG_TIMEOUT_S
 
     def announce_platform(self) -> None:
-        """Say once per process which of ptodist's backends the upstream platform runs on."""
+        """Say once per process which of ptodist's backends the upstream platform runs on.
+
+        Called before every run starts, so it also refuses a malformed ``PTODIST_RANK_PREFIX`` here, before
+        the ranks (which read it) exist.
+        """
+        rank_prefix_setting()
         key = f"{self.platform}->{self.resolved_backend()}"
         if key not in _announced:
             _announced.add(key)

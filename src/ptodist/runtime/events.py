@@ -39,6 +39,7 @@ class EventLog:
         self.max_depth = 0
         self.local_bytes = 0
         self.max_local_bytes = 0
+        self.stopped = False  # True when the dispatch was cut short (a hang, an interrupt, a failure elsewhere)
 
     # -- tasks and scopes ---------------------------------------------------------
     def task_begin(self, task_id: int, name: str, kind: str, where: str, lane: int, args: list, deps: list) -> dict:
@@ -71,9 +72,20 @@ class EventLog:
 
     # -- communication operations ------------------------------------------------------
     def op(self, kind: str, name: str, start: int, task_id: int | None, lane: int, where: str, **args) -> dict:
-        """Record one communication operation (a closed slice)."""
+        """Record one communication operation (a closed slice).
+
+        A wait also records the ``pl.range`` loops it ran in: ``iteration``, the innermost loop's index
+        (None outside loops), and ``loops``, every enclosing loop's index, outermost first.
+        """
+        end = now_ns()
+        if kind == "wait":
+            from ..language.control import loop_indices
+
+            loops = loop_indices()
+            args["iteration"] = loops[-1] if loops else None
+            args["loops"] = loops
         rec = {"id": len(self.records), "kind": kind, "name": name, "task_id": task_id, "lane": lane,
-               "start": start, "end": now_ns(), "where": where, "args": args}
+               "start": start, "end": end, "where": where, "args": args}
         if self._clock is not None:
             rec["seq"] = next(self._clock)
         self.records.append(rec)
@@ -93,6 +105,9 @@ class EventLog:
                               "dtype": dtype, "tensor": tensor, "where": where})
 
     def to_json(self) -> dict:
-        return {"rank": self.rank, "device_id": self.device_id, "dispatch": self.dispatch,
+        data = {"rank": self.rank, "device_id": self.device_id, "dispatch": self.dispatch,
                 "clock": "CLOCK_MONOTONIC, nanoseconds", "start": self.start_ns, "end": now_ns(),
                 "records": self.records}
+        if self.stopped:
+            data["stopped"] = True
+        return data

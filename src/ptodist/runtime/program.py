@@ -13,6 +13,8 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +28,33 @@ from ..language import dtypes as dt
 from ..language.functions import Function, Kind, Program
 from ..language.scalar import Scalar
 from ..language.types import Direction, DynDim, ParamSpec
-from .config import RunConfig
+from .config import RunConfig, keep_outputs_setting
+
+# What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
+_CONVERT = {"float64": ("FP32", "float()", "float32"), "uint16": ("INT32", "int()", "int32"),
+            "uint32": ("INT64", "long()", "int64"), "uint64": ("INT64", "long()", "int64")}
+
+
+def unsupported_dtype(name: str, dtype, is_torch: bool) -> DispatchTypeError:
+    """The error for host tensor ``name`` of a dtype ptodist lacks: what it got, what it takes, how to convert."""
+    got = str(dtype)
+    if is_torch:
+        supported = [f"torch.{n}" for n in dt._TORCH_NAMES]
+        kind = "torch dtype"
+    else:
+        supported = list(dict.fromkeys(d.np_dtype.name for d in dt.ALL))
+        kind = "numpy dtype"
+    target = _CONVERT.get(got.removeprefix("torch."))
+    if target is None:
+        fix = f"Convert it first to a supported dtype, e.g. {name}." + \
+              ("to(torch.float32)" if is_torch else "astype(np.float32)") + "."
+    else:
+        pl_name, method, np_name = target
+        fix = f"Convert it first: {name}.{method if is_torch else f'astype(np.{np_name})'} " \
+              f"({got.removeprefix('torch.')} -> {pl_name}"
+        fix += f"; the same as {name}.to(torch.{np_name}))." if is_torch else ")."
+    return DispatchTypeError(f"host tensor '{name}' has {kind} {got}, which ptodist does not support (it supports "
+                             f"{', '.join(supported[:-1])} and {supported[-1]}). {fix}")
 
 
 class HostTensor:
@@ -38,8 +66,7 @@ class HostTensor:
         if self.is_torch:
             self.dtype = dt.from_torch(value.dtype)
             if self.dtype is None:
-                raise DispatchTypeError(f"host tensor '{name}' has torch dtype {value.dtype}, which ptodist "
-                                        "does not support")
+                raise unsupported_dtype(name, value.dtype, True)
             if value.device.type != "cpu":
                 raise DispatchTypeError(f"host tensor '{name}' is on {value.device}; pass a CPU tensor")
             t = value.detach()
@@ -54,8 +81,7 @@ class HostTensor:
         elif isinstance(value, np.ndarray):
             self.dtype = dt.from_numpy(value.dtype)
             if self.dtype is None:
-                raise DispatchTypeError(f"host tensor '{name}' has numpy dtype {value.dtype}, which ptodist "
-                                        "does not support")
+                raise unsupported_dtype(name, value.dtype, False)
             self.shared = value.flags.c_contiguous and value.flags.writeable
             self.array = value if self.shared else np.ascontiguousarray(value)
         else:
@@ -117,9 +143,13 @@ class CompiledProgram:
     @property
     def output_dir(self) -> Path:
         if self._output_dir is None:
+            keep = keep_outputs_setting()
             stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
             root = os.environ.get("PTODIST_OUTPUT_ROOT", "build_output")
-            self._output_dir = Path(root) / f"{self.name}_{stamp}"
+            path = Path(root) / f"{self.name}_{stamp}"
+            path.mkdir(parents=True, exist_ok=True)
+            self._output_dir = path
+            prune_outputs(Path(root), self.name, keep, path)
         self._output_dir.mkdir(parents=True, exist_ok=True)
         return self._output_dir
 
@@ -130,6 +160,8 @@ class CompiledProgram:
         ``adapt`` must give ``.dtype`` (a pl dtype), ``.shape``, ``.is_torch`` and ``.value``;
         ``new_output(param, shape, like_torch)`` makes an output in the inputs-only form.
         """
+        if adapt is not HostTensor:  # a DistributedWorker's dispatch: its ranks run on shm
+            note_dispatch(self, "shm")
         params = self.host.params
         n_in = sum(1 for p in params if p.direction is not Direction.OUT)
         if len(args) == len(params):
@@ -173,8 +205,7 @@ class CompiledProgram:
         return values, hosts, created
 
     def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
-        where = checks.LazyText(
-            lambda: f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location})")
+        where = checks.LazyText(lambda: checks.param_where(self.host, p))
         if p.ttype is None or p.ttype.shape is None:
             return
         if p.ttype.dtype is not None and h.dtype.np_dtype != p.ttype.dtype.np_dtype:
@@ -205,7 +236,7 @@ class CompiledProgram:
     def _refuse_output(self, p: ParamSpec, what: str, fix: str) -> None:
         role = "pl.InOut" if p.direction is Direction.INOUT else "pl.Out"
         raise DispatchTypeError(
-            f"{self.host.name}() parameter '{p.name}' (declared {p.type_name} at {self.host.location}): {what}, "
+            f"{checks.param_where(self.host, p)}: {what}, "
             f"but '{p.name}' is an output ({role}) that the run writes its results into. Nothing was run. "
             f"Pass {fix}.")
 
@@ -258,6 +289,7 @@ class CompiledProgram:
             raise DispatchValueError(f"{self.name}: called with device_ids {config.distributed_config.device_ids} but "
                                      f"compiled for {self.device_ids}; compile again for other devices")
         cfg.announce_platform()
+        note_dispatch(self, cfg.resolved_backend())
         plan, values, hosts, created = self._plan_for(args)
         arrays = [h.array if h is not None else None for h in hosts]
         dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self._dispatches)
@@ -305,3 +337,66 @@ def compile(program, platform: str = "a2a3sim", distributed_config=None, *, outp
     cfg = config or RunConfig(platform=platform, distributed_config=distributed_config,
                               output_dir=str(output_dir) if output_dir else None)
     return CompiledProgram.build(program, cfg)
+
+
+# -- default output directories: the newest few per program ------------------------------------
+
+def prune_outputs(root: Path, name: str, keep: int, current: Path) -> list[Path]:
+    """Delete all but the ``keep`` newest of program ``name``'s default output directories under ``root``.
+
+    Only directories named as ptodist names them (``<name>_<YYYYmmdd_HHMMSS_ffffff>``) are candidates, never
+    ``current``; ``keep`` 0 keeps every one.  A directory that cannot be deleted is left.  Returns the deleted.
+    """
+    if keep <= 0:
+        return []
+    pattern = re.compile(re.escape(name) + r"_\d{8}_\d{6}_\d{6}")
+    try:
+        with os.scandir(root) as entries:
+            ours = sorted(e.name for e in entries if pattern.fullmatch(e.name) and e.is_dir(follow_symlinks=False))
+    except OSError:
+        return []
+    gone = []
+    for old in ours[:-keep] if len(ours) > keep else []:  # the stamp sorts by time: oldest first
+        path = root / old
+        if path.name == current.name:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        gone.append(path)
+    return gone
+
+
+# -- what this process ran: read by `ptodist run --report-json` ---------------------------------
+
+_ran: list[tuple[CompiledProgram, str]] = []  # (program, backend), in the order of their first dispatch
+_last: list[tuple[CompiledProgram, str]] = []  # the last dispatched
+_RAN_MAX = 64
+_recording = [False]  # only once `ptodist run` asked: a library user's programs are not kept alive
+
+
+def note_dispatch(compiled: CompiledProgram, backend: str) -> None:
+    """Record that ``compiled`` is being dispatched on ``backend`` (while :func:`forget_dispatches` made a record)."""
+    if not _recording[0]:
+        return
+    entry = (compiled, backend)
+    if not any(c is compiled and b == backend for c, b in _ran):
+        _ran.append(entry)
+        del _ran[:-_RAN_MAX]
+    _last[:] = [entry]
+
+
+def forget_dispatches() -> None:
+    """Start a new record of the dispatches (``ptodist run`` does, before it runs the script)."""
+    _ran.clear()
+    _last.clear()
+    _recording[0] = True
+
+
+def dispatched() -> tuple[list[dict], dict | None]:
+    """Every program dispatched since :func:`forget_dispatches`, and the last one dispatched (None: none)."""
+
+    def describe(compiled: CompiledProgram, backend: str) -> dict:
+        out = compiled._output_dir
+        return {"program": compiled.name, "backend": backend, "device_ids": list(compiled.device_ids),
+                "world_size": compiled.world, "output_dir": os.path.abspath(out) if out is not None else None}
+
+    return [describe(c, b) for c, b in _ran], (describe(*_last[0]) if _last else None)

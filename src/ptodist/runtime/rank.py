@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import bisect
 import functools
+import sys
 
 import numpy as np
 
 from .. import collectives, context
+from ..backends.base import LAST_OP_CODES
 from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
@@ -32,7 +34,7 @@ from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction
-from ..source import call_site, user_frame, user_location
+from ..source import call_site, is_internal, user_frame, user_location
 from .events import EventLog, now_ns
 from .tensors import RankTensor, WindowTensor
 
@@ -42,6 +44,7 @@ except ImportError:  # numpy < 2
     from numpy import byte_bounds
 
 ATOMIC_ADD_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32, dt.INT16, dt.INT8)
+_NOTIFY, _DEFER_WAIT = LAST_OP_CODES["pld.system.notify"], LAST_OP_CODES["pld.system.defer_wait"]
 
 
 class RankContext(context.Context):
@@ -59,6 +62,11 @@ class RankContext(context.Context):
         self.memory = memory
         self.status = memory.status
         self._progress = memory.status.progress_counter(rank)
+        # The board's last-operation words (what a rank that dies without reporting was doing), when it has them.
+        last_op_words = getattr(memory.status, "last_op_words", None)
+        self._last_op = last_op_words(rank) if last_op_words is not None else None
+        self._site_slots: dict = {}  # (file, line) -> its slot in the board's site table
+        self._call_sites: dict = {}  # (id(code), instruction offset) -> (code, packed word): _mark_here's cache
         self.host_arrays = host_arrays
         self.wait_slice_s = wait_slice_s
         self.task: str | None = None
@@ -115,6 +123,7 @@ class RankContext(context.Context):
             coll_spec.check_layout(self.signal_layouts, call)
             self._builtins[key] = call
         coll_spec.check_hand_rolled(self.hand_signals, call)
+        self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), (b.loc.file, b.loc.line) if b.loc else None)
         with call_site(b.loc):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
@@ -241,6 +250,7 @@ class RankContext(context.Context):
         call = coll_spec.check(name, args, kwargs, self.world, str(loc), host=False)
         coll_spec.check_layout(self.signal_layouts, call)
         coll_spec.check_hand_rolled(self.hand_signals, call)
+        self._mark(LAST_OP_CODES.get(f"pld.tensor.{name}", 0), (loc.file, loc.line) if loc is not None else None)
         if self.events is None:
             return self._run_collective(call, host=False)
         # A slice around the collective, opened before the notifies, waits and RMA it is made of.
@@ -344,6 +354,49 @@ class RankContext(context.Context):
         """Count communication progress: the hang detectors watch this word (CPU use alone is not progress)."""
         self._progress.value += 1
 
+    def _mark(self, op: int, site) -> None:
+        """Publish operation ``op`` (a code of ``LAST_OPS``) at ``site`` (``(file, line)``) as the last
+        communication operation this rank began.
+
+        The status board keeps it for a rank that dies without reporting (``base.last_activity``);
+        operations a collective makes are the collective's (marked once, at the user's call).
+        """
+        words = self._last_op
+        if words is None or self._in_collective or site is None:
+            return
+        slot = self._site_slots.get(site)
+        if slot is None:
+            slot = self._site_slots[site] = self.status.site_slot(self.rank, site)
+        words.value = op | ((slot & 0xFFFFFFFF) << 32)  # last_op and last_site, in one store
+
+    def _mark_here(self, op: int) -> None:
+        """:meth:`_mark` at the program's line that called the operation running now, found cheaply: the
+        program's frame is at most three frames above ``memory_op`` (none: a collective's own operation)."""
+        words = self._last_op
+        if words is None or self._in_collective:
+            return
+        frame = sys._getframe(3)  # _mark_here <- the operation <- memory_op <- pld wrapper (or a backend's hook)
+        for _ in range(3):
+            if frame is None:
+                return
+            code = frame.f_code
+            # A call site by its code and instruction (no line number to compute, no code object to hash); the
+            # code is kept with the slot, so a reused id never names another function's line.
+            known = self._call_sites.get((id(code), frame.f_lasti))
+            if known is None or known[0] is not code:
+                name = code.co_filename
+                if is_internal(name):
+                    frame = frame.f_back
+                    continue
+                site = (name, frame.f_lineno)
+                slot = self._site_slots.get(site)
+                if slot is None:
+                    slot = self._site_slots[site] = self.status.site_slot(self.rank, site)
+                # One call site makes one operation: keep the word to store, op and slot packed.
+                known = self._call_sites[(id(code), frame.f_lasti)] = (code, op | ((slot & 0xFFFFFFFF) << 32))
+            words.value = known[1]
+            return
+
     def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
         if isinstance(t, RankTensor):
             return t
@@ -381,10 +434,15 @@ class RankContext(context.Context):
             if p < 0:
                 hint = (" A negative neighbour index: integer % truncates toward zero on the device, so "
                         "(r - 1) % n is -1 for r = 0. Write (r - 1 + n) % n.")
+                fix = "Keep peers in [0, world): write the left neighbour as (r - 1 + n) % n."
             else:
                 hint = " peer is a rank index (0 .. world-1), not a device id."
-            raise PeerRangeError(f"{op} at {user_location(4)}: peer {p} is outside [0, {self.world}) "
-                                   f"(rank {self.rank}, world {self.world}).{hint}")
+                fix = ("Keep peers in [0, world): a peer is a rank index, not a device id; write the right neighbour "
+                       "as (r + 1) % n.")
+            e = PeerRangeError(f"{op} at {user_location(4)}: peer {p} is outside [0, {self.world}) "
+                               f"(rank {self.rank}, world {self.world}).{hint}")
+            e.fix = fix
+            raise e
         return p
 
     @staticmethod
@@ -514,7 +572,7 @@ class RankContext(context.Context):
     def _notify(self, op, target, peer, offsets, value, notify_op):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
-        byte, _ = self._cell(op, w, offsets)
+        byte, cell = self._cell(op, w, offsets)
         v = self._int32(op, as_int(value, f"{op} value"), "value", w)
         self._hand_rolled(w)
         start = now_ns() if self.events is not None else 0
@@ -528,11 +586,12 @@ class RankContext(context.Context):
                                    f"pld.NotifyOp.Set, got {notify_op!r}")
         self._progressed()
         # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
-        self.status.record_notify(self.rank, w.buffer.id, p, byte, int(notify_op is NotifyOp.Set), v, old, new,
-                                  user_frame(2))
+        site = user_frame(2)
+        self.status.record_notify(self.rank, w.buffer.id, p, byte, int(notify_op is NotifyOp.Set), v, old, new, site)
+        self._mark(_NOTIFY, site)
         if self.events is not None:
             self._log("notify", op, start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=p,
-                      cell=[int(i) for i in offsets], offset=byte, op=notify_op.name, value=v, old=old, new=new)
+                      cell=[int(i) for i in cell], offset=byte, op=notify_op.name, value=v, old=old, new=new)
 
     def _wait_args(self, op, signal, offsets, expected, cmp):
         w = self._window(op, signal, "signal")
@@ -556,10 +615,13 @@ class RankContext(context.Context):
     def _wait(self, op, signal, offsets, expected, cmp):
         args = self._wait_args(op, signal, offsets, expected, cmp)
         self._hand_rolled(args[0])
+        self._mark_here(LAST_OP_CODES[op])
         self._block_until(*args, None)
 
     def _defer_wait(self, op, signal, offsets, expected, cmp):
         cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
+        if cond[-1] is not None:
+            self._mark(_DEFER_WAIT, (cond[-1].file, cond[-1].line))
         if self._deferred is None:
             self._block_until(*cond)
         elif len(self._deferred) >= 64:
@@ -604,6 +666,7 @@ class RankContext(context.Context):
     def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
+        self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
         region = w.peer_array(p)[self._region(op, w, offsets, shape)]
@@ -619,6 +682,7 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         data = self._tile_data(op, tile, w)
         sl = self._region(op, w, offsets, data.shape)
+        self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
         if atomic is AtomicType.Add:
@@ -654,6 +718,7 @@ class RankContext(context.Context):
         w = self._window(op, dst, "dst")
         p = self._peer(op, peer)
         s = self._tensor(op, src, "src")
+        self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
@@ -666,6 +731,7 @@ class RankContext(context.Context):
         p = self._peer(op, peer)
         d = self._tensor(op, dst, "dst")
         self._writable(op, d)
+        self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),

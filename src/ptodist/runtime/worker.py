@@ -60,6 +60,7 @@ from ..language.scalar import Scalar
 from ..language.types import Direction
 from ..source import user_location
 from .config import RunConfig
+from .program import unsupported_dtype
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -711,8 +712,7 @@ class _Core:
         if isinstance(value, np.ndarray):
             dtype = dt.from_numpy(value.dtype)
             if dtype is None:
-                raise DispatchTypeError(f"host tensor '{name}' has numpy dtype {value.dtype}, which ptodist does "
-                                        "not support")
+                raise unsupported_dtype(name, value.dtype, False)
             if value.size == 0:
                 return _Arg(value, dtype, value.shape, False, "empty")
             lo, hi = byte_bounds(value)
@@ -731,7 +731,7 @@ class _Core:
     def _torch_arg(self, t, name: str, where: str) -> _Arg:
         dtype = dt.from_torch(t.dtype)
         if dtype is None:
-            raise DispatchTypeError(f"host tensor '{name}' has torch dtype {t.dtype}, which ptodist does not support")
+            raise unsupported_dtype(name, t.dtype, True)
         if t.device.type != "cpu":
             raise DispatchTypeError(f"host tensor '{name}' is on {t.device}; pass a CPU tensor")
         itemsize = dtype.get_byte()
@@ -1165,7 +1165,7 @@ class _Core:
     def _fail(self, d: _Dispatch, error: BaseException) -> None:
         if d.dfx is not None and d.published:
             try:
-                dfx.finish_run(d.dfx, self.world, self.device_ids)
+                dfx.finish_run(d.dfx, self.world, self.device_ids, error=error)
             except Exception:  # noqa: BLE001 - the dispatch's own error is the one to report
                 pass
         self._complete(d, None, error)
