@@ -426,7 +426,7 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
             result = _run_plan(ctx, plan, rank)
             _stoppable[0] = False
         except _Aborted as e:
-            _die_stopped(log, dfx, e)
+            _die_stopped(log, dfx, ctx, e)
         if log is not None:
             result = _write_outputs(log, dfx, plan, rank, result)
         memory.status.finish(rank, DONE if result is None else FAILED)
@@ -455,11 +455,11 @@ def _stop_rank(signum, frame) -> None:
         raise _Aborted()
 
 
-def _die_stopped(log, dfx, e: _Aborted) -> None:
+def _die_stopped(log, dfx, ctx, e: _Aborted) -> None:
     """Write a stopped rank's DFX outputs, then die of SIGTERM as a rank without them does."""
     from ..dfx.flush import write_stopped
 
-    write_stopped(log, dfx, e)
+    write_stopped(log, dfx, ctx, e)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -1150,7 +1150,7 @@ def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | N
         if log is not None:  # the records up to the abort (a hang, another rank's failure), ending with the wait
             from ..dfx.flush import write_stopped
 
-            write_stopped(log, dfx, e)
+            write_stopped(log, dfx, ctx, e)
     if failure is not None:
         code = CMD_FAILED
     last = segment == len(segments) - 1

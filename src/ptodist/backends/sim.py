@@ -388,7 +388,7 @@ class _SimRun:
             if log is not None and self.dfx is not None:  # stopped (a hang): write what was recorded up to it
                 from ..dfx.flush import write_stopped
 
-                write_stopped(log, self.dfx, e)
+                write_stopped(log, self.dfx, ctx, e)
             return
         except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
             result = rank_failure(self.plan, rank, ctx.failed_task or ctx.task, e)

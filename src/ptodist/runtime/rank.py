@@ -88,6 +88,10 @@ class RankContext(context.Context):
         self._trace = events is not None and events.record_accesses
         self._spans: tuple[list, list] | None = None  # window copies by address, for _touch
         self._task_id: int | None = None
+        self._task_rec: dict | None = None  # the event record of the task running now (an event log only)
+        # While the rank is blocked in a wait past its first slice, with an event log: the wait
+        # (window, byte, cell, expected, cmp, line, start time, task record), for a stopped rank's records.
+        self.blocked_in: tuple | None = None
         self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
         self._polled: dict = {}  # (array address, index) -> the value pl.read saw there last
@@ -202,6 +206,7 @@ class RankContext(context.Context):
         self.status.set_running(self.rank, name)
         rec = self.events.task_begin(self._task_id, name, kind, where, self._block_idx, info or [], deps) \
             if self.events is not None else None
+        outer_rec, self._task_rec = self._task_rec, rec
         try:
             result = body()
             for cond in self._deferred:
@@ -216,6 +221,7 @@ class RankContext(context.Context):
                 self.events.task_end(rec)
             self._kernel_depth -= 1
             self.task, self._deferred, self._task_id = outer_task, outer_deferred, outer_id
+            self._task_rec = outer_rec
 
     def _tensor_info(self, name: str, direction: str, t: RankTensor) -> dict:
         """Describe a task argument for deps.json: which memory it is, and where in it."""
@@ -640,8 +646,11 @@ class RankContext(context.Context):
             what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
             self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what,
                                     int(idx[0]) if len(idx) else -1)
+            if self.events is not None:
+                self.blocked_in = (w, byte, idx, expected, cmp, loc, start, self._task_rec)
             while not ok:
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
+            self.blocked_in = None
             self.status.set_running(self.rank, self.task or "")
         self._progressed()
         if self.events is not None:
