@@ -425,8 +425,8 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
             _stoppable[0] = log is not None
             result = _run_plan(ctx, plan, rank)
             _stoppable[0] = False
-        except _Aborted as e:
-            _die_stopped(log, dfx, ctx, e)
+        except _Aborted:
+            _die_stopped(log, dfx, ctx)
         if log is not None:
             result = _write_outputs(log, dfx, plan, rank, result)
         memory.status.finish(rank, DONE if result is None else FAILED)
@@ -455,11 +455,11 @@ def _stop_rank(signum, frame) -> None:
         raise _Aborted()
 
 
-def _die_stopped(log, dfx, ctx, e: _Aborted) -> None:
+def _die_stopped(log, dfx, ctx) -> None:
     """Write a stopped rank's DFX outputs, then die of SIGTERM as a rank without them does."""
     from ..dfx.flush import write_stopped
 
-    write_stopped(log, dfx, ctx, e)
+    write_stopped(log, dfx, ctx)
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -524,12 +524,6 @@ def _close_group_fds() -> None:
 
 class _Aborted(BaseException):
     """Raised in a rank whose command the driver aborted (another rank failed, or the ranks hang)."""
-
-    def __init__(self, *args):
-        super().__init__(*args)
-        from ..dfx.flush import loops_now
-
-        self.loops = loops_now()  # the pl.range indices where it stopped, for the rank's DFX records
 
 
 class GroupLayout:
@@ -1145,12 +1139,12 @@ def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | N
             failure = _run_plan(ctx, plan, rank)
         finally:
             state.running = False
-    except _Aborted as e:
+    except _Aborted:
         code = ABORTED
         if log is not None:  # the records up to the abort (a hang, another rank's failure), ending with the wait
             from ..dfx.flush import write_stopped
 
-            write_stopped(log, dfx, ctx, e)
+            write_stopped(log, dfx, ctx)
     if failure is not None:
         code = CMD_FAILED
     last = segment == len(segments) - 1

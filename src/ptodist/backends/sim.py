@@ -50,12 +50,6 @@ _RUNNABLE, _BLOCKED, _ENDED = 0, 1, 2
 class SimAbort(BaseException):
     """Raised inside a rank thread to end it when the run stops (deadlock, failure, stall)."""
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        from ..dfx.flush import loops_now
-
-        self.loops = loops_now()  # the pl.range indices where it stopped, for the rank's DFX records
-
 
 def policy_for(seed: int, world: int) -> tuple[str, int | None]:
     """The scheduling policy a seed selects: ``("random", None)`` or ``("delay", rank)``.
@@ -384,11 +378,11 @@ class _SimRun:
         result = None
         try:
             ctx.run_all()
-        except SimAbort as e:
+        except SimAbort:
             if log is not None and self.dfx is not None:  # stopped (a hang): write what was recorded up to it
                 from ..dfx.flush import write_stopped
 
-                write_stopped(log, self.dfx, ctx, e)
+                write_stopped(log, self.dfx, ctx)
             return
         except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
             result = rank_failure(self.plan, rank, ctx.failed_task or ctx.task, e)

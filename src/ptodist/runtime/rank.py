@@ -29,6 +29,7 @@ from ..errors import (
     RankIdentityError,
 )
 from ..language import dtypes as dt
+from ..language.control import loop_indices
 from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
@@ -90,7 +91,8 @@ class RankContext(context.Context):
         self._task_id: int | None = None
         self._task_rec: dict | None = None  # the event record of the task running now (an event log only)
         # While the rank is blocked in a wait past its first slice, with an event log: the wait
-        # (window, byte, cell, expected, cmp, line, start time, task record), for a stopped rank's records.
+        # (window, byte, cell, expected, cmp, line, start time, task record, pl.range indices), for a
+        # stopped rank's records.
         self.blocked_in: tuple | None = None
         self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
@@ -647,7 +649,7 @@ class RankContext(context.Context):
             self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what,
                                     int(idx[0]) if len(idx) else -1)
             if self.events is not None:
-                self.blocked_in = (w, byte, idx, expected, cmp, loc, start, self._task_rec)
+                self.blocked_in = (w, byte, idx, expected, cmp, loc, start, self._task_rec, loop_indices())
             while not ok:
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.blocked_in = None

@@ -834,12 +834,6 @@ class _Core:
             else:
                 values, hosts, created = compiled._bind(args, adapt=lambda v, n: self.adapt(v, n, compiled),
                                                         new_output=self.new_output)
-                for p, h in zip(compiled.host.params, hosts):
-                    if h is not None and p.direction is not Direction.IN and isinstance(h.value, np.ndarray) \
-                            and not h.value.flags.writeable:
-                        raise DispatchTypeError(f"{compiled.host.name}() parameter '{p.name}': the numpy array "
-                                                "is read-only, but the parameter is an output; pass a writable "
-                                                "array")
                 entry = self.plan_for(index, compiled, values, hosts)
                 self._check_args(compiled, entry, hosts)
                 self.last_bound[index] = _Bound.of(args, values, hosts, entry) if not created else None
