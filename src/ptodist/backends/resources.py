@@ -8,6 +8,7 @@ OOM killer was at work.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import signal
@@ -48,8 +49,12 @@ def _cgroup_files(v2_name: str, v1_name: str) -> list[str]:
     return paths
 
 
+@functools.lru_cache(maxsize=1)
 def memory_limit() -> tuple[int, str]:
-    """The memory a run can have at most, in bytes, and what sets it (RAM + swap, or a cgroup's limit)."""
+    """The memory a run can have at most, in bytes, and what sets it (RAM + swap, or a cgroup's limit).
+
+    Read once per process: it bounds every one-shot call and worker arena, and does not change.
+    """
     info = _meminfo()
     limit = info.get("MemTotal", 0) + info.get("SwapTotal", 0)
     what = "the machine's memory and swap"
