@@ -136,7 +136,7 @@ def events_free_rank_context():
     ``if False:`` blocks and folds ``x if False else y`` to ``y`` when it compiles, so this class runs exactly
     the current code minus the hooks.  Nothing on disk changes.
     """
-    import ptodist.runtime.rank as rank_module
+    import ptodist.rank.context as rank_module
 
     source = Path(rank_module.__file__).read_text()
     hooks = source.count("self.events is not None") + source.count("self.events is None")
@@ -180,8 +180,8 @@ class Backend:
 
 def hook_cost_ns(number: int = 2_000_000) -> float:
     """ns for one op's disabled hooks: the two tests as rank.py writes them, minus the same loop without them."""
-    from ptodist.runtime.events import now_ns
-    from ptodist.runtime.rank import RankContext
+    from ptodist.rank.events import now_ns
+    from ptodist.rank.context import RankContext
 
     ctx = RankContext.__new__(RankContext)
     ctx.__dict__.update({f"attr{i}": i for i in range(30)})  # an instance dict the size of a real one

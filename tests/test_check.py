@@ -530,13 +530,42 @@ def test_recording_for_the_checker_does_not_change_a_schedule(monkeypatch):
     assert len(results) > 1  # the schedules differ, so the comparison means something
 
 
-def test_a_distributed_worker_is_refused_under_check_with_the_way_out():
-    compiled = ir.compile(_program(2, _barrier_body), distributed_config=DistributedConfig(device_ids=[0, 1]))
-    with explore.checking(0), pytest.raises(ConfigError) as info:
-        compiled.prepare()
-    assert str(info.value) == ("DistributedWorker: ptodist check runs one-shot calls only (each on the sim backend); "
-                               "a worker's ranks are shm processes it cannot schedule. Check the program through "
-                               "one-shot calls (compiled(*args)), and run the worker with ptodist run or python.")
+def _pull_without_barrier(w) -> None:
+    pl.store(pl.load(w.x, [0, 0], [1, SIZE]), [0, 0], w.data)
+    pl.store(pld.tile.remote_load(w.data, (w.me + 1) % w.n, [0, 0], [1, SIZE]), [0, 0], w.y)  # @worker_pull
+
+
+def _pull_after_barrier(w) -> None:
+    pl.store(pl.load(w.x, [0, 0], [1, SIZE]), [0, 0], w.data)
+    _barrier_body(w)
+    pl.store(pld.tile.remote_load(w.data, (w.me + 1) % w.n, [0, 0], [1, SIZE]), [0, 0], w.y)
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_check_explores_a_prepared_worker_like_one_shot_calls(persistent):
+    x = np.arange(2 * SIZE, dtype=np.float32).reshape(2, 1, SIZE)
+    for body, racy in ((_pull_without_barrier, True), (_pull_after_barrier, False)):
+        compiled = ir.compile(_program(2, body), distributed_config=DistributedConfig(device_ids=[0, 1]))
+        outcomes = []
+        with explore.checking(0) as session:
+            with compiled.prepare(persistent=persistent) as rt:
+                for _ in range(3):
+                    y = np.zeros_like(x)
+                    try:
+                        rt(x, y)
+                        outcomes.append(y)
+                    except CheckError as e:
+                        outcomes.append(e)
+        assert session.dispatches == 3
+        if racy:
+            assert all(isinstance(o, CheckError) for o in outcomes)
+            races = [f for f in session.findings if f.kind == "race"]
+            assert races and all(_line("worker_pull") in f.locations for f in races), \
+                [f.render() for f in session.findings]
+        else:
+            assert session.findings == []
+            for y in outcomes:
+                np.testing.assert_array_equal(y, x[[1, 0]])  # rank r pulled its right neighbour's x
 
 
 def _stage_and_tell(w) -> None:

@@ -824,7 +824,7 @@ def test_a_hang_leaves_every_rank_records_up_to_the_hang(tmp_path, how):
 def press_ctrl_c_when_every_rank_waits_at(where: str) -> None:
     """In a rank: a thread sends SIGINT to the driver once every rank is blocked in the wait at ``where``."""
     from ptodist import context
-    from ptodist.backends.base import WAITING
+    from ptodist.rank.status import WAITING
 
     rows = context.current().status.rows
 

@@ -6,7 +6,7 @@ the traceback of a rank's error, what a rank that died was doing, fixes for the 
   runs its ``# raises:`` blocks).
 * An exception raised in ptodist's own code by mistake is a ``RankInternalError`` (also a
   ``PtodistInternalError``) with the whole traceback, never the program's ``rank_error``; the rule
-  (``ptodist.backends.base.ptodist_bug``) leaves errors ptodist raises on purpose, and errors of the program's own
+  (``ptodist.rank.failures.ptodist_bug``) leaves errors ptodist raises on purpose, and errors of the program's own
   code or of libraries it called, to the program.
 * ``ptodist check`` prints a rank's traceback under its ``rank_error`` finding.
 * The status board keeps the last communication operation of every rank and its line.
@@ -30,6 +30,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, PtodistInternalError, RankError, RunConfig, cli
 from ptodist.backends import base
+from ptodist.rank import failures, status
 from ptodist.check import explore, findings, hang
 from ptodist.errors import INTERNAL_NOTE, CheckError, KernelIndexError, RankInternalError
 
@@ -188,19 +189,19 @@ def test_errors_ptodist_raises_on_purpose_or_the_program_raises_are_not_ptodist_
     assert isinstance(on_purpose[1], ValueError) and isinstance(on_purpose[2], ZeroDivisionError)
     assert isinstance(on_purpose[-2], MemoryError) and isinstance(on_purpose[-1], OSError)
     for e in on_purpose:
-        assert base.ptodist_bug(e) is None, "".join(traceback.format_exception(e))
+        assert failures.ptodist_bug(e) is None, "".join(traceback.format_exception(e))
 
 
 def test_an_error_raised_in_ptodists_code_without_a_raise_statement_is_a_ptodist_bug():
     from ptodist.compiler import checks
 
     not_iterable = _raised(checks._decl, 5)               # TypeError: 'int' object is not iterable, in checks.py
-    frame = base.ptodist_bug(not_iterable)
+    frame = failures.ptodist_bug(not_iterable)
     assert frame is not None and frame.filename == checks.__file__ and frame.name == "_decl"
     # A numpy error inside ptodist's call of numpy: the innermost frame that is not library code is ptodist's.
-    bad_view = _raised(lambda: base.StatusBoard(np.zeros(3, np.uint8), 1))
-    assert isinstance(bad_view, ValueError) and base.ptodist_bug(bad_view).filename == base.__file__
-    tb = base.user_traceback(not_iterable)
+    bad_view = _raised(lambda: status.StatusBoard(np.zeros(3, np.uint8), 1))
+    assert isinstance(bad_view, ValueError) and failures.ptodist_bug(bad_view).filename == status.__file__
+    tb = failures.user_traceback(not_iterable)
     assert f'File "{checks.__file__}"' in tb  # every frame kept, ptodist's included
 
 
@@ -235,7 +236,7 @@ def _cfg(backend: str, **kw) -> RunConfig:
 
 @pytest.mark.parametrize("backend", ["sim", "shm"])
 def test_a_bug_in_ptodist_inside_a_rank_is_a_ptodist_internal_error(backend, monkeypatch):
-    import ptodist.runtime.rank as rank_mod
+    import ptodist.rank.context as rank_mod
 
     monkeypatch.setattr(rank_mod, "as_int", None)  # a bug planted in ptodist: its peer check calls None
     with pytest.raises(RankError) as info:
@@ -301,10 +302,10 @@ PLANTED = '''
 import numpy as np
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-import ptodist.runtime.rank
+import ptodist.rank.context
 from ptodist import DistributedConfig, RunConfig
 
-ptodist.runtime.rank.as_int = None  # a bug planted in ptodist
+ptodist.rank.context.as_int = None  # a bug planted in ptodist
 
 
 @pl.jit.incore
@@ -334,7 +335,7 @@ def test_ptodist_run_exits_3_for_a_bug_in_ptodist(tmp_path, capsys, monkeypatch)
     script = tmp_path / "planted.py"
     script.write_text(PLANTED)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    import ptodist.runtime.rank as rank_mod
+    import ptodist.rank.context as rank_mod
 
     monkeypatch.setattr(rank_mod, "as_int", rank_mod.as_int)  # undone after the test
     rc = cli.main(["run", "--report-json", str(tmp_path / "r.json"), str(script)])
@@ -386,7 +387,7 @@ def test_the_status_board_keeps_each_ranks_last_communication_and_its_line():
 
 
 def test_last_activity_of_a_rank_that_never_started_is_empty():
-    board = base.StatusBoard(np.zeros(base.StatusBoard.nbytes(2), np.uint8), 2)
+    board = status.StatusBoard(np.zeros(status.StatusBoard.nbytes(2), np.uint8), 2)
     assert base.last_activity(board, 1) == ""
     assert board.last_op(1) == ("", "")
 

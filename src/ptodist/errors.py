@@ -118,12 +118,21 @@ class NotSharedError(DispatchTypeError):
            "to the worker with rt.alloc_tensor(..., init=tensor) / rt.copy_to and pass the DeviceTensor.")
 
 
+class DispatchIndexError(DispatchError, IndexError):
+    """An index given to a dispatch API is out of range (a shard of a stacked tensor)."""
+
+
 class DispatchValueError(DispatchError, ValueError):
     """A dispatch argument has the wrong shape, dtype or value."""
 
 
 class ConfigError(PtodistError, ValueError):
     """A ``RunConfig`` or ``DistributedConfig`` field is invalid."""
+
+
+class UsageError(PtodistError, RuntimeError):
+    """An API used in a state that does not allow it: a closed or broken worker, a call from inside a
+    sub-worker callback that cannot work there, a second ``ptodist check`` session in one process."""
 
 
 class ResourceError(PtodistError, OSError):
@@ -165,7 +174,7 @@ class RankFailure:
     traceback: str
     exception: BaseException | None = field(default=None, repr=False)
     # True when the exception is a bug in ptodist (raised in ptodist's own code, not on purpose; see
-    # ``ptodist.backends.base.ptodist_bug``); ``traceback`` then keeps ptodist's frames.
+    # ``ptodist.rank.failures.ptodist_bug``); ``traceback`` then keeps ptodist's frames.
     internal: bool = False
 
 

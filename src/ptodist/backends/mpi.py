@@ -63,8 +63,8 @@ import numpy as np
 
 from ..check import findings
 from ..check.hang import diagnose_hang, hang_report, received
-from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
-from ..dfx import finish_run, write_rank_outputs
+from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView, split_segments
+from ..dfx import finish_run
 from ..errors import (
     ConfigError,
     DispatchValueError,
@@ -76,21 +76,13 @@ from ..errors import (
 )
 from ..language.scalar import Scalar
 from ..language.types import Direction
+from ..rank.body import RankStopped, run_rank
+from ..rank.context import RankContext
+from ..rank.events import EventLog
+from ..rank.failures import rank_failure
+from ..rank.status import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard, current_line
 from ..runtime.config import started_by_mpi_launcher
-from ..runtime.events import EventLog
-from ..runtime.rank import RankContext
-from .base import (
-    DONE,
-    FAILED,
-    RUNNING,
-    STATE_NAMES,
-    STATUS_DTYPE,
-    WAITING,
-    StallRule,
-    StatusBoard,
-    current_line,
-    rank_failure,
-)
+from .base import RunsNow, StallRule
 from .shm import GRACE_S
 
 ALIGN = 64
@@ -136,10 +128,6 @@ _ACCUMULATE_TYPES = {np.dtype(np.float32): "FLOAT", np.dtype(np.float64): "DOUBL
 INSTALL_HINT = ("Install mpi4py with `pip install ptodist[mpi]` and the system's MPI library (Debian/Ubuntu: "
                 "`apt-get install openmpi-bin libopenmpi-dev`), then start the program with "
                 "`mpirun -n P python SCRIPT`.")
-
-
-class _Stopped(BaseException):
-    """Raised in a rank that another rank's failure or a found hang stopped (not an error of its own)."""
 
 
 def _mpi4py():
@@ -251,6 +239,13 @@ def _process_gone(pid: int, start: int | None) -> bool:
 _session: _Session | None = None
 
 
+def job_communicator():
+    """ptodist's communicator of this MPI job, or None when this process is not part of one."""
+    if _session is None and not started_by_mpi_launcher():
+        return None  # one process without a launcher: nothing to agree with (the backend refuses more)
+    return _get_session(load_mpi()).comm
+
+
 def _get_session(MPI) -> _Session:
     global _session
     if _session is None:
@@ -269,11 +264,98 @@ class MpiBackend:
     def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
         if _session is None and plan.world != 1 and not started_by_mpi_launcher():
             # Refused before MPI starts: a process that starts MPI without a launcher gets a helper daemon.
-            raise _no_launcher(plan)
+            raise _no_launcher(plan.program, plan.device_ids)
         session = _get_session(load_mpi())
         _agree_on_plan(session, plan)
         _sync_host_tensors(session, host_arrays)
-        _MpiRun(session, plan, host_arrays, config, dfx).run()
+        _MpiRun(session, plan, host_arrays, config.resolved_hang_timeout(), dfx).run()
+
+    def start(self, device_ids: list, objects: dict | None = None, startup_timeout_s: float = 0.0) -> MpiGroup:
+        """This process's rank of a DistributedWorker: every process of the job prepares the same worker."""
+        if _session is None and len(device_ids) != 1 and not started_by_mpi_launcher():
+            raise _no_launcher("DistributedWorker", device_ids)
+        session = _get_session(load_mpi())
+        if session.size != len(device_ids):
+            raise ConfigError(
+                f"DistributedWorker: the worker has {len(device_ids)} ranks (device_ids {list(device_ids)}) but this "
+                f"MPI job has {session.size} process{'es' if session.size != 1 else ''}, and each MPI process runs "
+                f"one rank. Start it with `mpirun -n {len(device_ids)} ...`.")
+        return MpiGroup(session, list(device_ids))
+
+
+class _Arena:
+    """A worker's window heap on mpi: one MPI window, kept across commands; ``rows`` this rank's heap."""
+
+    def __init__(self, session: _Session, stride: int):
+        self.session = session
+        self.stride = stride
+        self.win = _allocate(session, stride, "DistributedWorker")
+        self.rows = np.frombuffer(self.win.tomemory(), np.uint8)[:stride].reshape(1, stride)
+        self.rows[:] = 0
+
+    def close(self) -> None:
+        """Free the window: collective, every process of the job closes its worker alike."""
+        if self.win is not None:
+            self.rows = None
+            self.win.Free()
+            self.win = None
+
+
+class MpiGroup:
+    """A DistributedWorker's ranks on mpi: process r runs rank r's part of every command, in its own thread."""
+
+    in_process = True      # the rank sees this process's memory: host tensors are used in place
+    finishes_dfx = True    # the run merges the ranks' DFX files itself (one process per output directory)
+
+    def __init__(self, session: _Session, device_ids: list):
+        self.session = session
+        self.device_ids = device_ids
+        self.world = len(device_ids)
+        self.death_notes: dict = {}
+        self.kept: dict = {}   # what a dispatch's rank keeps between its segments (context, event log)
+
+    def new_arena(self, stride: int) -> _Arena:
+        return _Arena(self.session, stride)
+
+    def submit(self, command) -> RunsNow:
+        return RunsNow(lambda: self.execute(command))
+
+    def execute(self, command) -> None:
+        plan = split_segments(command.plan, command.boundaries)[command.segment] if command.boundaries \
+            else command.plan
+        if command.segment == 0 or self.kept.get("number") != command.number:
+            self.kept = {"number": command.number}
+        arrays = [h.array if h is not None else None for h in command.hosts]
+        try:
+            _agree_on_plan(self.session, plan)
+            _sync_host_tensors(self.session, arrays)
+            _MpiRun(self.session, plan, arrays, command.hang_timeout, command.dfx, arena=command.heap,
+                    kept=self.kept, last=command.last).run()
+        except BaseException:
+            self.kept = {}
+            raise
+        if command.last:
+            self.kept = {}
+
+    def reap(self) -> list:
+        return []  # a process that dies ends the MPI job
+
+    def kill(self) -> None:
+        self.kept = {}
+
+    def close(self) -> None:
+        self.kept = {}
+
+
+def _allocate(session: _Session, nbytes: int, program: str):
+    MPI = session.MPI
+    try:
+        return MPI.Win.Allocate(nbytes, 1, comm=session.comm)
+    except MPI.Exception as e:
+        raise ConfigError(
+            f"{program}: MPI could not allocate the RMA windows ({nbytes} bytes of window heap per rank): {e}. "
+            "One-sided communication needs MPI_Win_allocate with passive target; with Open MPI over TCP, run "
+            "with `--mca osc pt2pt` (or `--mca osc ucx` where UCX is installed); see docs/multi-node.md.") from None
 
 
 # -- before the run: one plan, one set of inputs ------------------------------------------------------
@@ -311,7 +393,7 @@ def _agree_on_plan(s: _Session, plan: DispatchPlan) -> None:
     if worlds != [s.size]:
         ids = list(plan.device_ids)
         if s.size == 1 and not started_by_mpi_launcher():
-            raise _no_launcher(plan)
+            raise _no_launcher(plan.program, plan.device_ids)
         raise ConfigError(
             f"{plan.program}: the program has {plan.world} ranks (DistributedConfig(device_ids={ids})) but this "
             f"MPI job has {s.size} process{'es' if s.size != 1 else ''}, and each MPI process runs one rank. "
@@ -326,11 +408,11 @@ def _agree_on_plan(s: _Session, plan: DispatchPlan) -> None:
             "the process (its MPI rank, host name, unseeded randomness).")
 
 
-def _no_launcher(plan: DispatchPlan) -> ConfigError:
+def _no_launcher(program: str, device_ids) -> ConfigError:
     return ConfigError(
-        f"{plan.program}: the program has {plan.world} ranks (DistributedConfig(device_ids={list(plan.device_ids)})) "
+        f"{program}: the program has {len(device_ids)} ranks (DistributedConfig(device_ids={list(device_ids)})) "
         "and runs on the 'mpi' backend, where each MPI process runs one rank, but no MPI launcher started this "
-        f"process. Start it with `mpirun -n {plan.world} python SCRIPT`, or choose another backend "
+        f"process. Start it with `mpirun -n {len(device_ids)} python SCRIPT`, or choose another backend "
         "(RunConfig(backend='shm') or PTODIST_BACKEND=shm).")
 
 
@@ -833,9 +915,9 @@ class _Control:
         return True
 
     def check_abort(self, now: float | None = None) -> None:
-        """Stop this rank (raise _Stopped) once another rank's failure is older than the grace period."""
+        """Stop this rank (raise RankStopped) once another rank's failure is older than the grace period."""
         if self.aborted(now) and (time.monotonic() if now is None else now) - self.abort_seen >= GRACE_S:
-            raise _Stopped
+            raise RankStopped
 
     def signal_abort(self) -> None:
         """Set every rank's abort word."""
@@ -854,7 +936,7 @@ class _Control:
         if watching and self.abort_seen is None and self.hang is None:
             hang = self.step(now)
             if hang is not None and self.found_hang(hang):
-                raise _Stopped
+                raise RankStopped
 
     def found_hang(self, hang: dict) -> bool:
         """Report ``hang`` if no other rank reported one first; return whether this rank did.
@@ -1081,7 +1163,8 @@ class _Pulse(threading.Thread):
 class _MpiRun:
     """One dispatch in this process: windows, this rank's tasks, the end of the run, the exchange."""
 
-    def __init__(self, session: _Session, plan: DispatchPlan, host_arrays: list, config, dfx):
+    def __init__(self, session: _Session, plan: DispatchPlan, host_arrays: list, hang_timeout: float, dfx,
+                 arena: _Arena | None = None, kept: dict | None = None, last: bool = True):
         self.session = session
         self.MPI = session.MPI
         self.plan = plan
@@ -1089,7 +1172,10 @@ class _MpiRun:
         self.world = session.size
         self.host_arrays = host_arrays
         self.dfx = dfx
-        self.hang_timeout = config.resolved_hang_timeout()
+        self.hang_timeout = hang_timeout
+        self.arena = arena  # a worker's window heap (kept, zeroed by the worker); None: one for this run
+        self.kept = kept if kept is not None else {}
+        self.last = last
         self.stop_wait = min(max(self.hang_timeout, STOP_WAIT_MIN_S), STOP_WAIT_MAX_S)
         self.result: dict = {"rank": self.rank, "failure": None, "stopped": False, "hang": None}
         self._abandoned: list = []  # buffers of reads from dead peers that did not complete
@@ -1097,27 +1183,25 @@ class _MpiRun:
     # -- the whole run ----------------------------------------------------------------------------
     def run(self) -> None:
         MPI, comm = self.MPI, self.session.comm
-        heap_bytes = max(-(-self.plan.window_heap_bytes // ALIGN) * ALIGN, ALIGN)
+        if self.arena is not None:
+            heap, heap_bytes = self.arena.win, self.arena.stride
+        else:
+            heap_bytes = max(-(-self.plan.window_heap_bytes // ALIGN) * ALIGN, ALIGN)
+            heap = _allocate(self.session, heap_bytes, self.plan.program)
         try:
-            heap = MPI.Win.Allocate(heap_bytes, 1, comm=comm)
-            try:
-                ctl = MPI.Win.Allocate(CTL_BYTES, 1, comm=comm)
-            except MPI.Exception:
-                heap.Free()
-                raise
+            ctl = MPI.Win.Allocate(CTL_BYTES, 1, comm=comm)
         except MPI.Exception as e:
-            raise ConfigError(
-                f"{self.plan.program}: MPI could not allocate the RMA windows ({heap_bytes} bytes of window heap "
-                f"per rank): {e}. One-sided communication needs MPI_Win_allocate with passive target; with "
-                "Open MPI over TCP, run with `--mca osc pt2pt` (or `--mca osc ucx` where UCX is installed); see "
-                "docs/multi-node.md.") from None
+            if self.arena is None:
+                heap.Free()
+            raise ConfigError(f"{self.plan.program}: MPI could not allocate its control window: {e}") from None
         # While the rank runs, every MPI call of this process goes through one lock (see _Pulse).
         self.lock = lock = threading.Lock()
         self.heap, self.ctl, self.comm = _Serialized(heap, lock), _Serialized(ctl, lock), _Serialized(comm, lock)
         try:
             self.heap_mem = np.frombuffer(heap.tomemory(), np.uint8)[:heap_bytes]
             self.ctl_mem = np.frombuffer(ctl.tomemory(), np.uint8)[:CTL_BYTES]
-            self.heap_mem[:] = 0
+            if self.arena is None:
+                self.heap_mem[:] = 0
             self.ctl_mem[:] = 0
             comm.Barrier()  # every window is zero before any rank reaches into a peer's
             heap.Lock_all(MPI.MODE_NOCHECK)
@@ -1142,10 +1226,12 @@ class _MpiRun:
             self._release_termination()
             self.heap_mem = self.ctl_mem = None
             self.memory = None
-            heap.Free()
+            if self.arena is None:
+                heap.Free()
             ctl.Free()
         error = outcome(results)
-        shared = self._share_dfx() if self.dfx is not None else None
+        # A worker's dispatch writes its DFX files once, after its last segment (or its failure).
+        shared = self._share_dfx() if self.dfx is not None and (self.last or error is not None) else None
         if error is None:
             self._merge_outputs(views)
         if shared is not None:
@@ -1283,21 +1369,19 @@ class _MpiRun:
     # -- this rank --------------------------------------------------------------------------------
     def _rank_body(self, views: list) -> None:
         plan, rank, memory = self.plan, self.rank, self.memory
-        log = EventLog(rank, plan.device_ids[rank], self.dfx.dispatch) if self.dfx is not None else None
-        ctx = None
+        ctx, log = self.kept.get("ctx"), self.kept.get("log")
         try:
-            ctx = RankContext(plan, rank, memory, views, events=log)
-            ctx.run_all()
-        except _Stopped:
-            self.result["stopped"] = True
-        except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to every process
-            self.result["failure"] = rank_failure(plan, rank, (ctx.failed_task or ctx.task) if ctx else None, e)
-        memory.flush_all()
-        if log is not None:
-            try:
-                write_rank_outputs(log, self.dfx)
-            except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-                self.result["failure"] = self.result["failure"] or rank_failure(plan, rank, None, e)
+            if ctx is None:
+                log = EventLog(rank, plan.device_ids[rank], self.dfx.dispatch) if self.dfx is not None else None
+                ctx = RankContext(plan, rank, memory, views, events=log)
+            else:
+                ctx.next_segment(plan, memory, views)
+        except BaseException as e:  # noqa: BLE001 - reported to every process like a failure of the tasks
+            self.result["failure"] = rank_failure(plan, rank, None, e)
+        else:
+            self.kept["ctx"], self.kept["log"] = ctx, log
+            outcome = run_rank(ctx, log, self.dfx, last=self.last, settle=memory.flush_all)
+            self.result["failure"], self.result["stopped"] = outcome.failure, outcome.stopped
         ok = self.result["failure"] is None and not self.result["stopped"]
         memory.status.finish(rank, DONE if ok else FAILED)
         if self.result["failure"] is not None and not self.control.aborted():

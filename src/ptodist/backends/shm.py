@@ -1,7 +1,7 @@
 """The ``shm`` backend: rank processes over shared memory.
 
-Two drivers share the rank body (``_run_plan``, ``base.rank_failure``) and the watch that
-turns failures and stalls into exceptions (``_Monitor``):
+Two drivers share the rank body (``rank.body.run_rank``) and the watch that turns failures
+and stalls into exceptions (``_Monitor``):
 
 * ``ShmBackend.run`` (one-shot calls) forks one process per rank for one dispatch.
   Layout of its one shared anonymous mapping (every region 64-byte aligned)::
@@ -26,7 +26,6 @@ rank on any ending it cannot recover from: error, hang or Ctrl-C.
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import io
 import mmap
 import os
@@ -40,31 +39,23 @@ import threading
 import time
 import weakref
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
 from .. import _atomics
 from ..check.hang import hang_error
-from ..compiler.plan import DispatchPlan
-from ..dfx import finish_run, write_rank_outputs
+from ..compiler.plan import DispatchPlan, split_segments
+from ..dfx import finish_run
 from ..errors import HangError, RankError, RankFailure
 from ..language import dtypes as dt
 from ..language.types import Direction
-from ..runtime.events import EventLog
-from ..runtime.rank import RankContext
+from ..rank.body import RankStopped, run_rank
+from ..rank.context import RankContext
+from ..rank.events import EventLog
+from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, install_line_sampler
 from . import resources
-from .base import (
-    DONE,
-    FAILED,
-    RUNNING,
-    WAITING,
-    StallRule,
-    StatusBoard,
-    install_line_sampler,
-    last_activity,
-    rank_failure,
-    sample_lines,
-)
+from .base import Command, StallRule, died, last_activity, sample_lines
 
 ALIGN = 64
 POLL_S = 0.02
@@ -243,6 +234,16 @@ class ShmBackend:
 
     name = "shm"
 
+    def start(self, device_ids: list, objects: dict, startup_timeout_s: float) -> RankGroup:
+        """Fork a DistributedWorker's rank processes; raise RankError (nothing left running) if one fails to start."""
+        group = RankGroup(device_ids, objects, startup_timeout_s)
+        try:
+            group.start()
+        except BaseException:
+            group.close()
+            raise
+        return group
+
     def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
         layout = Layout(plan, host_arrays)
         host_bytes = sum(a.nbytes for a in host_arrays if a is not None)
@@ -401,11 +402,6 @@ class _Driver:
                 self._read(key.fd)
 
 
-def died(note: str, when: str = "") -> str:
-    """The message of a rank process that ended without reporting (so without a traceback)."""
-    return f"the rank process {note}, without reporting a result (so there is no traceback){when}"
-
-
 def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> None:
     """Body of a one-shot rank process; never returns."""
     code = 0
@@ -421,16 +417,13 @@ def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> 
         ctx = RankContext(plan, rank, memory, host_views, events=log)
         if log is not None:  # the driver stops a run cut short with SIGTERM: write what was recorded
             signal.signal(signal.SIGTERM, _stop_rank)
-        try:
-            _stoppable[0] = log is not None
-            result = _run_plan(ctx, plan, rank)
-            _stoppable[0] = False
-        except _Aborted:
-            _die_stopped(log, dfx, ctx)
-        if log is not None:
-            result = _write_outputs(log, dfx, plan, rank, result)
-        memory.status.finish(rank, DONE if result is None else FAILED)
-        payload = pickle.dumps(result)
+        _stoppable[0] = log is not None
+        outcome = run_rank(ctx, log, dfx)
+        _stoppable[0] = False
+        if outcome.stopped:
+            _die_stopped()
+        memory.status.finish(rank, DONE if outcome.ok else FAILED)
+        payload = pickle.dumps(outcome.failure)
         view = memoryview(payload)
         while view:
             n = os.write(wfd, view)
@@ -452,14 +445,11 @@ def _stop_rank(signum, frame) -> None:
     """SIGTERM in a one-shot rank that keeps an event log: stop its dispatch (at most once)."""
     if _stoppable[0]:
         _stoppable[0] = False
-        raise _Aborted()
+        raise RankStopped()
 
 
-def _die_stopped(log, dfx, ctx) -> None:
-    """Write a stopped rank's DFX outputs, then die of SIGTERM as a rank without them does."""
-    from ..dfx.flush import write_stopped
-
-    write_stopped(log, dfx, ctx)
+def _die_stopped() -> None:
+    """A stopped rank wrote its DFX outputs (run_rank): now die of SIGTERM as a rank without them does."""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -467,28 +457,6 @@ def _die_stopped(log, dfx, ctx) -> None:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
         os._exit(128 + signal.SIGTERM)
-
-
-# -- the rank body, shared by both drivers ---------------------------------------------------
-
-def _run_plan(ctx: RankContext, plan, rank: int) -> RankFailure | None:
-    """Run the context's tasks; return this rank's failure, or None."""
-    try:
-        ctx.run_all()
-    except _Aborted:
-        raise
-    except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
-        return rank_failure(plan, rank, ctx.failed_task or ctx.task, e)
-    return None
-
-
-def _write_outputs(log, dfx, plan, rank: int, result: RankFailure | None) -> RankFailure | None:
-    # Written before the rank reports, so the driver finds every rank's files when it merges.
-    try:
-        write_rank_outputs(log, dfx)
-    except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-        return result or rank_failure(plan, rank, None, e)
-    return result
 
 
 # -- long-lived ranks (a DistributedWorker's) ------------------------------------------------
@@ -520,10 +488,6 @@ def _close_group_fds() -> None:
                     s.close()
                 except OSError:
                     pass
-
-
-class _Aborted(BaseException):
-    """Raised in a rank whose command the driver aborted (another rank failed, or the ranks hang)."""
 
 
 class GroupLayout:
@@ -567,7 +531,7 @@ class _GroupMemory(ShmMemory):
             if ok:
                 return ok, value
             if _atomics.load(self.abort_addr) > self.command:
-                raise _Aborted()
+                raise RankStopped()
             if left <= ABORT_POLL_S:
                 return ok, value
             spin = yld = 0.0
@@ -743,6 +707,9 @@ class RankGroup:
     it must hold them before ``start()`` so the forked ranks have them too.
     """
 
+    in_process = False  # the ranks are other processes: host tensors reach them as shared files
+    finishes_dfx = False  # the worker merges the ranks' DFX files when a dispatch ends
+
     def __init__(self, device_ids: list[int], objects: dict, startup_timeout_s: float):
         self.device_ids = list(device_ids)
         self.world = len(device_ids)
@@ -870,13 +837,27 @@ class RankGroup:
         PlanPickler(buf, self.objects).dump(payload)
         return buf.getvalue()
 
-    def send(self, command: dict, fds: list[int]) -> int:
-        """Publish ``command`` to every rank, with ``fds`` (the files named in ``command['maps']``).
+    def submit(self, command: Command) -> CommandWatch:
+        """Publish ``command`` to the ranks; return its watch.  The previous command must have finished."""
+        heap, heap_ref = None, None
+        if command.heap is not None:
+            h = command.heap
+            heap_ref = (h.token, h.stride)
+            heap = WindowHeap.for_plan(h.data, 0, h.stride, command.plan)
+        wire = _Wire(self.sent, command.number, command.plan_id, command.blob, command.segment,
+                     [None if v is None else v.key for v in command.hosts], heap_ref,
+                     [(m.token, m.size) for m in command.maps], command.drops, command.dfx, command.forget_plans)
+        # Everything but the doorbell first: a woken rank should find the driver asleep, not busy.
+        watch = CommandWatch(self, self.sent, command.plan, heap, command.hang_timeout)
+        self.send(wire, command.fds)
+        return watch
+
+    def send(self, command: _Wire, fds: list[int]) -> int:
+        """Publish ``command`` to every rank, with ``fds`` (the files named in ``command.maps``).
 
         Returns the command's index.  The previous command must have finished.
         """
         index = self.sent
-        command["index"] = index
         payload = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
         frame = self.layout.frame
         blob = None
@@ -997,7 +978,7 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
 
         def on_abort(signum, frame):
             if state.running and _atomics.load(group.addr(group.layout.abort)) > state.command:
-                raise _Aborted()
+                raise RankStopped()
 
         signal.signal(signal.SIGUSR1, on_abort)
         install_line_sampler(group.status, rank)
@@ -1022,7 +1003,24 @@ def _rank_started(rank: int) -> None:
     """Called in a rank once it is set up, before it reports that it is up."""
 
 
-def _read_command(state: _RankState) -> dict:
+@dataclass
+class _Wire:
+    """A command as it travels to the ranks, pickled into the group's frame."""
+
+    index: int
+    number: int                # the dispatch's number (its segments share it)
+    plan_id: int
+    blob: bytes | None         # the plan, pickled by reference, the first time the ranks see it
+    segment: int
+    hosts: list                # HostView.key (token, offset, shape, strides, dtype, writable) or None
+    heap: tuple | None         # (token, stride) of the window arena
+    maps: list                 # (token, size) of the files whose descriptors follow on the socket
+    drops: list                # tokens of memory to unmap
+    dfx: object
+    forget_plans: bool
+
+
+def _read_command(state: _RankState) -> _Wire:
     group = state.group
     frame = state.layout.frame
     length = int(ctypes.c_int64.from_address(group.base + frame).value)
@@ -1034,7 +1032,7 @@ def _read_command(state: _RankState) -> dict:
     else:
         payload = bytes(group.arena[frame + 8:frame + 8 + length])
     command = pickle.loads(payload)
-    maps = command.get("maps", ())
+    maps = command.maps
     fds: list[int] = []
     while len(fds) < len(maps):
         _, got, _, _ = socket.recv_fds(state.sock, 16, FDS_PER_MESSAGE)
@@ -1043,7 +1041,7 @@ def _read_command(state: _RankState) -> dict:
         m = mmap.mmap(fd, size)
         os.close(fd)  # the mapping keeps the file alive
         state.maps[token] = (m, np.frombuffer(m, dtype=np.uint8))
-    drops = command.get("drop", ())
+    drops = command.drops
     if drops:  # memories over a dropped heap, and views of dropped memory, go too
         state.memories = {k: v for k, v in state.memories.items() if k[1] is None or k[1][0] not in drops}
         state.views = {k: v for k, v in state.views.items() if k[0] not in drops}
@@ -1055,7 +1053,7 @@ def _read_command(state: _RankState) -> dict:
             del entry
     if gone or state.unmapping:
         _unmap(state, gone)
-    if command.get("forget_plans"):
+    if command.forget_plans:
         state.plans.clear()
         state.memories.clear()
     return command
@@ -1089,23 +1087,23 @@ def _host_view(state: _RankState, desc) -> np.ndarray:
     return a
 
 
-def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | None]:
+def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | None]:
     group, rank = state.group, state.rank
-    plan_id = command["plan_id"]
-    if command.get("plan") is not None:
-        plan, boundaries = _PlanUnpickler(io.BytesIO(command["plan"]), group.objects, state.functions).load()
-        state.plans[plan_id] = (plan, _segments(plan, boundaries))
+    plan_id = command.plan_id
+    if command.blob is not None:
+        plan, boundaries = _PlanUnpickler(io.BytesIO(command.blob), group.objects, state.functions).load()
+        state.plans[plan_id] = (plan, split_segments(plan, boundaries))
     plan, segments = state.plans[plan_id]
-    segment = command["segment"]
+    segment = command.segment
     status = group.status
     if segment == 0:
         state.dispatch = None
         status.clear_history(rank)
-        key = (plan_id, command["heap"])
+        key = (plan_id, command.heap)
         memory = state.memories.get(key)
         if memory is None:
-            if command["heap"] is not None:
-                token, stride = command["heap"]
+            if command.heap is not None:
+                token, stride = command.heap
                 heap = WindowHeap.for_plan(state.maps[token][1], 0, stride, plan)
             else:
                 heap = WindowHeap(group.arena, 0, 0, [], [])
@@ -1113,7 +1111,7 @@ def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | N
                 group.arena, state.layout, rank, group.world, heap, status,
                 abort_addr=group.addr(group.layout.abort), command=state.command)
         hosts = []
-        for d in command["hosts"]:
+        for d in command.hosts:
             if d is None:
                 hosts.append(None)
                 continue
@@ -1123,37 +1121,25 @@ def _run_command(state: _RankState, command: dict) -> tuple[int, RankFailure | N
                 if len(state.views) > 4096:  # descriptors of long-gone tensors: start afresh
                     state.views = {d: view}
             hosts.append(view)
-        dfx = command["dfx"]
+        dfx = command.dfx
         log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
-        state.dispatch = (command["dispatch_id"], RankContext(plan, rank, memory, hosts, events=log), log, dfx)
+        state.dispatch = (command.number, RankContext(plan, rank, memory, hosts, events=log), log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
-    if dispatch_id != command["dispatch_id"]:
+    if dispatch_id != command.number:
         raise RuntimeError("a later segment arrived for a dispatch this rank did not start")
     ctx.memory.command = state.command
     ctx.plan = segments[segment]
     status.set_running(rank, "")
-    code, failure = OK, None
-    try:
-        try:
-            state.running = True
-            failure = _run_plan(ctx, plan, rank)
-        finally:
-            state.running = False
-    except _Aborted:
-        code = ABORTED
-        if log is not None:  # the records up to the abort (a hang, another rank's failure), ending with the wait
-            from ..dfx.flush import write_stopped
-
-            write_stopped(log, dfx, ctx)
-    if failure is not None:
-        code = CMD_FAILED
     last = segment == len(segments) - 1
-    if log is not None and code != ABORTED and (last or failure is not None):
-        failure = _write_outputs(log, dfx, plan, rank, failure)
-        code = CMD_FAILED if failure is not None else code
+    state.running = True
+    try:
+        outcome = run_rank(ctx, log, dfx, last=last)
+    finally:
+        state.running = False
+    code = ABORTED if outcome.stopped else CMD_FAILED if outcome.failure is not None else OK
     if last or code != OK:
         state.dispatch = None
-    return code, failure
+    return code, outcome.failure
 
 
 def _report(state: _RankState, code: int, failure: RankFailure | None) -> None:
@@ -1180,17 +1166,6 @@ def _report(state: _RankState, code: int, failure: RankFailure | None) -> None:
     old = _atomics.fetch_add(state.finished, state.no_sleepers, 1)
     if old + 1 >= group.world * (state.command + 1):
         _atomics.fetch_add(state.finished, group.ctl_sleepers, 0)
-
-
-def _segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPlan]:
-    """Split each rank's tasks at the host's sub-worker calls: segment j runs between callback j-1 and j."""
-    out = []
-    for j in range(len(boundaries) + 1):
-        lo = boundaries[j - 1] if j else -1
-        hi = boundaries[j] if j < len(boundaries) else float("inf")
-        tasks = [[t for t in ts if lo < t.seq < hi] for ts in plan.tasks]
-        out.append(dataclasses.replace(plan, tasks=tasks))
-    return out
 
 
 # -- a rank's environment and output (imported here, before the ranks fork) --------------------

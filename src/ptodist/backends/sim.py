@@ -27,13 +27,15 @@ from contextlib import nullcontext
 import numpy as np
 
 from ..check.hang import hang_error
-from ..compiler.plan import DispatchPlan
-from ..dfx import finish_run, write_rank_outputs
+from ..compiler.plan import DispatchPlan, split_segments
+from ..dfx import finish_run
 from ..errors import CheckError, ConfigError, RankError, RankFailure
 from ..language.types import Direction
-from ..runtime.events import EventLog
-from ..runtime.rank import RankContext
-from .base import DONE, FAILED, RUNNING, WAITING, StallRule, StatusBoard, current_line, rank_failure
+from ..rank.body import RankStopped, run_rank
+from ..rank.context import RankContext
+from ..rank.events import EventLog
+from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, current_line
+from .base import Command, HostView, RunsNow, StallRule
 
 ALIGN = 64
 # Operations that touch no shared memory: no reason to let another rank in before them.
@@ -45,10 +47,6 @@ WATCH_S = 0.2
 POLL_READS = 16
 
 _RUNNABLE, _BLOCKED, _ENDED = 0, 1, 2
-
-
-class SimAbort(BaseException):
-    """Raised inside a rank thread to end it when the run stops (deadlock, failure, stall)."""
 
 
 def policy_for(seed: int, world: int) -> tuple[str, int | None]:
@@ -130,13 +128,13 @@ class Scheduler:
         if me is not None:
             self._turn[me].acquire()
             if self.aborted:
-                raise SimAbort
+                raise RankStopped
 
     def enter(self, me: int) -> None:
         """A rank thread's first step: wait for its first turn."""
         self._turn[me].acquire()
         if self.aborted:
-            raise SimAbort
+            raise RankStopped
 
     def switch(self, me: int) -> None:
         """At an operation: let the policy choose who runs next."""
@@ -159,7 +157,7 @@ class Scheduler:
         self._give(None)
 
     def abort(self) -> None:
-        """Release every parked rank thread with SimAbort (the driver calls this to stop the run)."""
+        """Release every parked rank thread with RankStopped (the driver calls this to stop the run)."""
         self.aborted = True
         for t in self._turn:
             t.release()
@@ -248,23 +246,114 @@ class _SimRank(RankContext):
 
 
 class SimBackend:
-    """Runs a plan with every rank a thread of this process, one at a time, under a seeded schedule."""
+    """Runs plans with every rank a thread of this process, one at a time, under a seeded schedule.
+
+    ``session``: the ``ptodist check`` session (``check.explore``) whose seed the schedules take and
+    that receives each dispatch's records and findings; None runs under ``PTODIST_SIM_SEED``.
+    """
 
     name = "sim"
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
-        from ..check import explore
+    def __init__(self, session=None):
+        self.session = session
 
-        session = explore.active()
+    def start(self, device_ids: list, objects: dict | None = None, startup_timeout_s: float = 0.0) -> SimGroup:
+        return SimGroup(self, list(device_ids))
+
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
+        """A one-shot call: a group used once, on private copies of the host tensors.
+
+        Outputs reach the caller only when the dispatch succeeds; inputs are read-only to the ranks.
+        """
+        group = self.start(plan.device_ids)
+        views = [a.copy() if a is not None else None for a in host_arrays]
+        writable = [True] * len(views)
+        for spec in plan.host_tensors:
+            if spec.direction is Direction.IN:
+                writable[spec.index] = False
+        hosts = [HostView(v.shape, "", w, array=v) if v is not None else None for v, w in zip(views, writable)]
+        heap = group.new_arena(_heap_bytes(plan)) if plan.windows else None
+        command = Command(0, 0, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout())
+        findings = None
+        try:
+            group.execute(command)
+        except CheckError as e:  # the dispatch ran to its end; the checker found something in it
+            findings = e
+        finally:
+            if dfx is not None:
+                finish_run(dfx, plan.world, plan.device_ids)
+        for spec in plan.host_tensors:
+            if spec.direction is not Direction.IN:
+                host_arrays[spec.index][...] = views[spec.index]
+        if findings is not None:
+            raise findings
+
+
+def _heap_bytes(plan: DispatchPlan) -> int:
+    return -(-max(plan.window_heap_bytes, ALIGN) // ALIGN) * ALIGN
+
+
+class _Arena:
+    """A sim group's window heap: one zeroed row of ``stride`` bytes per rank."""
+
+    def __init__(self, world: int, stride: int):
+        self.stride = stride
+        self.rows = np.zeros((world, stride), dtype=np.uint8)
+
+
+class _Dispatch:
+    """What a dispatch's ranks keep from one segment to the next: status board, clock, logs, contexts."""
+
+    def __init__(self, number: int, world: int, checking: bool):
+        self.number = number
+        self.board_raw = np.zeros(StatusBoard.nbytes(world), dtype=np.uint8)
+        self.clock = itertools.count() if checking else None
+        self.logs: list[EventLog | None] = [None] * world
+        self.contexts: list[_SimRank | None] = [None] * world
+
+
+class SimGroup:
+    """Ranks as threads of this process, run command by command (a DistributedWorker on ``sim``)."""
+
+    in_process = True
+    finishes_dfx = False
+
+    def __init__(self, backend: SimBackend, device_ids: list):
+        self.backend = backend
+        self.device_ids = device_ids
+        self.world = len(device_ids)
+        self.death_notes: dict = {}
+        self.dispatch: _Dispatch | None = None
+
+    def new_arena(self, stride: int) -> _Arena:
+        return _Arena(self.world, stride)
+
+    def submit(self, command: Command) -> RunsNow:
+        return RunsNow(lambda: self.execute(command))
+
+    def reap(self) -> list:
+        return []  # threads do not die while idle
+
+    def kill(self) -> None:
+        self.dispatch = None
+
+    def close(self) -> None:
+        self.dispatch = None
+
+    def execute(self, command: Command) -> None:
+        """Run one command to its end; raise RankError, HangError, or CheckError (findings under check)."""
+        session = self.backend.session
+        if command.segment == 0 or self.dispatch is None or self.dispatch.number != command.number:
+            self.dispatch = _Dispatch(command.number, self.world, session is not None)
         seed = session.seed if session is not None else _env_seed()
-        run = _SimRun(plan, host_arrays, config, dfx, seed, checking=session is not None)
+        run = _SimRun(command, self.dispatch, seed)
         try:
             run.run()
         finally:
+            if command.last or run.failures or run.sched.deadlock:
+                self.dispatch = None
             if session is not None:
-                session.record(plan, run)
-            if dfx is not None:
-                finish_run(dfx, plan.world, plan.device_ids)
+                session.record(command.plan, run)
         if session is not None and run.findings:
             raise CheckError(_check_message(run.findings), findings=run.findings)
 
@@ -282,29 +371,33 @@ def _check_message(findings) -> str:
 
 
 class _SimRun:
-    """One dispatch on the sim backend: threads, memory, the driver's watch, and the results."""
+    """One command on the sim backend: threads, memory, the driver's watch, and the results."""
 
-    def __init__(self, plan, host_arrays, config, dfx, seed: int, checking: bool):
-        self.plan = plan
+    def __init__(self, command: Command, dispatch: _Dispatch, seed: int):
+        plan = command.plan
+        self.full_plan = plan
+        self.plan = split_segments(plan, command.boundaries)[command.segment] if command.boundaries else plan
         self.world = plan.world
-        self.host_arrays = host_arrays
-        self.dfx = dfx
-        self.hang_timeout = config.resolved_hang_timeout()
+        self.views = [None if h is None else h.array if h.writable else _read_only(h.array) for h in command.hosts]
+        self.dfx = command.dfx
+        self.last = command.last
+        self.hang_timeout = command.hang_timeout
         self.sched = Scheduler(plan.world, seed)
-        self.checking = checking
-        heap = -(-max(plan.window_heap_bytes, ALIGN) // ALIGN) * ALIGN
-        self.heaps = [np.zeros(heap, dtype=np.uint8) for _ in range(plan.world)]
-        self.board_raw = np.zeros(StatusBoard.nbytes(plan.world), dtype=np.uint8)
-        self.clock = itertools.count()
-        self.logs: list[EventLog | None] = [None] * plan.world
+        self.checking = dispatch.clock is not None
+        arena = command.heap
+        self.heaps = list(arena.rows) if arena is not None else [np.zeros(ALIGN, np.uint8) for _ in range(self.world)]
+        self.dispatch = dispatch
+        self.board_raw = dispatch.board_raw
+        self.clock = dispatch.clock
+        self.logs = dispatch.logs
+        self.since = next(self.clock) if self.clock is not None else 0  # this segment's first record
         self.failures: list[RankFailure] = []
         self.finished: set[int] = set()
         self.findings: list = []
 
     def run(self) -> None:
-        views = self._host_views()
-        threads = [threading.Thread(target=self._rank_main, args=(r, views), name=f"ptodist-sim-rank{r}",
-                                    daemon=True) for r in range(self.world)]
+        threads = [threading.Thread(target=self._rank_main, args=(r,), name=f"ptodist-sim-rank{r}", daemon=True)
+                   for r in range(self.world)]
         for t in threads:
             t.start()
         try:
@@ -318,22 +411,11 @@ class _SimRun:
         if self.checking:
             from ..check import hb
 
-            self.findings = hb.analyze([log for log in self.logs if log is not None], self.plan)
+            self.findings = hb.analyze([log for log in self.logs if log is not None], self.full_plan, self.since)
         if self.failures:
             raise RankError(sorted(self.failures, key=lambda f: f.rank))
         if self.sched.deadlock:
             raise self._hang(True)
-        for spec in self.plan.host_tensors:
-            if spec.direction is not Direction.IN:
-                self.host_arrays[spec.index][...] = views[spec.index]
-
-    def _host_views(self) -> list:
-        """Private copies of the host tensors: outputs reach the caller only when the dispatch succeeds."""
-        views = [a.copy() if a is not None else None for a in self.host_arrays]
-        for spec in self.plan.host_tensors:
-            if spec.direction is Direction.IN:
-                views[spec.index].flags.writeable = False  # a store into an input is reported, not lost
-        return views
 
     def _watch(self, threads) -> None:
         """Wait for the end; stop the ranks when none makes progress for the hang timeout.
@@ -352,7 +434,7 @@ class _SimRun:
                         if rows[r]["state"] == RUNNING and t.ident in frames}
                 error = self._hang(False, found[1], busy)
                 if running is not None:
-                    _raise_in(threads[running], SimAbort)
+                    _raise_in(threads[running], RankStopped)
                 self.sched.abort()
                 raise error
 
@@ -361,45 +443,49 @@ class _SimRun:
         return hang_error(self.plan, loader.status, loader.cell_load, self.finished, certain, idle,
                           self.hang_timeout, busy)
 
-    def _rank_main(self, rank: int, views: list) -> None:
-        _enter_sim_rank(rank, self.world)
+    def _context(self, rank: int) -> _SimRank:
+        """The rank's context: made at the dispatch's first segment, kept (task ids, log) for the later ones."""
         status = StatusBoard(self.board_raw, self.world)  # one per rank: its notify-site table is its own
         memory = SimMemory(self.heaps, self.plan, rank, status, self.sched)
-        log = None
-        if self.checking or self.dfx is not None:
-            log = EventLog(rank, self.plan.device_ids[rank], self.dfx.dispatch if self.dfx is not None else 0,
-                           clock=self.clock if self.checking else None)
-        self.logs[rank] = log
-        ctx = _SimRank(self.plan, rank, memory, views, events=log, sched=self.sched)
+        ctx = self.dispatch.contexts[rank]
+        if ctx is None:
+            log = None
+            if self.checking or self.dfx is not None:
+                log = EventLog(rank, self.plan.device_ids[rank], self.dfx.dispatch if self.dfx is not None else 0,
+                               clock=self.clock)
+            self.logs[rank] = log
+            ctx = self.dispatch.contexts[rank] = _SimRank(self.plan, rank, memory, self.views, events=log,
+                                                          sched=self.sched)
+        else:
+            ctx.next_segment(self.plan, memory, self.views)
+            ctx._sched = self.sched
+        return ctx
+
+    def _rank_main(self, rank: int) -> None:
+        _enter_sim_rank(rank, self.world)
+        ctx = self._context(rank)
         try:
             self.sched.enter(rank)
-        except SimAbort:
+        except RankStopped:
             return
-        result = None
-        try:
-            ctx.run_all()
-        except SimAbort:
-            if log is not None and self.dfx is not None:  # stopped (a hang): write what was recorded up to it
-                from ..dfx.flush import write_stopped
-
-                write_stopped(log, self.dfx, ctx)
+        outcome = run_rank(ctx, ctx.events, self.dfx, last=self.last)
+        if outcome.stopped:
             return
-        except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
-            result = rank_failure(self.plan, rank, ctx.failed_task or ctx.task, e)
-        if log is not None and self.dfx is not None:
-            try:
-                write_rank_outputs(log, self.dfx)
-            except Exception as e:  # noqa: BLE001 - a failed write is this rank's failure
-                result = result or rank_failure(self.plan, rank, None, e)
-        status.finish(rank, DONE if result is None else FAILED)
-        if result is None:
+        ctx.status.finish(rank, DONE if outcome.ok else FAILED)
+        if outcome.ok:
             self.finished.add(rank)
         else:
-            self.failures.append(result)
+            self.failures.append(outcome.failure)
         try:
             self.sched.end(rank)
-        except SimAbort:
+        except RankStopped:
             return
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    v = a.view()
+    v.flags.writeable = False  # a store into an input is reported, not lost
+    return v
 
 
 def _raise_in(thread: threading.Thread, exc: type[BaseException]) -> None:

@@ -1,7 +1,8 @@
 """``ptodist check``: run a script under several sim schedules; stop at the first with findings.
 
 While one schedule runs, a :class:`Session` is active: every dispatch of the
-script goes to the ``sim`` backend (whatever its RunConfig says), which takes
+script goes to a ``sim`` backend made for it (``backends.forcing``, whatever the
+script's RunConfig says), which takes
 the session's seed, records each rank's accesses, notifies and waits, runs the
 happens-before checker when the dispatch ends and hands its findings here.
 Schedule ``k`` of a run uses seed ``S + k``; a seed fixes everything, so
@@ -26,8 +27,6 @@ from dataclasses import dataclass, field
 from ..errors import CheckError, PtodistError
 from . import findings as findings_mod
 
-_active: Session | None = None
-
 
 @dataclass
 class Session:
@@ -51,11 +50,6 @@ class Session:
         self.findings.extend(run.findings)
 
 
-def active() -> Session | None:
-    """The session of the schedule running now, or None outside ``ptodist check``."""
-    return _active
-
-
 @dataclass
 class Outcome:
     """How one schedule of the script ended."""
@@ -76,15 +70,17 @@ class Outcome:
 
 @contextlib.contextmanager
 def checking(seed: int):
-    """Within this block every dispatch runs on the sim backend under ``seed`` and is checked; yields the Session."""
-    global _active
-    if _active is not None:
-        raise RuntimeError("ptodist check: a check session is already active in this process")
-    _active = Session(seed)
-    try:
-        yield _active
-    finally:
-        _active = None
+    """Within this block every dispatch runs on the sim backend under ``seed`` and is checked; yields the Session.
+
+    The block forces a :class:`~ptodist.backends.sim.SimBackend` that holds the session
+    (:func:`ptodist.backends.forcing`): one-shot calls and DistributedWorkers prepared inside it run there.
+    """
+    from ..backends import forcing
+    from ..backends.sim import SimBackend
+
+    session = Session(seed)
+    with forcing(SimBackend(session)):
+        yield session
 
 
 def run_checked(target: Callable[[], object], seed: int) -> Outcome:

@@ -206,8 +206,8 @@ def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s
     """
     import time
 
-    from ..backends.base import DONE, STATE_NAMES, WAITING
     from ..errors import HangError
+    from ..rank.status import DONE, STATE_NAMES, WAITING
 
     rows = board.rows
     states = []

@@ -30,15 +30,20 @@ STALE_PITFALL = "8.3 step 09 (stale signal)"
 CLOBBER_PITFALL = "8.1 signal never reaches expected; 8.3 step 04"
 
 
-def analyze(logs: list, plan) -> list[Finding]:
-    """Return the findings of one dispatch's logs (one EventLog per rank, recorded with a shared clock)."""
+def analyze(logs: list, plan, since: int = 0) -> list[Finding]:
+    """Return the findings of one dispatch's logs (one EventLog per rank, recorded with a shared clock).
+
+    ``since``: only records stamped from this clock value on (one segment of a worker's dispatch: the
+    host's sub-worker callback before it ordered everything earlier).
+    """
     events = []
     for log in logs:
         for rec in log.records:
-            if rec["kind"] in ("notify", "wait") and "seq" in rec:
+            if rec["kind"] in ("notify", "wait") and rec.get("seq", -1) >= since:
                 events.append((rec["seq"], log.rank, rec))
         for rec in log.accesses:
-            events.append((rec["seq"], log.rank, rec))
+            if rec["seq"] >= since:
+                events.append((rec["seq"], log.rank, rec))
     events.sort(key=lambda e: e[0])
     a = _Analysis(plan)
     for _, rank, rec in events:

@@ -159,7 +159,7 @@ def lint_transfers(fn: Function) -> None:
 
 def value_kind(v) -> str:
     """Describe an argument for messages: its ptodist type."""
-    from ..runtime.tensors import RankTensor, WindowTensor
+    from ..rank.tensors import RankTensor, WindowTensor
 
     if isinstance(v, (WindowView, WindowTensor)):
         return f"a window (pld.DistributedTensor{list(v.shape)} {v.dtype.name})"
@@ -172,7 +172,7 @@ def value_kind(v) -> str:
 
 def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: dict) -> None:
     """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding)."""
-    from ..runtime.tensors import RankTensor, WindowTensor
+    from ..rank.tensors import RankTensor, WindowTensor
 
     where = LazyText(lambda: f"{param_where(fn, spec)}, called at {loc}")
     if spec.kind == "scalar":

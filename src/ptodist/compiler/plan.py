@@ -7,7 +7,7 @@ holds as ``dispatch_plan.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 import numpy as np
@@ -211,3 +211,17 @@ def _arg_json(a) -> dict:
     if isinstance(a, (int, float, bool, str)) or a is None:
         return {"kind": "constant", "value": a}
     return {"kind": "object", "repr": repr(a)}
+
+
+def split_segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPlan]:
+    """Split each rank's tasks at the host's sub-worker calls (their ``seq``s, ``boundaries``).
+
+    Segment ``j`` holds the tasks between callback ``j-1`` and callback ``j``.
+    """
+    out = []
+    for j in range(len(boundaries) + 1):
+        lo = boundaries[j - 1] if j else -1
+        hi = boundaries[j] if j < len(boundaries) else float("inf")
+        tasks = [[t for t in ts if lo < t.seq < hi] for ts in plan.tasks]
+        out.append(replace(plan, tasks=tasks))
+    return out

@@ -134,17 +134,16 @@ def _new_run(base: Path, config) -> Path:
 def _mpi_comm(config):
     """ptodist's MPI communicator when this dispatch runs on the mpi backend with more than one process."""
     try:
-        if config.resolved_backend() != "mpi":
+        from ..backends import name_for
+
+        if name_for(config) != "mpi":
             return None
     except Exception:  # noqa: BLE001 - a bad PTODIST_BACKEND is reported by the run itself
         return None
     from ..backends import mpi
-    from ..runtime.config import started_by_mpi_launcher
 
-    if mpi._session is None and not started_by_mpi_launcher():
-        return None  # one process without a launcher: nothing to agree with (the backend refuses more)
-    comm = mpi._get_session(mpi.load_mpi()).comm
-    return comm if comm.Get_size() > 1 else None
+    comm = mpi.job_communicator()
+    return comm if comm is not None and comm.Get_size() > 1 else None
 
 
 def notice_build_time_switches() -> None:

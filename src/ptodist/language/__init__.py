@@ -2,7 +2,7 @@
 
 Tiers: this module is the public surface (each name exported once, here);
 the meaning of memory operations lives in the rank context
-(``ptodist.runtime.rank``), tile math in ``tile_ops``, program structure in
+(``ptodist.rank.context``), tile math in ``tile_ops``, program structure in
 ``functions``, annotations in ``types``.
 """
 

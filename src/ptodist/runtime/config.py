@@ -139,10 +139,7 @@ class RunConfig:
         return self.distributed_config or DistributedConfig(device_ids=[self.device_id])
 
     def resolved_backend(self) -> str:
-        from ..check import explore
-
-        if explore.active() is not None:
-            return "sim"  # under `ptodist check` every dispatch runs on the simulator, whatever was asked
+        """The backend this config selects (``ptodist check`` overrides it: ``backends.for_config``)."""
         name = self.backend or os.environ.get("PTODIST_BACKEND") or ("mpi" if started_by_mpi_launcher() else "shm")
         if name not in BACKENDS:
             raise ConfigError(f"PTODIST_BACKEND={name!r}: available backends are {', '.join(BACKENDS)}")
@@ -162,17 +159,17 @@ class RunConfig:
             return value
         return DEFAULT_HANG_TIMEOUT_S
 
-    def announce_platform(self) -> None:
+    def announce_platform(self, backend: str) -> None:
         """Say once per process which of ptodist's backends the upstream platform runs on.
 
         Called before every run starts, so it also refuses a malformed ``PTODIST_RANK_PREFIX`` here, before
         the ranks (which read it) exist.
         """
         rank_prefix_setting()
-        key = f"{self.platform}->{self.resolved_backend()}"
+        key = f"{self.platform}->{backend}"
         if key not in _announced:
             _announced.add(key)
-            name = self.resolved_backend()
+            name = backend
             where = "the local" if name in ("shm", "sim") else "ptodist's"
             print(f"ptodist: platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)",
                   file=sys.stderr)

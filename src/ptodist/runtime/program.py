@@ -19,8 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import dfx
-from ..backends import get_backend
+from .. import backends, dfx
 from ..compiler import checks, planner
 from ..compiler.plan import DispatchPlan, HostTensorSpec
 from ..errors import DispatchTypeError, DispatchValueError, ShapeError
@@ -120,11 +119,11 @@ class CompiledProgram:
         self.config = config
         self.device_ids = list(config.devices.device_ids)
         self.world = len(self.device_ids)
-        self._extra = list(extra_functions)
+        self.extra_functions = list(extra_functions)
         self._plans: dict = {}
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
-        checks.check_program_signatures(host, self._extra)
+        checks.check_program_signatures(host, self.extra_functions)
 
     @classmethod
     def build(cls, target, config: RunConfig | None = None, example_args=()) -> CompiledProgram:
@@ -154,7 +153,7 @@ class CompiledProgram:
         return self._output_dir
 
     # -- arguments ----------------------------------------------------------------
-    def _bind(self, args: tuple, adapt=HostTensor, new_output=None) -> tuple[list, list, bool]:
+    def bind(self, args: tuple, adapt=HostTensor, new_output=None) -> tuple[list, list, bool]:
         """Bind ``args`` to the host parameters; tensors become ``adapt(value, name)`` objects.
 
         ``adapt`` must give ``.dtype`` (a pl dtype), ``.shape``, ``.is_torch`` and ``.value``;
@@ -257,26 +256,32 @@ class CompiledProgram:
 
     # -- planning -----------------------------------------------------------------
     def _plan_for(self, args: tuple) -> tuple[DispatchPlan, list, list, bool]:
-        values, hosts, created = self._bind(args)
-        key = self._plan_key(values, hosts)
+        values, hosts, created = self.bind(args)
+        key = self.plan_key(values, hosts)
         plan = self._plans.get(key)
         if plan is None:
-            plan = planner.make_plan(self.host, self.name, self.device_ids, self._host_specs(hosts), values)
+            plan = planner.make_plan(self.host, self.name, self.device_ids, self.host_specs(hosts), values)
             self._plans[key] = plan
-            self._write_plan(plan.to_json())
+            self.write_plan(plan.to_json())
         return plan, values, hosts, created
 
-    def _host_specs(self, hosts: list) -> list[HostTensorSpec]:
+    def dispatch_number(self) -> int:
+        """Count a dispatch of this program (one-shot or on a worker); return its number (k of ``d{k}``)."""
+        k = self._dispatches
+        self._dispatches += 1
+        return k
+
+    def host_specs(self, hosts: list) -> list[HostTensorSpec]:
         return [HostTensorSpec(i, p.name, tuple(h.shape), h.dtype, p.direction)
                 for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
 
     @staticmethod
-    def _plan_key(values: list, hosts: list) -> tuple:
+    def plan_key(values: list, hosts: list) -> tuple:
         """What a plan depends on: each tensor's shape and dtype, each scalar's value."""
         return tuple((tuple(h.shape), h.dtype.name) if h is not None else _scalar_key(v)
                      for h, v in zip(hosts, values))
 
-    def _write_plan(self, plan_json: dict) -> None:
+    def write_plan(self, plan_json: dict) -> None:
         path = self.output_dir / "dispatch_plan.json"
         path.write_text(json.dumps(plan_json, indent=2) + "\n")
 
@@ -288,13 +293,13 @@ class CompiledProgram:
                 list(config.distributed_config.device_ids) != self.device_ids:
             raise DispatchValueError(f"{self.name}: called with device_ids {config.distributed_config.device_ids} but "
                                      f"compiled for {self.device_ids}; compile again for other devices")
-        cfg.announce_platform()
-        note_dispatch(self, cfg.resolved_backend())
+        backend = backends.for_config(cfg)
+        cfg.announce_platform(backend.name)
+        note_dispatch(self, backend.name)
         plan, values, hosts, created = self._plan_for(args)
         arrays = [h.array if h is not None else None for h in hosts]
-        dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self._dispatches)
-        self._dispatches += 1
-        get_backend(cfg.resolved_backend()).run(plan, arrays, cfg, dfx_request)
+        dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number())
+        backend.run(plan, arrays, cfg, dfx_request)
         outs = []
         for p, h in zip(self.host.params, hosts):
             if h is not None and p.direction is not Direction.IN:

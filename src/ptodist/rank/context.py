@@ -16,7 +16,6 @@ import sys
 import numpy as np
 
 from .. import collectives, context
-from ..backends.base import LAST_OP_CODES
 from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
@@ -37,6 +36,7 @@ from ..language.tile_ops import Tile
 from ..language.types import Direction
 from ..source import call_site, is_internal, user_frame, user_location
 from .events import EventLog, now_ns
+from .status import LAST_OP_CODES
 from .tensors import RankTensor, WindowTensor
 
 try:
@@ -97,6 +97,23 @@ class RankContext(context.Context):
         self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
         self._polled: dict = {}  # (array address, index) -> the value pl.read saw there last
+
+    def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
+        """Run the next segment of this dispatch (after a sub-worker callback): ``plan``'s tasks over ``memory``.
+
+        What the dispatch keeps (task ids, the event log, signal layouts) stays; what was made from the
+        previous segment's memory (window views, the progress word) is made again.
+        """
+        self.plan = plan
+        self.memory = memory
+        self.status = memory.status
+        self._progress = memory.status.progress_counter(self.rank)
+        last_op_words = getattr(memory.status, "last_op_words", None)
+        self._last_op = last_op_words(self.rank) if last_op_words is not None else None
+        self.host_arrays = host_arrays
+        self._windows = {}
+        self._spans = None
+        self._polled = {}
 
     # -- running the plan -------------------------------------------------------
     def run_all(self) -> None:

@@ -1,0 +1,203 @@
+"""The status board: what each rank publishes about itself while it runs, for the driver to read.
+
+One row per rank (state, task, the wait it is blocked in, its progress word, the line it was last
+sampled at, its last communication operation) plus each rank's ring of the latest notifies it sent.
+Ranks write their own row only; the driver (``backends/``) reads every row to detect and explain hangs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+import sys
+import time
+
+import numpy as np
+
+from ..source import is_internal
+
+# The signal that asks a rank process for its current line.
+SAMPLE_SIGNAL = signal.SIGUSR2
+
+# Rank states on the status board.
+IDLE, RUNNING, WAITING, DONE, FAILED = 0, 1, 2, 3, 4
+STATE_NAMES = {IDLE: "not started", RUNNING: "running", WAITING: "waiting", DONE: "finished", FAILED: "failed"}
+
+STATUS_DTYPE = np.dtype([
+    ("state", np.int32),
+    ("wait_buffer", np.int32),
+    ("wait_cmp", np.int32),
+    ("wait_cell0", np.int32),  # the first index of the cell waited on (often the sender's rank)
+    ("samples", np.int32),     # how many times the rank's current line was sampled into ``busy``
+    ("progress", np.int64),
+    ("wait_offset", np.int64),
+    ("wait_expected", np.int64),
+    ("since", np.float64),
+    ("task", "S64"),
+    ("where", "S192"),
+    ("what", "S128"),
+    ("busy", "S192"),          # the rank's current line when last sampled (a running rank that stalls)
+    ("last_op", np.int32),     # the last communication operation the rank began (an index of LAST_OPS; 0: none)
+    ("last_site", np.int32),   # its source line, a slot of the rank's site table (-1: unknown)
+])
+
+# The operations ``last_op`` names: the ones a rank communicates with (written only by them, so cheaply).
+LAST_OPS = ("", "pld.system.notify", "pld.system.wait", "pld.system.defer_wait", "pld.tile.remote_load",
+            "pld.tile.remote_store", "pld.tensor.remote_store", "pld.tensor.put", "pld.tensor.get",
+            "pld.tensor.barrier", "pld.tensor.allreduce", "pld.tensor.broadcast", "pld.tensor.allgather",
+            "pld.tensor.reduce_scatter", "pld.tensor.all_to_all", "pld.tensor.all_to_all_v")
+LAST_OP_CODES = {name: i for i, name in enumerate(LAST_OPS)}
+
+class Sent(ctypes.Structure):
+    """One notify a rank sent, kept for hang reports (which notifies did a blocked cell receive?)."""
+
+    _fields_ = [("seq", ctypes.c_int64), ("offset", ctypes.c_int64), ("buffer", ctypes.c_int32),
+                ("owner", ctypes.c_int32), ("op", ctypes.c_int32), ("value", ctypes.c_int32),
+                ("old", ctypes.c_int32), ("new", ctypes.c_int32), ("site", ctypes.c_int32), ("pad", ctypes.c_int32)]
+
+
+HISTORY = 256      # notifies kept per rank (the latest)
+SITES = 128        # distinct source lines a rank can name in its history
+SITE_BYTES = 200
+
+
+class StatusBoard:
+    """Per rank: a status row, the latest notifies it sent, and the source lines they came from.
+
+    All of it lives in memory the driver can read while the ranks run.
+    """
+
+    def __init__(self, raw: np.ndarray, world: int):
+        self.world = world
+        rows_end = STATUS_DTYPE.itemsize * world
+        hist_end = rows_end + ctypes.sizeof(Sent) * HISTORY * world
+        self.rows = raw[:rows_end].view(STATUS_DTYPE)  # structured array of STATUS_DTYPE, length world
+        base = raw.ctypes.data
+        self._history = [(Sent * HISTORY).from_address(base + rows_end + r * ctypes.sizeof(Sent) * HISTORY)
+                         for r in range(world)]
+        self._sites = raw[hist_end:hist_end + SITES * SITE_BYTES * world].view(f"S{SITE_BYTES}").reshape(world, SITES)
+        self._site_index: dict = {}  # in a rank: (file, line) -> slot
+        self._seq = 0
+
+    def progress_counter(self, rank: int) -> ctypes.c_int64:
+        """Return rank's progress word as a ctypes int: ``.value += 1`` is the cheapest update from Python."""
+        addr = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize + STATUS_DTYPE.fields["progress"][1]
+        return ctypes.c_int64.from_address(addr)
+
+    @staticmethod
+    def nbytes(world: int) -> int:
+        return (STATUS_DTYPE.itemsize + ctypes.sizeof(Sent) * HISTORY + SITES * SITE_BYTES) * world
+
+    def site_slot(self, rank: int, site) -> int:
+        """The slot of ``site`` (the user's ``(file, line)``) in rank's site table, added if new; -1 if none."""
+        if site is None:
+            return -1
+        slot = self._site_index.get(site, -1)
+        if slot < 0 and len(self._site_index) < SITES:
+            slot = self._site_index[site] = len(self._site_index)
+            self._sites[rank, slot] = f"{site[0]}:{site[1]}".encode()[-SITE_BYTES:]
+        return slot
+
+    def site(self, rank: int, slot: int) -> str:
+        """The ``file:line`` in slot ``slot`` of rank's site table ('' for none)."""
+        return self._sites[rank, slot].decode(errors="replace") if 0 <= slot < SITES else ""
+
+    def last_op_words(self, rank: int) -> ctypes.c_uint64 | None:
+        """Rank's ``last_op`` and ``last_site`` words as one ctypes 64-bit word, ``last_op`` in its low half
+        (little-endian): ``.value = op | (slot & 0xFFFFFFFF) << 32`` writes both at once, the cheapest update."""
+        if sys.byteorder != "little":  # the one-store update assumes last_op is the low half; not kept elsewhere
+            return None
+        addr = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize + STATUS_DTYPE.fields["last_op"][1]
+        return ctypes.c_uint64.from_address(addr)
+
+    def last_op(self, rank: int) -> tuple[str, str]:
+        """The last communication operation rank began and its ``file:line`` (``('', '')`` for none)."""
+        row = self.rows[rank]
+        code = int(row["last_op"])
+        if not 0 < code < len(LAST_OPS):
+            return "", ""
+        return LAST_OPS[code], self.site(rank, int(row["last_site"]))
+
+    def record_notify(self, rank: int, buffer: int, owner: int, offset: int, op: int, value: int, old: int,
+                      new: int, site) -> None:
+        """Keep one sent notify in rank's ring (``site``: the user's ``(file, line)``, or None)."""
+        slot = self.site_slot(rank, site)
+        self._seq += 1
+        e = self._history[rank][self._seq % HISTORY]
+        e.offset, e.buffer, e.owner, e.op, e.value, e.old, e.new, e.site = offset, buffer, owner, op, value, old, new, slot
+        e.seq = self._seq  # written last: a reader sees whole entries
+
+    def sent(self, rank: int) -> list[dict]:
+        """The notifies ``rank`` sent that are still in its ring, oldest first (for the driver)."""
+        out = []
+        for e in self._history[rank]:
+            if e.seq > 0:
+                where = self.site(rank, e.site)
+                out.append({"seq": e.seq, "rank": rank, "buffer": e.buffer, "owner": e.owner, "offset": e.offset,
+                            "op": "Set" if e.op else "AtomicAdd", "value": e.value, "old": e.old, "new": e.new,
+                            "where": where})
+        return sorted(out, key=lambda d: d["seq"])
+
+    def clear_history(self, rank: int) -> None:
+        """Forget the notifies ``rank`` sent so far, and its last operation (a new dispatch on long-lived ranks
+        starts afresh)."""
+        ctypes.memset(ctypes.addressof(self._history[rank]), 0, ctypes.sizeof(self._history[rank]))
+        self.rows[rank]["last_op"] = 0
+        self.rows[rank]["last_site"] = -1
+
+    def set_running(self, rank: int, task: str) -> None:
+        row = self.rows[rank]
+        row["task"] = task.encode()[:64]
+        row["state"] = RUNNING
+        row["progress"] += 1
+
+    def set_waiting(self, rank: int, buffer_id: int, offset: int, cmp: int, expected: int, where: str,
+                    what: str, cell0: int = -1) -> None:
+        row = self.rows[rank]
+        row["wait_cell0"] = cell0
+        row["wait_buffer"] = buffer_id
+        row["wait_offset"] = offset
+        row["wait_cmp"] = cmp
+        row["wait_expected"] = expected
+        row["where"] = where.encode()[:192]
+        row["what"] = what.encode()[:128]
+        row["since"] = time.time()
+        row["state"] = WAITING
+
+    def finish(self, rank: int, state: int) -> None:
+        self.rows[rank]["state"] = state
+        self.rows[rank]["progress"] += 1
+
+    def record_busy(self, rank: int, line: str) -> None:
+        """Publish the line ``rank`` is running now (asked for when it stalls without waiting)."""
+        row = self.rows[rank]
+        row["busy"] = line.encode()[-192:]
+        row["samples"] += 1
+
+    def busy_line(self, rank: int) -> str:
+        return self.rows[rank]["busy"].decode(errors="replace")
+
+
+def current_line(frame) -> str:
+    """The innermost line of the user's program on ``frame``'s stack, as ``file:line in function``.
+
+    A stack with no user frame (ptodist's own code, e.g. a host collective) names its innermost frame.
+    """
+    inner = frame
+    while frame is not None:
+        code = frame.f_code
+        if not is_internal(code.co_filename):
+            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        frame = frame.f_back
+    if inner is None:
+        return ""
+    return f"{inner.f_code.co_filename}:{inner.f_lineno} in {inner.f_code.co_name}"
+
+
+def install_line_sampler(board: StatusBoard, rank: int) -> None:
+    """In a rank process: answer SAMPLE_SIGNAL by publishing the line the rank is running."""
+
+    def on_sample(signum, frame):
+        board.record_busy(rank, current_line(frame))
+
+    signal.signal(SAMPLE_SIGNAL, on_sample)

@@ -1,0 +1,14 @@
+"""DistributedWorker: ranks started once on any backend and dispatched many times.
+
+Modules, by responsibility: ``api`` (DistributedWorker, the public surface), ``handles`` (RunHandle,
+DeviceTensor, StackedDeviceTensor), ``memory`` (shared files, ``shared_array``), ``binding``
+(arguments → memory the ranks see, commands), ``plans`` (planning with sub-worker calls),
+``engine`` (the queue and its driving on the rank group).
+"""
+
+from .api import DistributedWorker
+from .handles import DeviceTensor, DistributedRunHandle, RunHandle, StackedDeviceTensor
+from .memory import shared_array
+
+__all__ = ["DeviceTensor", "DistributedRunHandle", "DistributedWorker", "RunHandle", "StackedDeviceTensor",
+           "shared_array"]

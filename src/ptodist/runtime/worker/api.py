@@ -1,0 +1,366 @@
+"""DistributedWorker: start the ranks once, dispatch many times (``compiled.prepare()``).
+
+The worker starts a group of ranks on its backend (``Backend.start``: shm rank processes, sim
+threads, or this process's rank of an MPI job) and hands everything else to its engine
+(``engine.Engine``): binding, plans, the queue, callbacks.  A dispatch binds its arguments in the
+caller's thread (on shm, host tensors must be shared memory: torch ``.share_memory_()`` or
+:func:`shared_array`), is planned (cached per program and argument signature; the host's
+sub-worker calls split the plan into segments, with a Python callback between two), and is queued:
+at most two are accepted at a time.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import numpy as np
+
+from ... import backends, dfx
+from ...compiler import checks
+from ...errors import ConfigError, DispatchTypeError, DispatchValueError, UsageError
+from ...language import dtypes as dt
+from ...language.functions import Function, Kind
+from ..config import RunConfig
+from .engine import Engine, in_callback
+from .handles import (
+    DeviceTensor,
+    RunHandle,
+    StackedDeviceTensor,
+    as_dtype,
+    as_shape,
+    check_same,
+    copy_out,
+    host_array,
+)
+from .memory import SharedFile
+from .plans import is_abstract
+
+DEFAULT_STARTUP_TIMEOUT_S = 60.0
+MAX_IN_FLIGHT = 2
+
+
+def _emergency_stop(engine: Engine) -> None:
+    engine.release()
+
+
+class DistributedWorker:
+    """Rank processes started once and dispatched many times (``compiled.prepare()``).
+
+    Args:
+        compiled: the program (or a list of programs, the first being the primary one).
+        config: a RunConfig for the worker's dispatches (default: the primary program's).
+        extra_compiled: more programs this worker runs (``rt.run(program, ...)``).
+        persistent: keep window buffers across dispatches (one layout per program).
+        reset_persistent_windows: zero persistent windows before each dispatch (default: on
+            when ``persistent``); ``True`` needs ``persistent=True``.
+        callbacks: ``{name: fn}`` for the host orchestrators' sub-worker functions
+            (``pl.Role.SubWorker``); ``fn(*args)`` gets the call's arguments.
+        startup_timeout_s: how long the ranks may take to start (default 60 s).
+
+    Raises:
+        RankError: a rank died or did not come up in time; nothing is left running.
+    """
+
+    def __init__(self, compiled, config: RunConfig | None = None, *, extra_compiled=(), persistent: bool = False,
+                 reset_persistent_windows: bool | None = None, callbacks: dict | None = None,
+                 startup_timeout_s: float | None = None):
+        from ..program import CompiledProgram
+
+        primary = list(compiled) if isinstance(compiled, (list, tuple)) else [compiled]
+        programs: list = []
+        for c in [*primary, *extra_compiled]:
+            if not isinstance(c, CompiledProgram):
+                raise DispatchTypeError(f"DistributedWorker: expected compiled programs (from compile()), got "
+                                        f"{type(c).__name__}")
+            if not any(c is p for p in programs):
+                programs.append(c)
+        if not programs:
+            raise ConfigError("DistributedWorker: at least one compiled program is needed")
+        head = programs[0]
+        for c in programs[1:]:
+            if c.device_ids != head.device_ids:
+                raise ConfigError(f"DistributedWorker: programs must run on the same devices; '{head.name}' is "
+                                  f"compiled for device_ids {head.device_ids}, '{c.name}' for {c.device_ids}. "
+                                  "Compile them with one DistributedConfig.")
+        cfg = config or head.config
+        if config is not None and config.distributed_config is not None and \
+                list(config.distributed_config.device_ids) != head.device_ids:
+            raise ConfigError(f"DistributedWorker: config has device_ids {config.distributed_config.device_ids} but "
+                              f"'{head.name}' is compiled for {head.device_ids}; compile again for other devices")
+        if not isinstance(persistent, bool):
+            raise ConfigError(f"prepare(persistent={persistent!r}): must be True or False")
+        if reset_persistent_windows is not None and not isinstance(reset_persistent_windows, bool):
+            raise ConfigError(f"prepare(reset_persistent_windows={reset_persistent_windows!r}): must be True, False "
+                              "or None")
+        if reset_persistent_windows and not persistent:
+            raise ConfigError("prepare(reset_persistent_windows=True) needs persistent=True: without it windows "
+                              "live for one dispatch and always start zeroed. Pass persistent=True, or drop "
+                              "reset_persistent_windows.")
+        timeout = DEFAULT_STARTUP_TIMEOUT_S if startup_timeout_s is None else startup_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
+            raise ConfigError(f"prepare(startup_timeout_s={startup_timeout_s!r}): must be a positive, finite number "
+                              "of seconds")
+        checked = self._check_callbacks(programs, callbacks)
+        backend = backends.for_config(cfg)
+        cfg.announce_platform(backend.name)
+        dfx.notice_build_time_switches()
+        reset = persistent if reset_persistent_windows is None else reset_persistent_windows
+        objects: dict = {}
+        for c in programs:
+            for f in checks.reachable_functions(c.host, c.extra_functions):
+                objects[id(f.fn)] = f
+                if f.bound_self is not None:
+                    objects[id(f.bound_self)] = f.bound_self
+        group = backend.start(list(head.device_ids), objects, float(timeout))
+        self._core = Engine(programs, cfg, persistent, reset, checked, group, backend.name)
+        self._finalizer = weakref.finalize(self, _emergency_stop, self._core)
+
+    @staticmethod
+    def _check_callbacks(programs: list, callbacks) -> dict:
+        if callbacks is None:
+            callbacks = {}
+        if not isinstance(callbacks, dict):
+            raise DispatchTypeError(f"prepare(callbacks=...): expects a dict {{name: function}}, got "
+                                    f"{type(callbacks).__name__}")
+        subs: dict[str, Function] = {}
+        for c in programs:
+            for f in checks.reachable_functions(c.host, c.extra_functions):
+                if f.kind is Kind.SUBWORKER:
+                    subs.setdefault(f.name, f)
+        for name, fn in callbacks.items():
+            if name not in subs:
+                known = ", ".join(sorted(subs)) or "none"
+                raise ConfigError(f"prepare(callbacks=...): no sub-worker function is called '{name}' in the "
+                                  f"worker's programs (sub-worker functions: {known})")
+            if not callable(fn):
+                raise DispatchTypeError(f"prepare(callbacks=...): the callback for '{name}' must be callable, got "
+                                        f"{type(fn).__name__}")
+        for name, f in subs.items():
+            if name not in callbacks and is_abstract(f):
+                raise ConfigError(f"prepare(): sub-worker function '{name}' ({f.location}) has no body ('...'): it is "
+                                  f"a callback point. Bind it with prepare(callbacks={{'{name}': fn}}).")
+        return dict(callbacks)
+
+    # -- identity ---------------------------------------------------------------------------------
+    @property
+    def programs(self) -> list:
+        """The compiled programs this worker runs (the primary one first)."""
+        return list(self._core.programs)
+
+    @property
+    def device_ids(self) -> list[int]:
+        return list(self._core.device_ids)
+
+    @property
+    def world(self) -> int:
+        return self._core.world
+
+    @property
+    def persistent(self) -> bool:
+        return self._core.persistent
+
+    @property
+    def closed(self) -> bool:
+        return self._core.closed
+
+    def __repr__(self) -> str:
+        names = ", ".join(c.name for c in self._core.programs)
+        state = "closed" if self._core.closed else f"{self.world} ranks"
+        return f"<DistributedWorker [{names}] ({state})>"
+
+    # -- dispatch ---------------------------------------------------------------------------------
+    def __call__(self, *args, config: RunConfig | None = None):
+        """Dispatch the worker's program once and wait for it (``rt(*args)``)."""
+        if len(self._core.programs) > 1:
+            self._core.check_usable("__call__() (rt(...))")
+            names = ", ".join(f"'{c.name}'" for c in self._core.programs)
+            raise DispatchTypeError(f"rt(*args) is ambiguous: this worker runs {len(self._core.programs)} programs "
+                                    f"({names}). Dispatch with rt.run(compiled, *args).")
+        return self._accept(self._core.programs[0], args, config, "__call__() (rt(...))").result()
+
+    def run(self, compiled, *args, config: RunConfig | None = None):
+        """Dispatch ``compiled`` (one of the worker's programs) once and wait for it; return its outputs."""
+        return self._accept(compiled, args, config, "run()").result()
+
+    def submit(self, compiled, *args, config: RunConfig | None = None) -> RunHandle:
+        """Accept a dispatch of ``compiled`` and return at once; at most two are in flight.
+
+        A third ``submit`` first waits for the oldest.  Overlapping dispatches need distinct
+        output tensors; do not change their arguments before ``result()`` returns.
+        """
+        handle = self._accept(compiled, args, config, "submit()")
+        self._core.start_thread()
+        return handle
+
+    def _accept(self, compiled, args: tuple, config, call: str) -> RunHandle:
+        core = self._core
+        core.check_usable(call)
+        index = next((i for i, c in enumerate(core.programs) if c is compiled), None)
+        if index is None:
+            from ..program import CompiledProgram
+
+            if not isinstance(compiled, CompiledProgram):
+                raise DispatchTypeError(f"DistributedWorker.{call}: the first argument is the program to run "
+                                        f"(a compiled program), got {type(compiled).__name__}")
+            names = ", ".join(f"'{c.name}'" for c in core.programs)
+            raise DispatchValueError(f"DistributedWorker.{call}: program '{compiled.name}' was not given to "
+                                     f"prepare(); this worker runs {names}. Register it with "
+                                     "prepare(extra_compiled=[...]).")
+        while True:
+            with core.state:
+                oldest = core.queue[0].handle if len(core.queue) >= MAX_IN_FLIGHT else None
+            if oldest is None:
+                break
+            core.drive(oldest, None)
+        handle = core.accept(self, index, compiled, args, config, call)
+        core.poke(watch=False)  # publish at once when the ranks are idle
+        return handle
+
+    # -- resident tensors -------------------------------------------------------------------------
+    def alloc_tensor(self, shape, dtype, *, init=None) -> DeviceTensor:
+        """Allocate a zero-filled tensor resident in the ranks; ``init`` (a host tensor) fills it once."""
+        core = self._core
+        core.check_usable("alloc_tensor()")
+        dtype = as_dtype(dtype, "alloc_tensor()")
+        shape = as_shape(shape, "alloc_tensor()")
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.get_byte()
+        t = DeviceTensor(core, SharedFile(nbytes, "ptodist-tensor"), 0, shape, dtype)
+        with core.state:
+            core.residents[t._file.serial] = t
+        if init is not None:
+            try:
+                self.copy_to(t, init)
+            except BaseException:
+                self.free_tensor(t)
+                raise
+        return t
+
+    def free_tensor(self, tensor: DeviceTensor) -> None:
+        """Free a resident tensor (after the accepted dispatches that use it); freeing twice does nothing."""
+        core = self._core
+        core.check_usable("free_tensor()")
+        if isinstance(tensor, StackedDeviceTensor):
+            raise DispatchTypeError("free_tensor(): got a StackedDeviceTensor; free it with free_stacked_tensor()")
+        if not isinstance(tensor, DeviceTensor):
+            raise DispatchTypeError(f"free_tensor(): expects a DeviceTensor, got {type(tensor).__name__}")
+        if tensor._parent is not None:
+            raise DispatchValueError(f"free_tensor(): {tensor.describe()} is a shard, part of its stacked tensor; "
+                                     "free the whole StackedDeviceTensor with free_stacked_tensor()")
+        self._free(tensor, "free_tensor()")
+
+    def alloc_stacked_tensor(self, host) -> StackedDeviceTensor:
+        """Upload ``host`` ([world, ...]) as a stacked tensor: shard i (``host[i]``) on rank i."""
+        core = self._core
+        core.check_usable("alloc_stacked_tensor()")
+        array = host_array(host, "alloc_stacked_tensor(host)")
+        dtype = dt.from_numpy(array.dtype)
+        if array.ndim == 0 or array.shape[0] != core.world:
+            raise DispatchValueError(f"alloc_stacked_tensor(host): host has shape {list(array.shape)}; its first "
+                                     f"dimension must be the rank count ({core.world}): shard i goes to rank i")
+        t = StackedDeviceTensor(core, SharedFile(array.nbytes, "ptodist-tensor"), array.shape, dtype)
+        t._array()[...] = array
+        with core.state:
+            core.residents[t._file.serial] = t
+        return t
+
+    def free_stacked_tensor(self, stacked: StackedDeviceTensor) -> None:
+        """Free every shard of a stacked tensor; freeing twice does nothing."""
+        core = self._core
+        core.check_usable("free_stacked_tensor()")
+        if not isinstance(stacked, StackedDeviceTensor):
+            raise DispatchTypeError(f"free_stacked_tensor(): expects a StackedDeviceTensor, got "
+                                    f"{type(stacked).__name__}")
+        self._free(stacked, "free_stacked_tensor()")
+
+    def _free(self, t, call: str) -> None:
+        core = self._core
+        if t._core is not core:
+            raise DispatchValueError(f"{call}: {t.describe()} was allocated by another DistributedWorker; free it "
+                                     "with that worker")
+        if t._file is None:
+            return
+        core.wait_unused(t)
+        with core.state:
+            d = in_callback()
+            if d is not None and t._file is not None and t._file.serial in d.residents:
+                raise UsageError(f"{call}: {t.describe()} is used by the dispatch whose sub-worker callback is "
+                                   "running; free it after that dispatch's result()")
+            if t._file is None:
+                return
+            core.residents.pop(t._file.serial, None)
+            core.binding.forget_file(t._file)
+            t._file = None
+
+    def copy_to(self, dst: DeviceTensor, src) -> None:
+        """Copy host tensor ``src`` into resident tensor ``dst`` (same shape and dtype).
+
+        Waits first for the accepted dispatches that use ``dst``.
+        """
+        target = self._resident(dst, "copy_to(dst, src)", "dst", "copy_from(dst, src)")
+        array = host_array(src, "copy_to(dst, src): src")
+        check_same(dst, array, "copy_to(dst, src)", "src")
+        target[...] = array
+
+    def copy_from(self, dst, src: DeviceTensor) -> None:
+        """Copy resident tensor ``src`` into host tensor ``dst`` (same shape and dtype).
+
+        Waits first for the accepted dispatches that use ``src``.
+        """
+        source = self._resident(src, "copy_from(dst, src)", "src", "copy_to(dst, src)")
+        copy_out(dst, source, src, "copy_from(dst, src)")
+
+    def copy_stacked_from(self, stacked: StackedDeviceTensor, host_out) -> None:
+        """Copy every shard of ``stacked`` into ``host_out`` ([world, ...], same dtype)."""
+        core = self._core
+        core.check_usable("copy_stacked_from()")
+        if not isinstance(stacked, StackedDeviceTensor):
+            raise DispatchTypeError(f"copy_stacked_from(stacked, host_out): stacked must be a StackedDeviceTensor, "
+                                    f"got {type(stacked).__name__}")
+        core.check_resident(stacked, "copy_stacked_from(stacked, host_out)")
+        self._wait_for(stacked)
+        copy_out(host_out, stacked._array(), stacked, "copy_stacked_from(stacked, host_out)")
+
+    def _resident(self, t, call: str, role: str, other: str) -> np.ndarray:
+        core = self._core
+        core.check_usable(call.split("(")[0] + "()")
+        if not isinstance(t, DeviceTensor):
+            hint = f"; did you mean {other}?" if not isinstance(t, StackedDeviceTensor) else \
+                " (for a StackedDeviceTensor index a shard, stacked[i], or use copy_stacked_from)"
+            raise DispatchTypeError(f"{call}: {role} must be a DeviceTensor of this worker, got "
+                                    f"{type(t).__name__}{hint}")
+        core.check_resident(t, call)
+        self._wait_for(t)
+        return t._array()
+
+    def _wait_for(self, t) -> None:
+        self._core.wait_unused(t)
+
+    # -- closing ------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Wait for the accepted dispatches (in order), then stop the ranks and free everything.
+
+        Safe to call again; every later call on the worker raises UsageError (a RuntimeError).
+        """
+        core = self._core
+        if core.closed:
+            return
+        if in_callback() is not None:
+            raise UsageError("DistributedWorker.close(): called from inside a sub-worker callback; close the "
+                               "worker after the dispatch's result() returns")
+        try:
+            with core.state:
+                core.closing = True
+                core.wakeup.notify_all()
+            core.drain()
+        finally:
+            self._finalizer()
+
+    def __enter__(self) -> DistributedWorker:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
+
+

@@ -1,0 +1,442 @@
+"""Binding a dispatch's arguments to memory its ranks can see, and making the command for a segment.
+
+``SharedBinding`` serves ranks in other processes (the shm group): host tensors must be shared
+memory (torch ``.share_memory_()``, ``shared_array``), found by address and sent to the ranks once
+as file descriptors under a token; memory freed or garbage collected is dropped by token.
+``LocalBinding`` serves ranks that see the driver's memory (sim threads, the mpi process itself):
+any CPU tensor is used in place.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import weakref
+from collections import deque
+
+import numpy as np
+
+from ...backends.base import Command, HostView, SharedHeap
+from ...errors import DispatchTypeError, NotSharedError
+from ...language import dtypes as dt
+from ...language.types import Direction
+from ..program import unsupported_dtype
+from .handles import DeviceTensor, StackedDeviceTensor, host_array
+from .memory import SharedFile, SharedMapping, shared_array, shared_mapping
+
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy < 2
+    from numpy import byte_bounds
+
+PLANS_KEPT_BY_RANKS = 256
+
+
+class _Arg:
+    """A tensor argument of a dispatch, as the ranks will see it (the adapter ``_bind`` uses)."""
+
+    __slots__ = ("value", "dtype", "shape", "is_torch", "kind", "map", "offset", "strides", "resident")
+
+    def __init__(self, value, dtype, shape, is_torch, kind, map_=None, offset=0, strides=None, resident=None):
+        self.value = value
+        self.dtype = dtype
+        self.shape = tuple(shape)
+        self.is_torch = is_torch
+        self.kind = kind          # "host", "resident", "stacked" or "empty"
+        self.map = map_           # the _Map of its memory
+        self.offset = offset      # bytes from the start of that memory to element 0
+        self.strides = strides    # in bytes
+        self.resident = resident  # the DeviceTensor / StackedDeviceTensor
+
+
+class _Map:
+    """Memory the ranks map under ``token``: a torch storage, a shared array, a resident tensor, a heap."""
+
+    __slots__ = ("token", "size", "fd", "owns_fd", "ref", "sent", "finalizer", "data_offset")
+
+    def __init__(self, token: int, size: int, fd: int, owns_fd: bool):
+        self.token = token
+        self.size = size
+        self.data_offset = 0    # where the owner's data starts in the file
+        self.fd = fd            # to send on first use
+        self.owns_fd = owns_fd  # close it once sent (or forgotten)
+        self.ref = None         # weak reference to the memory's owner, when the worker does not own it
+        self.sent = False
+        self.finalizer = None   # queues the token for dropping when the owner dies
+
+
+def _torch_file(token: int, fd: int, size: int, owns_fd: bool) -> _Map:
+    """The map of a torch shared storage: its data may follow a header (a reference count) in the file."""
+    total = os.fstat(fd).st_size
+    m = _Map(token, total, fd, owns_fd)
+    m.data_offset = total - size
+    return m
+
+
+class _Bound:
+    """The arguments of a program's last dispatch, bound: the same objects, unchanged, bind the same way.
+
+    Tensors are held weakly (the worker must not keep the caller's memory alive) and checked
+    for what binding depends on: address, shape, strides and dtype; other arguments by identity.
+    """
+
+    __slots__ = ("items", "values", "hosts", "entry")
+
+    def __init__(self, items, values, hosts, entry):
+        self.items, self.values, self.hosts, self.entry = items, values, hosts, entry
+
+    @staticmethod
+    def _key(a):
+        if isinstance(a, np.ndarray):
+            return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype, a.flags.writeable)
+        if isinstance(a, (DeviceTensor, StackedDeviceTensor)):
+            return a._file
+        return (a.data_ptr(), a.shape, a.stride(), a.dtype)
+
+    @classmethod
+    def of(cls, args, values, hosts, entry) -> _Bound | None:
+        items = []
+        for a in args:
+            if isinstance(a, (np.ndarray, DeviceTensor, StackedDeviceTensor)) or type(a).__module__.startswith("torch"):
+                try:
+                    items.append((weakref.ref(a), cls._key(a)))
+                except TypeError:
+                    return None
+            else:
+                items.append((None, a))
+        return cls(items, values, hosts, entry)
+
+    def matches(self, args, binding) -> bool:
+        if len(args) != len(self.items):
+            return False
+        for a, (ref, key) in zip(args, self.items):
+            if ref is None:
+                if a is not key:
+                    return False
+            elif ref() is not a or self._key(a) != key:
+                return False
+        # A resident tensor freed since, or memory forgotten since, binds differently (or not at all).
+        return all(h is None or h.kind == "empty" or (binding.still_bound(h) and
+                                                      (h.resident is None or not h.resident.freed))
+                   for h in self.hosts)
+
+
+class Arena:
+    """A window heap kept across dispatches: ``stride`` bytes per rank; ``rows`` what this process zeroes."""
+
+    def __init__(self, stride: int, rows: np.ndarray, owner):
+        self.stride = stride
+        self.rows = rows
+        self.owner = owner   # the binding's own record of it (a shared file) or the group's arena
+        self.used = False
+
+
+def _resident_arg(value, where: str, engine) -> _Arg:
+    engine.check_resident(value, where)
+    kind = "stacked" if isinstance(value, StackedDeviceTensor) else "resident"
+    offset = value._offset if isinstance(value, DeviceTensor) else 0
+    itemsize = value.dtype.get_byte()
+    strides = tuple(int(s) * itemsize for s in _c_strides(value.shape))
+    return _Arg(value, value.dtype, value.shape, False, kind, None, offset, strides, value)
+
+
+def _c_strides(shape: tuple) -> tuple:
+    out, step = [], 1
+    for d in reversed(shape):
+        out.append(step)
+        step *= d
+    return tuple(reversed(out))
+
+
+def _writable(d, i: int) -> bool:
+    return d.compiled.host.params[i].direction is not Direction.IN
+
+
+class LocalBinding:
+    """Ranks that see the driver's memory: every CPU tensor is bound in place."""
+
+    def __init__(self, group, engine):
+        self.group = group
+        self.engine = engine
+
+    def adapt(self, value, name: str, compiled) -> _Arg:
+        where = f"{compiled.host.name}() parameter '{name}'"
+        if isinstance(value, (DeviceTensor, StackedDeviceTensor)):
+            return _resident_arg(value, where, self.engine)
+        is_torch = type(value).__module__.startswith("torch")
+        if not is_torch and not isinstance(value, np.ndarray):
+            raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. Pass a "
+                                    "torch tensor, a numpy array, or a DeviceTensor / StackedDeviceTensor of this "
+                                    "worker.")
+        dtype = dt.from_torch(value.dtype) if is_torch else dt.from_numpy(value.dtype)
+        if dtype is None:
+            raise unsupported_dtype(name, value.dtype, is_torch)
+        if is_torch and value.device.type != "cpu":
+            raise DispatchTypeError(f"host tensor '{name}' is on {value.device}; pass a CPU tensor")
+        kind = "empty" if (value.numel() if is_torch else value.size) == 0 else "host"
+        return _Arg(value, dtype, tuple(value.shape), is_torch, kind)
+
+    @staticmethod
+    def new_output(p, shape, like_torch: bool):
+        if like_torch:
+            import torch
+
+            return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype))
+        return np.zeros(shape, dtype=p.ttype.dtype.np_dtype)
+
+    @staticmethod
+    def still_bound(arg: _Arg) -> bool:
+        return True
+
+    def new_arena(self, stride: int) -> Arena:
+        a = self.group.new_arena(stride)
+        return Arena(stride, a.rows, a)
+
+    @staticmethod
+    def drop_arena(arena: Arena) -> None:
+        close = getattr(arena.owner, "close", None)
+        if close is not None:
+            close()
+
+    def command(self, d, segment: int) -> Command:
+        hosts = []
+        for i, a in enumerate(d.args):
+            if a is None:
+                hosts.append(None)
+                continue
+            w = _writable(d, i)
+            if a.resident is not None:
+                array = a.resident._array() if a.kind == "stacked" else a.resident._array()
+            elif a.is_torch:
+                array = host_array(a.value, f"parameter {i}")
+            else:
+                array = a.value
+            hosts.append(HostView(a.shape, a.dtype.name, w, array=array))
+        e = d.entry
+        return Command(d.handle.number, e.id, e.plan, [c.seq for c in e.host_calls], segment, hosts,
+                       d.arena.owner if d.arena is not None else None, d.dfx, d.config.resolved_hang_timeout())
+
+    def sent(self, command: Command) -> None:
+        pass
+
+    @staticmethod
+    def forget_file(file: SharedFile) -> None:
+        file.close()
+
+    def release(self) -> None:
+        pass
+
+
+class SharedBinding:
+    """Ranks in other processes: host tensors in shared memory, sent once as descriptors under a token."""
+
+    def __init__(self, group, engine):
+        self.group = group
+        self.engine = engine
+        self.maps: dict = {}         # key -> _Map
+        self.by_token: dict = {}     # token -> key
+        self.tensors: dict = {}      # id(torch tensor) -> (weakref, (data_ptr, shape, stride, dtype), map, offset,
+        #                              strides): what binding one costs is paid once per tensor
+        self.tokens = itertools.count(1)
+        self.forgotten: deque = deque()  # tokens whose memory is gone (appended from finalizers too)
+        self.drops: list[int] = []
+        self.sent_plans: set[int] = set()
+        self.forget_plans = False
+
+    # -- memory the ranks map --------------------------------------------------------------
+    def _entry(self, key, owner, make) -> _Map:
+        """Return the map of ``key``; a new one (new token) when ``owner`` is not the one it was made for."""
+        m = self.maps.get(key)
+        if m is not None and (m.ref is None or m.ref() is owner):
+            return m
+        if m is not None:  # the memory at this key died and was reused: its old token goes
+            del self.maps[key]
+            self._release(m)
+        m = make(next(self.tokens))
+        self.maps[key] = m
+        self.by_token[m.token] = key
+        if owner is not None:
+            m.ref = weakref.ref(owner)
+            m.finalizer = weakref.finalize(owner, self.forgotten.append, m.token)
+        return m
+
+    def _release(self, m: _Map) -> None:
+        if m.finalizer is not None:
+            m.finalizer.detach()
+            m.finalizer = None
+        self.by_token.pop(m.token, None)
+        if m.sent:
+            self.drops.append(m.token)
+        elif m.owns_fd and m.fd >= 0:
+            os.close(m.fd)
+        m.fd = -1
+
+    def _forgotten(self) -> None:
+        """Drop the maps whose memory died (finalizers only queue their tokens)."""
+        while self.forgotten:
+            key = self.by_token.get(self.forgotten.popleft())
+            if key is not None:
+                self._release(self.maps.pop(key))
+
+    def torch_map(self, storage) -> _Map:
+        import torch.multiprocessing as tmp
+
+        if tmp.get_sharing_strategy() == "file_system":
+            _, name, size = storage._share_filename_cpu_()
+            name = name.decode() if isinstance(name, bytes) else name
+
+            def make(token):
+                fd = os.open("/dev/shm/" + name.lstrip("/"), os.O_RDWR | os.O_CLOEXEC)
+                return _torch_file(token, fd, size, True)
+        else:
+            fd, size = storage._share_fd_cpu_()  # torch's own descriptor, valid while the storage lives
+
+            def make(token):
+                return _torch_file(token, fd, size, False)
+        return self._entry(("torch", storage.data_ptr()), storage, make)
+
+    def array_map(self, mm: SharedMapping) -> _Map:
+        return self._entry(("array", mm.serial), mm, lambda token: _Map(token, mm.size, mm.fd, False))
+
+    def file_map(self, file: SharedFile) -> _Map:
+        return self._entry(("file", file.serial), None, lambda token: _Map(token, file.size, file.fd, False))
+
+    def forget_file(self, file: SharedFile) -> None:
+        m = self.maps.pop(("file", file.serial), None)
+        if m is not None:
+            self._release(m)
+        file.close()
+
+    # -- binding ----------------------------------------------------------------------------
+    # -- binding ----------------------------------------------------------------------------
+    def adapt(self, value, name: str, compiled) -> _Arg:
+        where = f"{compiled.host.name}() parameter '{name}'"
+        if isinstance(value, (DeviceTensor, StackedDeviceTensor)):
+            a = _resident_arg(value, where, self.engine)
+            a.map = self.file_map(value._file)
+            return a
+        module = type(value).__module__
+        if module.startswith("torch"):
+            import torch
+
+            if isinstance(value, torch.Tensor):
+                return self._torch_arg(value, name, where)
+        if isinstance(value, np.ndarray):
+            dtype = dt.from_numpy(value.dtype)
+            if dtype is None:
+                raise unsupported_dtype(name, value.dtype, False)
+            if value.size == 0:
+                return _Arg(value, dtype, value.shape, False, "empty")
+            lo, hi = byte_bounds(value)
+            mm = shared_mapping(lo, hi)
+            if mm is None:
+                raise NotSharedError(
+                    f"{where}: the numpy array is not in shared memory, so the worker's rank processes cannot see "
+                    "it. Allocate it with ptodist.shared_array(shape, dtype) and fill it in place, or copy it to "
+                    "the worker: rt.alloc_tensor(shape, dtype, init=array) (or rt.copy_to) and pass the "
+                    "DeviceTensor.")
+            offset = value.__array_interface__["data"][0] - mm.address
+            return _Arg(value, dtype, value.shape, False, "host", self.array_map(mm), offset, value.strides)
+        raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. Pass a torch "
+                                "tensor, a numpy array, or a DeviceTensor / StackedDeviceTensor of this worker.")
+
+    def _torch_arg(self, t, name: str, where: str) -> _Arg:
+        dtype = dt.from_torch(t.dtype)
+        if dtype is None:
+            raise unsupported_dtype(name, t.dtype, True)
+        if t.device.type != "cpu":
+            raise DispatchTypeError(f"host tensor '{name}' is on {t.device}; pass a CPU tensor")
+        itemsize = dtype.get_byte()
+        strides = tuple(int(s) * itemsize for s in t.stride())
+        key = (t.data_ptr(), t.shape, t.stride(), dtype)
+        hit = self.tensors.get(id(t))
+        if hit is not None and hit[0]() is t and hit[1] == key and hit[2].token in self.by_token:
+            return _Arg(t, dtype, key[1], True, "host", hit[2], hit[3], hit[4])
+        if t.numel() == 0:
+            return _Arg(t, dtype, t.shape, True, "empty")
+        if t.is_shared():
+            storage = t.untyped_storage()
+            m = self.torch_map(storage)
+            offset = m.data_offset + t.data_ptr() - storage.data_ptr()
+            tensors, ident = self.tensors, id(t)
+            tensors[ident] = (weakref.ref(t, lambda _: tensors.pop(ident, None)), key, m, offset, strides)
+            return _Arg(t, dtype, t.shape, True, "host", m, offset, strides)
+        lo = t.data_ptr()
+        hi = lo + sum((d - 1) * s for d, s in zip(t.shape, strides)) + itemsize
+        mm = shared_mapping(lo, hi)  # e.g. torch.from_numpy(ptodist.shared_array(...))
+        if mm is not None:
+            return _Arg(t, dtype, t.shape, True, "host", self.array_map(mm), lo - mm.address, strides)
+        raise NotSharedError(
+            f"{where}: the torch tensor is not in shared memory, so the worker's rank processes cannot see it. "
+            f"Call {name}.share_memory_() on it (before or after prepare()), or copy it to the worker: "
+            f"rt.alloc_tensor(shape, dtype, init={name}) (or rt.copy_to) and pass the DeviceTensor.")
+
+    def new_output(self, p, shape, like_torch: bool):
+        if like_torch:
+            import torch
+
+            return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype)).share_memory_()
+        return shared_array(shape, p.ttype.dtype)
+
+    def still_bound(self, arg: _Arg) -> bool:
+        return arg.map.token in self.by_token
+
+    # -- window heaps ---------------------------------------------------------------------------
+    def new_arena(self, stride: int) -> Arena:
+        world = self.group.world
+        file = SharedFile(stride * world, "ptodist-windows")
+        return Arena(stride, file.bytes[:stride * world].reshape(world, stride), (file, self.file_map(file)))
+
+    def drop_arena(self, arena: Arena) -> None:
+        self.forget_file(arena.owner[0])  # the ranks drop it with the next command
+
+    # -- commands -------------------------------------------------------------------------------
+    def command(self, d, segment: int) -> Command:
+        """The command for segment ``segment`` of dispatch ``d``, with the memory its ranks do not have yet."""
+        self._forgotten()
+        entry = d.entry
+        hosts, maps = [], []
+        for i, a in enumerate(d.args):
+            if a is None:
+                hosts.append(None)
+                continue
+            w = _writable(d, i)
+            if a.kind == "empty":  # nothing to map: the rank makes its own empty array
+                hosts.append(HostView(a.shape, a.dtype.name, w))
+                continue
+            hosts.append(HostView(a.shape, a.dtype.name, w, a.map.token, a.offset, a.strides))
+            if not a.map.sent:
+                maps.append(a.map)
+        if d.arena is not None and not d.arena.owner[1].sent:
+            maps.append(d.arena.owner[1])
+        maps = list({id(m): m for m in maps}.values())
+        if len(self.sent_plans) >= PLANS_KEPT_BY_RANKS and entry.id not in self.sent_plans:
+            self.sent_plans.clear()
+            self.forget_plans = True
+        heap = None
+        if d.arena is not None:
+            file, m = d.arena.owner
+            heap = SharedHeap(m.token, d.arena.stride, file.bytes)
+        return Command(d.handle.number, entry.id, entry.plan, [c.seq for c in entry.host_calls], segment, hosts,
+                       heap, d.dfx, d.config.resolved_hang_timeout(),
+                       blob=entry.blob if entry.id not in self.sent_plans else None,
+                       maps=maps, fds=[m.fd for m in maps], drops=self.drops, forget_plans=self.forget_plans)
+
+    def sent(self, command: Command) -> None:
+        """The ranks have the command: its memory is theirs now, its drops done."""
+        self.drops = []
+        self.forget_plans = False
+        self.sent_plans.add(command.plan_id)
+        for m in command.maps:
+            m.sent = True
+            if m.owns_fd:
+                os.close(m.fd)
+                m.fd = -1
+
+    def release(self) -> None:
+        for m in self.maps.values():
+            if m.finalizer is not None:
+                m.finalizer.detach()
+            if m.owns_fd and m.fd >= 0:
+                os.close(m.fd)
+        self.maps.clear()
