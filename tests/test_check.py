@@ -23,7 +23,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, RunConfig, cli, ir
 from ptodist.check import explore
-from ptodist.errors import CheckError, ConfigError
+from ptodist.errors import CheckError
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"

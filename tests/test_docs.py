@@ -159,8 +159,6 @@ def test_there_are_dispatching_blocks():
 def test_runnable_block_passes_ptodist_check(page, body, expected, tmp_path, monkeypatch):
     from ptodist.check import explore
 
-    if ".prepare(" in body:
-        pytest.skip("ptodist check runs one-shot calls only; a DistributedWorker does not run on the sim backend")
     outcome = explore.run_checked(lambda: run_block(page, body, tmp_path, monkeypatch), seed=0)
     assert outcome.session.dispatches, "the example made no dispatch"
     assert not outcome.failed, "\n".join([outcome.traceback, *(f.render() for f in outcome.findings)])

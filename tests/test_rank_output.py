@@ -224,7 +224,7 @@ def test_rank_stream_without_a_file_descriptor_writes_to_the_stream():
 
 
 def test_prefix_setting_values(monkeypatch):
-    from ptodist.runtime.config import rank_prefix_setting
+    from ptodist.config import rank_prefix_setting
 
     for value, wanted in (("", {1: False, 2: True}), ("0", {1: False, 2: False}), ("1", {1: True, 2: True})):
         monkeypatch.setenv("PTODIST_RANK_PREFIX", value)

@@ -30,9 +30,9 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, PtodistInternalError, RankError, RunConfig, cli
 from ptodist.backends import base
-from ptodist.rank import failures, status
 from ptodist.check import explore, findings, hang
 from ptodist.errors import INTERNAL_NOTE, CheckError, KernelIndexError, RankInternalError
+from ptodist.rank import failures, status
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = REPO / "docs" / "pitfalls.md"

@@ -10,6 +10,7 @@ else is internal.
 
 from __future__ import annotations
 
+from .config import DistributedConfig, RunConfig
 from .errors import (
     CheckError,
     ConfigError,
@@ -21,7 +22,6 @@ from .errors import (
     PtodistInternalError,
     RankError,
 )
-from .runtime.config import DistributedConfig, RunConfig
 from .runtime.program import CompiledProgram, compile
 from .runtime.worker import DeviceTensor, DistributedWorker, RunHandle, StackedDeviceTensor, shared_array
 

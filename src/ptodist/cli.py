@@ -17,9 +17,9 @@ import traceback
 
 from . import __version__, compat
 from .check import findings
+from .config import started_by_mpi_launcher
 from .errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError, RankInternalError
 from .runtime import program as programs
-from .runtime.config import started_by_mpi_launcher
 from .source import is_internal
 
 

@@ -13,7 +13,7 @@ import sys
 
 # PyPTO module paths whose ptodist home has another name.
 _RENAMED = {
-    "pypto.runtime.runner": "ptodist.runtime.config",
+    "pypto.runtime.runner": "ptodist.config",
 }
 
 

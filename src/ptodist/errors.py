@@ -101,6 +101,10 @@ class TaskArgsError(ProgramTypeError):
     pitfall = "8.2 scalar before tensor; 8.3 step 01"
 
 
+class DeclarationError(ProgramError, TypeError):
+    """A program function is declared wrong: a malformed annotation (``pl.Tensor[[4], "x"]``) or decorator."""
+
+
 class DispatchError(PtodistError):
     """The arguments given at dispatch cannot be used."""
 
@@ -127,7 +131,19 @@ class DispatchValueError(DispatchError, ValueError):
 
 
 class ConfigError(PtodistError, ValueError):
-    """A ``RunConfig`` or ``DistributedConfig`` field is invalid."""
+    """A setting is invalid: a ``RunConfig``/``DistributedConfig`` field, an API option or an environment value."""
+
+
+class ApiTypeError(PtodistError, TypeError):
+    """A ptodist API function got an argument of the wrong kind (``ptodist.testing.check(42)``)."""
+
+
+class OperationTypeError(PtodistError, TypeError):
+    """A ``pl`` operation got an argument of the wrong kind (``pl.range(2.5)``, a float Scalar as an index)."""
+
+
+class OperationValueError(PtodistError, ValueError):
+    """A ``pl`` operation got a value it cannot use (``pl.yield_`` with more values than the loop carries)."""
 
 
 class UsageError(PtodistError, RuntimeError):
@@ -160,6 +176,14 @@ class PeerRangeError(KernelValueError):
 
     kind = "peer_out_of_range"
     pitfall = "8.3 step 10"
+
+
+class TileTypeError(KernelError, TypeError):
+    """A tile operation got an operand of the wrong kind (a tensor not loaded with ``pl.load``)."""
+
+
+class TileValueError(KernelValueError):
+    """A tile operation got operands that do not fit (shapes that do not broadcast, a bad cast mode)."""
 
 
 @dataclass

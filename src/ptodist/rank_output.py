@@ -29,8 +29,8 @@ import select
 import sys
 import threading
 
+from .config import rank_prefix_setting
 from .errors import ConfigError
-from .runtime.config import rank_prefix_setting
 
 PIPE_BUF = getattr(select, "PIPE_BUF", 512)  # the size up to which a write to a pipe is atomic (4096 on Linux)
 

@@ -64,11 +64,13 @@ import numpy as np
 from ..check import findings
 from ..check.hang import diagnose_hang, hang_report, received
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView, split_segments
+from ..config import started_by_mpi_launcher
 from ..dfx import finish_run
 from ..errors import (
     ConfigError,
     DispatchValueError,
     HangError,
+    KernelValueError,
     PtodistError,
     PtodistInternalError,
     RankError,
@@ -81,8 +83,7 @@ from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.failures import rank_failure
 from ..rank.status import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard, current_line
-from ..runtime.config import started_by_mpi_launcher
-from .base import RunsNow, StallRule
+from .base import Command, HostView, RunsNow, StallRule
 from .shm import GRACE_S
 
 ALIGN = 64
@@ -265,10 +266,10 @@ class MpiBackend:
         if _session is None and plan.world != 1 and not started_by_mpi_launcher():
             # Refused before MPI starts: a process that starts MPI without a launcher gets a helper daemon.
             raise _no_launcher(plan.program, plan.device_ids)
-        session = _get_session(load_mpi())
-        _agree_on_plan(session, plan)
-        _sync_host_tensors(session, host_arrays)
-        _MpiRun(session, plan, host_arrays, config.resolved_hang_timeout(), dfx).run()
+        # A group used once: its window heap is allocated for this call (no arena).
+        hosts = [HostView(a.shape, "", True, array=a) if a is not None else None for a in host_arrays]
+        command = Command(0, 0, plan, [], 0, hosts, None, dfx, config.resolved_hang_timeout())
+        MpiGroup(_get_session(load_mpi()), list(plan.device_ids)).execute(command, host_arrays)
 
     def start(self, device_ids: list, objects: dict | None = None, startup_timeout_s: float = 0.0) -> MpiGroup:
         """This process's rank of a DistributedWorker: every process of the job prepares the same worker."""
@@ -320,12 +321,18 @@ class MpiGroup:
     def submit(self, command) -> RunsNow:
         return RunsNow(lambda: self.execute(command))
 
-    def execute(self, command) -> None:
+    def execute(self, command: Command, arrays: list | None = None) -> None:
+        """Run one command in this process's rank (every process of the job runs it alike).
+
+        ``arrays``: the host arrays, when the caller keeps the list (a one-shot call: a read-only input
+        the job replaced by process 0's values must reach the ranks through it).
+        """
         plan = split_segments(command.plan, command.boundaries)[command.segment] if command.boundaries \
             else command.plan
         if command.segment == 0 or self.kept.get("number") != command.number:
             self.kept = {"number": command.number}
-        arrays = [h.array if h is not None else None for h in command.hosts]
+        if arrays is None:
+            arrays = [h.array if h is not None else None for h in command.hosts]
         try:
             _agree_on_plan(self.session, plan)
             _sync_host_tensors(self.session, arrays)
@@ -511,7 +518,7 @@ class RemoteArray(_Shaped):
     def reshape(self, *shape) -> RemoteArray:
         shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else tuple(shape)
         if int(np.prod(shape, dtype=np.int64)) != self.size:
-            raise ValueError(f"cannot reshape a remote array of size {self.size} into shape {shape}")
+            raise KernelValueError(f"cannot reshape a remote array of size {self.size} into shape {shape}")
         return RemoteArray(self._memory, self.rank, self.disp, self.dtype, shape)
 
     def view(self, dtype) -> RemoteArray:

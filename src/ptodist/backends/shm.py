@@ -47,7 +47,7 @@ from .. import _atomics
 from ..check.hang import hang_error
 from ..compiler.plan import DispatchPlan, split_segments
 from ..dfx import finish_run
-from ..errors import HangError, RankError, RankFailure
+from ..errors import HangError, PtodistInternalError, RankError, RankFailure, UsageError
 from ..language import dtypes as dt
 from ..language.types import Direction
 from ..rank.body import RankStopped, run_rank
@@ -697,7 +697,8 @@ class CommandWatch:
         elif self.hang is not None:
             self.error = self.hang
         else:
-            self.error = RuntimeError(f"the worker's rank processes stopped: {why}")
+            self.error = UsageError(f"the worker's rank processes stopped: {why}. Close the worker and prepare a new "
+                                    "one.")
 
 
 class RankGroup:
@@ -1126,7 +1127,7 @@ def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | 
         state.dispatch = (command.number, RankContext(plan, rank, memory, hosts, events=log), log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
     if dispatch_id != command.number:
-        raise RuntimeError("a later segment arrived for a dispatch this rank did not start")
+        raise PtodistInternalError("a later segment arrived for a dispatch this rank did not start")
     ctx.memory.command = state.command
     ctx.plan = segments[segment]
     status.set_running(rank, "")

@@ -24,7 +24,7 @@ import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from ..errors import CheckError, PtodistError
+from ..errors import CheckError, ConfigError, PtodistError
 from . import findings as findings_mod
 
 
@@ -118,7 +118,7 @@ def explore(target: Callable[[], object], seed: int = 0, schedules: int = 8) -> 
     schedule that made no dispatch (there is nothing to vary).
     """
     if schedules < 1:
-        raise ValueError(f"schedules must be at least 1, got {schedules}")
+        raise ConfigError(f"explore(schedules={schedules!r}): must be at least 1")
     for k in range(schedules):
         outcome = run_checked(target, seed + k)
         yield outcome

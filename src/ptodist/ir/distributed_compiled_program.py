@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..runtime.config import DistributedConfig
+from ..config import DistributedConfig
 from ..runtime.program import CompiledProgram
 
 DistributedCompiledProgram = CompiledProgram

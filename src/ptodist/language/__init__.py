@@ -8,6 +8,7 @@ the meaning of memory operations lives in the rank context
 
 from __future__ import annotations
 
+from ..errors import OperationTypeError, TileTypeError
 from . import tile_ops as _t
 from .control import (
     at,
@@ -52,8 +53,8 @@ def _scalar_or_tile(name: str, tile_fn, scalar_fn):
             return tile_fn(a, b)
         if isinstance(a, (Scalar, int, float)) and isinstance(b, (Scalar, int, float)):
             return scalar_fn(a if isinstance(a, Scalar) else Scalar(a, INDEX if isinstance(a, int) else FP32), b)
-        raise TypeError(f"pl.{name} takes Tiles or scalars, got {type(a).__name__} and {type(b).__name__}; "
-                        "load tensors into tiles with pl.load first")
+        raise TileTypeError(f"pl.{name} takes Tiles or scalars, got {type(a).__name__} and {type(b).__name__}; "
+                            "load tensors into tiles with pl.load first")
 
     op.__name__ = name
     op.__doc__ = f"``pl.{name}(a, b)``: elementwise on tiles (broadcasting), or scalar arithmetic."
@@ -80,7 +81,7 @@ def cast(input, target_type: DataType | None = None, mode: str = "round", *, dty
     target = target_type or dtype
     if isinstance(input, (Scalar, int, float)):
         if not isinstance(target, DataType):
-            raise TypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
+            raise OperationTypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
         value = input.value if isinstance(input, Scalar) else input
         return Scalar(value if target.is_float else int(value), target)
     return _t.cast(input, target, mode)

@@ -18,6 +18,7 @@ import threading
 from contextlib import contextmanager
 
 from .. import context
+from ..errors import OperationTypeError, OperationValueError
 from . import dtypes as dt
 from .scalar import Scalar, as_int
 
@@ -82,7 +83,7 @@ class _CarriedLoop:
 def range(*args, init_values=None, **_options):
     """``pl.range(stop)`` / ``pl.range(start, stop, step, init_values=(...))``."""
     if not 1 <= len(args) <= 3:
-        raise TypeError(f"pl.range takes 1 to 3 positional arguments (start, stop, step), got {len(args)}")
+        raise OperationTypeError(f"pl.range takes 1 to 3 positional arguments (start, stop, step), got {len(args)}")
     bounds = [as_int(a, "a pl.range bound") for a in args]
     rng = builtins.range(*bounds)
     if init_values is not None:
@@ -102,7 +103,7 @@ def yield_(*values):
     if stack:
         loop = stack[-1]
         if len(values) != len(loop.values):
-            raise ValueError(
+            raise OperationValueError(
                 f"pl.yield_ got {len(values)} value(s) but the loop carries {len(loop.values)} "
                 "(one per entry of init_values)"
             )

@@ -14,7 +14,7 @@ import sys
 from enum import Enum
 
 from .. import context
-from ..errors import ProgramError
+from ..errors import DeclarationError, ProgramError
 from ..source import is_internal
 from .types import ParamSpec, spec_from_annotation
 
@@ -55,7 +55,8 @@ class Function:
 
     def __init__(self, fn, kind: Kind, bound_self=None, options: dict | None = None, scope: dict | None = None):
         if not callable(fn):
-            raise TypeError(f"a program function must wrap a Python function, got {fn!r}")
+            raise DeclarationError(f"a program function must wrap a Python function, got {fn!r}: put @pl.jit "
+                                   "(or .incore/.host/.inline) or @pl.function directly above a def")
         self.fn = fn
         self.kind = kind
         self.bound_self = bound_self
@@ -252,7 +253,7 @@ class _Jit:
 
     def host(self, fn=None, **options):
         if "level" in options:
-            raise TypeError("@pl.jit.host does not take level=: HOST is implied")
+            raise DeclarationError("@pl.jit.host does not take level=: HOST is implied; remove level=")
         return _decorator(Kind.HOST, fn, **options)
 
     def inline(self, fn=None, **options):

@@ -7,6 +7,7 @@ context (``RankContext`` in ``runtime/rank.py`` gives it its meaning).
 from __future__ import annotations
 
 from .. import context
+from ..errors import OperationTypeError
 from . import dtypes as dt
 from .dtypes import DataType
 from .scalar import Scalar
@@ -23,7 +24,7 @@ def load(tensor, offsets, shapes=None, valid_shape=None, target_memory=None, cla
     """
     shapes = shapes if shapes is not None else shape
     if shapes is None:
-        raise TypeError("pl.load needs the tile shape: pl.load(tensor, offsets, shapes)")
+        raise OperationTypeError("pl.load needs the tile shape: pl.load(tensor, offsets, shapes)")
     return context.current().memory_op("pl.load", tensor, list(offsets), list(shapes),
                                        valid_shape if valid_shape is not None else valid_shapes)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import operator
 
+from ..errors import OperationTypeError
 from . import dtypes as dt
 from .dtypes import DataType
 
@@ -55,7 +56,7 @@ class Scalar:
     # -- conversions -------------------------------------------------------
     def __index__(self) -> int:
         if self.dtype.is_float:
-            raise TypeError(f"a {self.dtype.name} Scalar cannot be used as an index; cast it first")
+            raise OperationTypeError(f"a {self.dtype.name} Scalar cannot be used as an index; cast it first")
         return self.value
 
     def __int__(self) -> int:
@@ -196,4 +197,4 @@ def as_int(value, what: str = "value") -> int:
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None
+        raise OperationTypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import TileTypeError, TileValueError
 from . import dtypes as dt
 from .dtypes import DataType
 from .scalar import Scalar
@@ -23,7 +24,8 @@ class Tile:
     def __init__(self, data: np.ndarray, dtype: DataType | None = None, valid_shape=None):
         self.dtype = dtype or dt.from_numpy(data.dtype)
         if self.dtype is None:
-            raise TypeError(f"a tile cannot hold numpy dtype {data.dtype}")
+            held = ", ".join(dict.fromkeys(str(d.np_dtype) for d in dt.ALL))
+            raise TileTypeError(f"a tile cannot hold numpy dtype {data.dtype}: convert the data to one of {held}")
         self.data = data.astype(self.dtype.np_dtype, copy=False)
         self.valid_shape = tuple(valid_shape) if valid_shape is not None else self.data.shape
 
@@ -73,30 +75,32 @@ class Tile:
         return abs_(self)
 
 
-def _operand(x, dtype: DataType):
+def _operand(x, dtype: DataType, name: str):
     if isinstance(x, Tile):
         return x.data
     if isinstance(x, Scalar):
         x = x.value
     if isinstance(x, (int, float, bool, np.number)):
         return np.asarray(x, dtype=dtype.np_dtype)
-    raise TypeError(f"tile operand must be a Tile or a scalar, got {type(x).__name__}")
+    raise TileTypeError(f"pl.{name}: tile operand must be a Tile or a scalar, got {type(x).__name__}; "
+                        "load tensors into tiles with pl.load first")
 
 
-def _result_dtype(a, b) -> DataType:
+def _result_dtype(a, b, name: str) -> DataType:
     for x in (a, b):
         if isinstance(x, Tile):
             return x.dtype
-    raise TypeError("a tile operation needs at least one Tile operand")
+    raise TileTypeError(f"tile_ops.{name}({type(a).__name__}, {type(b).__name__}): needs at least one Tile "
+                        f"operand; for two scalars call pl.{name}, which does scalar arithmetic too")
 
 
 def _binary(a, b, fn, name: str) -> Tile:
-    dtype = _result_dtype(a, b)
-    x, y = _operand(a, dtype), _operand(b, dtype)
+    dtype = _result_dtype(a, b, name)
+    x, y = _operand(a, dtype, name), _operand(b, dtype, name)
     try:
         out = fn(x, y)
     except ValueError as e:
-        raise ValueError(
+        raise TileValueError(
             f"pl.{name}: shapes {list(np.shape(x))} and {list(np.shape(y))} do not broadcast ({e})"
         ) from None
     return Tile(np.asarray(out), dtype)
@@ -125,7 +129,7 @@ def mul(a, b) -> Tile:
 
 def div(a, b) -> Tile:
     """Elementwise ``a / b`` (integer tiles truncate toward zero)."""
-    dtype = _result_dtype(a, b)
+    dtype = _result_dtype(a, b, "div")
     return _binary(a, b, np.divide if dtype.is_float else _int_div, "div")
 
 
@@ -141,7 +145,7 @@ def minimum(a, b) -> Tile:
 
 def _unary(x: Tile, fn, name: str) -> Tile:
     if not isinstance(x, Tile):
-        raise TypeError(f"pl.{name} takes a Tile, got {type(x).__name__}")
+        raise TileTypeError(f"pl.{name} takes a Tile, got {type(x).__name__}")
     return Tile(np.asarray(fn(x.data)), x.dtype)
 
 
@@ -187,12 +191,12 @@ def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, d
     """
     target = target_type or dtype
     if not isinstance(target, DataType):
-        raise TypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
+        raise TileTypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
     if not isinstance(x, Tile):
-        raise TypeError(f"pl.cast takes a Tile, got {type(x).__name__}")
+        raise TileTypeError(f"pl.cast takes a Tile, got {type(x).__name__}")
     rounding = _ROUNDING.get(mode or "none")
     if rounding is None:
-        raise ValueError(f"pl.cast mode={mode!r}: use one of {', '.join(_ROUNDING)}")
+        raise TileValueError(f"pl.cast mode={mode!r}: use one of {', '.join(_ROUNDING)}")
     data = x.data
     if x.dtype.is_float and not target.is_float:
         data = rounding(data.astype(np.float64))
@@ -201,7 +205,8 @@ def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, d
 
 def _reduce(x: Tile, fn, name: str) -> Tile:
     if not isinstance(x, Tile) or x.data.ndim < 1:
-        raise TypeError(f"pl.{name} takes a Tile of at least one dimension")
+        got = repr(x) if isinstance(x, Tile) else type(x).__name__
+        raise TileTypeError(f"pl.{name} takes a Tile of at least one dimension, got {got}")
     return Tile(fn(x.data, axis=-1, keepdims=True).astype(x.dtype.np_dtype), x.dtype)
 
 
@@ -223,9 +228,10 @@ def row_min(x: Tile, tmp=None) -> Tile:
 def matmul(a: Tile, b: Tile, out_dtype: DataType | None = None) -> Tile:
     """Matrix product; low-precision inputs accumulate in FP32 (as the cube unit does)."""
     if not isinstance(a, Tile) or not isinstance(b, Tile):
-        raise TypeError("pl.matmul takes two Tiles")
+        raise TileTypeError(f"pl.matmul takes two Tiles, got {type(a).__name__} and {type(b).__name__}; "
+                            "load tensors into tiles with pl.load first")
     if a.data.shape[-1] != b.data.shape[-2 if b.data.ndim > 1 else 0]:
-        raise ValueError(f"pl.matmul: inner dimensions differ: {a.shape} @ {b.shape}")
+        raise TileValueError(f"pl.matmul: inner dimensions differ: {a.shape} @ {b.shape}")
     acc = dt.FP32 if a.dtype.is_float else dt.INT32
     out = np.matmul(a.data.astype(acc.np_dtype), b.data.astype(acc.np_dtype))
     return Tile(out, out_dtype or acc)
@@ -242,7 +248,7 @@ def reshape(x: Tile, shape) -> Tile:
     """Return ``x`` with a new shape of the same element count."""
     shape = [int(d) for d in shape]
     if int(np.prod(shape)) != x.data.size:
-        raise ValueError(f"pl.reshape: cannot reshape {x.shape} ({x.data.size} elements) to {shape}")
+        raise TileValueError(f"pl.reshape: cannot reshape {x.shape} ({x.data.size} elements) to {shape}")
     return Tile(x.data.reshape(shape), x.dtype)
 
 
@@ -268,7 +274,7 @@ def assemble(dst: Tile, src: Tile, offsets) -> Tile:
 
 def _check_region(op: str, bounds, offsets, shape) -> None:
     if len(offsets) != len(bounds) or len(shape) != len(bounds):
-        raise ValueError(f"{op}: offsets {list(offsets)} and shape {list(shape)} must have {len(bounds)} entries")
+        raise TileValueError(f"{op}: offsets {list(offsets)} and shape {list(shape)} must have {len(bounds)} entries")
     for o, s, b in zip(offsets, shape, bounds):
         if int(o) < 0 or int(o) + int(s) > b:
             raise IndexError(f"{op}: region at offsets {list(map(int, offsets))} with shape "

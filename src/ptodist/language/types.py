@@ -10,6 +10,7 @@ import inspect
 from dataclasses import dataclass
 from enum import Enum
 
+from ..errors import DeclarationError
 from .dtypes import DataType
 from .scalar import Scalar
 
@@ -21,7 +22,7 @@ class DynDim:
 
     def __init__(self, name: str):
         if not isinstance(name, str) or not name:
-            raise TypeError(f"pl.dynamic() needs a non-empty name string, got {name!r}")
+            raise DeclarationError(f"pl.dynamic() needs a non-empty name string, got {name!r}")
         self.name = name
 
     def __repr__(self) -> str:
@@ -80,10 +81,10 @@ class Directed:
 def _tensor_type(item, distributed: bool) -> TensorType:
     if not isinstance(item, tuple) or len(item) < 2:
         name = "pld.DistributedTensor" if distributed else "pl.Tensor"
-        raise TypeError(f"{name}[...] takes [shape, dtype] (and optionally a layout), got {item!r}")
+        raise DeclarationError(f"{name}[...] takes [shape, dtype] (and optionally a layout), got {item!r}")
     shape, dtype = item[0], item[1]
     if not isinstance(dtype, DataType):
-        raise TypeError(f"the dtype in a tensor annotation must be a pl dtype such as pl.FP32, got {dtype!r}")
+        raise DeclarationError(f"the dtype in a tensor annotation must be a pl dtype such as pl.FP32, got {dtype!r}")
     dims = []
     for d in shape:
         if isinstance(d, DynDim):
@@ -92,7 +93,7 @@ def _tensor_type(item, distributed: bool) -> TensorType:
             try:
                 dims.append(int(d.__index__()) if not isinstance(d, int) else d)
             except (AttributeError, TypeError):
-                raise TypeError(f"a tensor dimension must be an int or pl.dynamic(...), got {d!r}") from None
+                raise DeclarationError(f"a tensor dimension must be an int or pl.dynamic(...), got {d!r}") from None
     return TensorType(tuple(dims), dtype, distributed)
 
 
@@ -116,7 +117,8 @@ def _directed(item, direction: Direction) -> Directed:
     elif item is DistributedTensor:
         item = TensorType(None, None, True)
     if not isinstance(item, TensorType):
-        raise TypeError(f"pl.{direction.name.title().replace('Inout', 'InOut')}[...] wraps a tensor annotation, got {item!r}")
+        name = direction.name.title().replace("Inout", "InOut")
+        raise DeclarationError(f"pl.{name}[...] wraps a tensor annotation, got {item!r}")
     return Directed(direction, item)
 
 
@@ -136,7 +138,7 @@ class InOut:
 
 def _scalar_class_getitem(cls, dtype) -> ScalarType:
     if not isinstance(dtype, DataType):
-        raise TypeError(f"pl.Scalar[...] takes a pl dtype such as pl.INT32, got {dtype!r}")
+        raise DeclarationError(f"pl.Scalar[...] takes a pl dtype such as pl.INT32, got {dtype!r}")
     return ScalarType(dtype)
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .config import DistributedConfig, RunConfig
+from ..config import DistributedConfig, RunConfig
 from .worker import DeviceTensor, DistributedWorker, RunHandle, StackedDeviceTensor, shared_array
 
 __all__ = ["DeviceTensor", "DistributedConfig", "DistributedWorker", "RunConfig", "RunHandle", "StackedDeviceTensor",

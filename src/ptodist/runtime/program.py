@@ -22,12 +22,12 @@ import numpy as np
 from .. import backends, dfx
 from ..compiler import checks, planner
 from ..compiler.plan import DispatchPlan, HostTensorSpec
+from ..config import RunConfig, keep_outputs_setting
 from ..errors import DispatchTypeError, DispatchValueError, ShapeError
 from ..language import dtypes as dt
 from ..language.functions import Function, Kind, Program
 from ..language.scalar import Scalar
 from ..language.types import Direction, DynDim, ParamSpec
-from .config import RunConfig, keep_outputs_setting
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
 _CONVERT = {"float64": ("FP32", "float()", "float32"), "uint16": ("INT32", "int()", "int32"),

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..check.findings import Finding
+from ..errors import ApiTypeError, ConfigError
 
 __all__ = ["CheckReport", "REPLAY_ENV", "check"]
 
@@ -139,15 +140,15 @@ def check(fn_or_compiled, *args, config=None, schedules: int = 8, seed: int = 0)
     from ..check import explore
 
     if isinstance(schedules, bool) or not isinstance(schedules, int) or schedules < 1:
-        raise ValueError(f"ptodist.testing.check(schedules={schedules!r}): must be an integer of at least 1")
+        raise ConfigError(f"ptodist.testing.check(schedules={schedules!r}): must be an integer of at least 1")
     if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"ptodist.testing.check(seed={seed!r}): must be an integer")
+        raise ConfigError(f"ptodist.testing.check(seed={seed!r}): must be an integer")
     env = os.environ.get(REPLAY_ENV)
     if env is not None and env.strip():
         try:
             seed, schedules = int(env), 1
         except ValueError:
-            raise ValueError(f"{REPLAY_ENV}={env!r}: the schedule seed to replay must be an integer") from None
+            raise ConfigError(f"{REPLAY_ENV}={env!r}: the schedule seed to replay must be an integer") from None
 
     name, call = _prepare(fn_or_compiled, config)
 
@@ -188,11 +189,11 @@ def _prepare(target, config):
         if config is None:
             ids = _test_device_ids()
             if ids is None:
-                raise TypeError(
+                raise ApiTypeError(
                     f"ptodist.testing.check({target.name}, ...): pass config=RunConfig(distributed_config="
                     "DistributedConfig(device_ids=[...])) (or config=DistributedConfig(...)) to say on which "
                     "devices it runs, or call check() in a test that uses the device_ids fixture")
-            from ..runtime.config import DistributedConfig
+            from ..config import DistributedConfig
 
             config = DistributedConfig(device_ids=ids)
         cfg = _run_config(config)
@@ -204,19 +205,19 @@ def _prepare(target, config):
             return compiled[0](*args)
 
         return target.name, call
-    raise TypeError("ptodist.testing.check() takes a @pl.jit.host function, a @pl.program class or a compiled "
-                    f"program (host.compile(...), ptodist.ir.compile(...)), got {target!r}")
+    raise ApiTypeError("ptodist.testing.check() takes a @pl.jit.host function, a @pl.program class or a compiled "
+                       f"program (host.compile(...), ptodist.ir.compile(...)), got {target!r}")
 
 
 def _run_config(config):
-    from ..runtime.config import DistributedConfig, RunConfig
+    from ..config import DistributedConfig, RunConfig
 
     if isinstance(config, DistributedConfig):
         return RunConfig(distributed_config=config)
     if isinstance(config, RunConfig):
         return config
-    raise TypeError(f"ptodist.testing.check(config=...): expects a RunConfig or a DistributedConfig, "
-                    f"got {type(config).__name__}")
+    raise ApiTypeError(f"ptodist.testing.check(config=...): expects a RunConfig or a DistributedConfig, "
+                       f"got {type(config).__name__}")
 
 
 def _fresh(value):

@@ -18,10 +18,10 @@ import numpy as np
 
 from ... import backends, dfx
 from ...compiler import checks
+from ...config import RunConfig
 from ...errors import ConfigError, DispatchTypeError, DispatchValueError, UsageError
 from ...language import dtypes as dt
 from ...language.functions import Function, Kind
-from ..config import RunConfig
 from .engine import Engine, in_callback
 from .handles import (
     DeviceTensor,

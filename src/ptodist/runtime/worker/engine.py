@@ -18,10 +18,10 @@ from ... import backends, dfx
 from ...backends import resources
 from ...backends.base import died
 from ...compiler.plan import HostTensorRef
+from ...config import RunConfig
 from ...errors import ConfigError, DispatchValueError, RankError, UsageError
 from ...language.scalar import Scalar
 from ...language.types import Direction
-from ..config import RunConfig
 from .binding import Arena, LocalBinding, SharedBinding, _Bound
 from .handles import RunHandle, StackedDeviceTensor
 from .plans import Planner, _HostCall, _PlanEntry

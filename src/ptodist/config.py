@@ -6,7 +6,7 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from ..errors import ConfigError
+from .errors import ConfigError
 
 PLATFORMS = ("a2a3sim", "a2a3", "a5sim", "a5")
 BACKENDS = ("shm", "sim", "mpi")

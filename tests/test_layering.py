@@ -1,0 +1,100 @@
+"""The import layering of docs/architecture.md: imports only point down, and no module-level cycle.
+
+Module-level imports of every ``ptodist`` module are read from the source (imports inside functions are
+the documented lazy edges, not counted), with the parent packages an import also runs.  The package root
+``ptodist`` is the public facade over every layer and is left out: nothing inside imports it.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "ptodist"
+
+# Layers, bottom up: a module may import its own layer and the ones below, never one above.
+LAYERS = [
+    ("errors", "source", "context", "compat", "config", "rank_output"),
+    ("language",),
+    ("compiler", "collectives"),
+    ("dfx", "check"),  # check's analyses (findings, hang, hb); its session (explore) sits on top
+    ("rank",),
+    ("backends",),
+    ("runtime", "ir"),
+    ("check.explore", "testing", "cli", "__main__"),
+]
+
+
+def _modules() -> dict[str, Path]:
+    mods = {}
+    for p in SRC.rglob("*.py"):
+        parts = list(p.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        mods[".".join(parts)] = p  # "" is the package root
+    return mods
+
+
+def _imports(name: str, path: Path, mods: dict) -> set[str]:
+    """The ptodist modules ``name`` imports at module level, and the packages above each."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    package = [p for p in package if p]
+    found = set()
+    body = []
+    for node in ast.parse(path.read_text()).body:
+        body += node.body + [h for hh in node.handlers for h in hh.body] if isinstance(node, ast.Try) else [node]
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - node.level + 1]
+            target = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                sub = f"{target}.{alias.name}" if target else alias.name
+                found.add(sub if sub in mods else target)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
+            found |= {n.removeprefix("ptodist").lstrip(".") for n in names if n.split(".")[0] == "ptodist"}
+    out = set()
+    for t in found:
+        while t and t not in mods:
+            t = t.rpartition(".")[0]
+        parts = t.split(".")
+        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}  # importing a.b.c runs a and a.b first
+    return {t for t in out if t and t != name and not name.startswith(t + ".")}
+
+
+def _layer(name: str) -> int:
+    best, level = -1, None
+    for i, layer in enumerate(LAYERS):
+        for prefix in layer:
+            if (name == prefix or name.startswith(prefix + ".")) and len(prefix) > best:
+                best, level = len(prefix), i
+    assert level is not None, f"module ptodist.{name} is in no layer of LAYERS: add it"
+    return level
+
+
+GRAPH = {name: _imports(name, path, _modules()) for name, path in _modules().items() if name}
+
+
+@pytest.mark.parametrize("name", sorted(GRAPH))
+def test_a_module_imports_only_its_layer_and_the_ones_below(name):
+    up = sorted(t for t in GRAPH[name] if _layer(t) > _layer(name))
+    assert not up, f"ptodist.{name} (layer {_layer(name)}) imports {up} from a layer above"
+
+
+def test_no_module_level_import_cycle():
+    state: dict[str, int] = {}
+
+    def visit(m, path):
+        state[m] = 1
+        for t in sorted(GRAPH.get(m, ())):
+            if state.get(t) == 1:
+                raise AssertionError("import cycle: " + " -> ".join([*path[path.index(t):], t]))
+            if t not in state:
+                visit(t, [*path, t])
+        state[m] = 2
+
+    for m in sorted(GRAPH):
+        if m not in state:
+            visit(m, [m])
