@@ -1,15 +1,34 @@
-"""Shared test fixtures: every test runs in its own output directory."""
+"""Shared test fixtures and helpers.
+
+* Every test runs in its own output directory.
+* ``torch``: the torch module, for the tests that need it (skipped where torch is not installed, so
+  ``pip install -e .[dev]`` alone still collects and runs the rest of the suite).
+* ``backend`` (``local_backend``): the test runs once per local backend, shm and sim; pass it as
+  ``RunConfig(backend=...)``.  ``backend_env`` selects it through ``PTODIST_BACKEND`` instead (as a user
+  does; subprocesses inherit it).  The mpi backend needs ``mpirun`` and is test_mpi.py's.
+* Examples: ``load_example`` imports ``examples/<stem>.py``, ``run_example`` runs its ``main``,
+  ``ptodist_cli`` runs ``python -m ptodist ...`` in a subprocess.
+* ``on_every_rank(kernel)``: the host program that runs a signal-only kernel on every rank.
+"""
 
 from __future__ import annotations
 
+import importlib.util
+import inspect
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "examples"
+LOCAL_BACKENDS = ["shm", "sim"]
+NR = pl.dynamic("NR")
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +37,35 @@ def _isolated_output(tmp_path, monkeypatch):
     monkeypatch.setenv("PTODIST_OUTPUT_ROOT", str(tmp_path / "build_output"))
     yield
 
+
+# -- optional dependencies, backends ------------------------------------------------------------
+
+@pytest.fixture(scope="session")
+def torch():
+    """The torch module; the test is skipped where torch is not installed."""
+    return pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]')")
+
+
+@pytest.fixture(params=LOCAL_BACKENDS)
+def local_backend(request) -> str:
+    """Each local backend in turn: the same program must give the same result on shm and on sim."""
+    return request.param
+
+
+@pytest.fixture
+def backend(local_backend) -> str:
+    """The backend a test runs on, for ``RunConfig(backend=...)``: the local ones (mpi runs are test_mpi.py's)."""
+    return local_backend
+
+
+@pytest.fixture
+def backend_env(backend, monkeypatch) -> str:
+    """``backend``, selected through ``PTODIST_BACKEND`` (so a program's own RunConfig and subprocesses use it)."""
+    monkeypatch.setenv("PTODIST_BACKEND", backend)
+    return backend
+
+
+# -- processes ----------------------------------------------------------------------------------
 
 def python_exe() -> str:
     return sys.executable
@@ -44,3 +92,74 @@ def children() -> list[int]:
         if fields[1] == me and fields[0] != "Z":
             out.append(int(pid))
     return out
+
+
+def ptodist_cli(*args, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
+    """Run ``python -m ptodist ARGS`` (the environment of this process) and return what it did."""
+    return subprocess.run([sys.executable, "-m", "ptodist", *map(str, args)], cwd=cwd, env=child_env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+# -- examples -------------------------------------------------------------------------------------
+
+_loaded: dict = {}
+
+
+def load_example(stem: str):
+    """Import ``examples/<stem>.py`` as a module (once per test session).
+
+    The examples use torch: where it is not installed, the test is skipped.
+    """
+    if stem not in _loaded:
+        spec = importlib.util.spec_from_file_location(f"ptodist_example_{stem}", EXAMPLES / f"{stem}.py")
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            pytest.skip(f"examples/{stem}.py needs torch, which is not installed")
+        _loaded[stem] = module
+    return _loaded[stem]
+
+
+def run_example(capsys, stem: str, *argv: str) -> None:
+    """Run the example's ``main(argv)``: it must return 0 and print OK (its golden check passed)."""
+    rc = load_example(stem).main(list(argv))
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "OK" in out.split(), out
+
+
+# -- source lines ---------------------------------------------------------------------------------
+
+def source_line(fn, text: str) -> int:
+    """Return the source line number of the first line of ``fn`` (a program function too) containing ``text``."""
+    lines, start = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)
+    for i, line in enumerate(lines):
+        if text in line:
+            return start + i
+    raise AssertionError(f"{text!r} not in {fn}")
+
+
+# -- small programs -------------------------------------------------------------------------------
+
+def on_every_rank(kernel):
+    """The host program ``<kernel>_host(x: [NR, 1] FP32)`` that runs ``kernel(sig)`` on every rank.
+
+    ``kernel`` is a ``@pl.jit.incore`` function of one signal window, ``sig`` [NR, 1] INT32 (buffer
+    ``buf``), through the per-device function ``<kernel>_rank``.
+    """
+
+    def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+        return kernel(sig)
+
+    def host(x: pl.Tensor[[NR, 1], pl.FP32]):
+        buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            rank_fn(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+    per_rank.__name__ = per_rank.__qualname__ = f"{kernel.name}_rank"
+    host.__name__ = host.__qualname__ = f"{kernel.name}_host"
+    rank_fn = pl.jit(per_rank)
+    return pl.jit.host(host)

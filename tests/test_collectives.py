@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import LOCAL_BACKENDS
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -194,7 +195,7 @@ def assert_reduced(got: np.ndarray, x: np.ndarray, op, dtype) -> None:
 
 NRS = st.sampled_from([2, 3, 4, 8])
 # The sim backend must give the same results; "check" runs sim under ptodist check, which must find nothing.
-BACKENDS = ["shm", "sim", "check"]
+BACKENDS = [*LOCAL_BACKENDS, "check"]
 SEEDS = st.integers(0, 2 ** 32 - 1)
 
 
@@ -892,16 +893,16 @@ def test_host_allreduce_without_signal_in_a_helpers_loop_is_rejected(monkeypatch
         compile_prog(Helper, 2)(np.zeros((2, 1, 4), np.float32))
 
 
-def test_host_allreduce_with_a_signal_in_a_loop_runs():
+def test_host_allreduce_with_a_signal_in_a_loop_runs(backend):
     x = np.random.default_rng(1).integers(-5, 6, (3, 1, 4)).astype(np.float32)
-    y = compile_prog(looped_program(3, "signal"), 3)(x)
+    y = compile_prog(looped_program(3, "signal"), 3, backend)(x)
     np.testing.assert_array_equal(y, np.broadcast_to(3 * x.sum(axis=0), y.shape))
 
 
 # -- 4. the dispatch plan ----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("variant", ["omitted", "explicit", "lanes", "ring"])
-def test_host_builtin_is_a_task_on_every_rank_in_the_plan(variant):
+def test_host_builtin_is_a_task_on_every_rank_in_the_plan(variant, backend):
     nr = 3
     sig = {"ring": [2 * (nr - 1), nr], "lanes": [nr, 2]}.get(variant, [nr, 1])
     xs = [2, 6]
@@ -914,7 +915,7 @@ def test_host_builtin_is_a_task_on_every_rank_in_the_plan(variant):
         return pld.tensor.allreduce(w.a, w.g, core_num=2 if variant == "lanes" else 1)
 
     x = np.random.default_rng(2).integers(-5, 6, (nr, *xs)).astype(np.float32)
-    y, s, compiled = run(build(nr, pl.FP32, xs, sig, host=call), nr, x, xs, sig)
+    y, s, compiled = run(build(nr, pl.FP32, xs, sig, host=call), nr, x, xs, sig, backend=backend)
     assert_reduced(y[0], x, Max if variant == "omitted" else Sum, pl.FP32)
     plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
     assert plan["world_size"] == nr and len(plan["ranks"]) == nr
@@ -982,12 +983,12 @@ def counts_program(nr: int, rows: int, cols: int):
     return Counts
 
 
-def test_host_all_to_all_v_takes_counts_from_a_host_tensor():
+def test_host_all_to_all_v_takes_counts_from_a_host_tensor(backend):
     # The builtin's keyword arguments (here the counts) are host tensors materialised on each rank.
     nr, rows, cols = 2, 2, 3
     counts = np.array([[1, 2], [2, 0]], np.int32)
     x = np.arange(nr * nr * rows * cols, dtype=np.int32).reshape(nr, nr * rows, cols) + 1
-    y = compile_prog(counts_program(nr, rows, cols), nr)(x, counts, counts.T.copy())
+    y = compile_prog(counts_program(nr, rows, cols), nr, backend)(x, counts, counts.T.copy())
     want = np.zeros((nr, nr, rows, cols), np.int32)
     blocks = x.reshape(nr, nr, rows, cols)
     for src in range(nr):

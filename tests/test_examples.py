@@ -2,43 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from conftest import REPO, ptodist_cli, run_example
 
-REPO = Path(__file__).resolve().parent.parent
-EXAMPLES = REPO / "examples"
-
-_loaded: dict = {}
-
-
-def load_example(stem: str):
-    """Import ``examples/<stem>.py`` as a module (once per test session)."""
-    if stem not in _loaded:
-        path = EXAMPLES / f"{stem}.py"
-        spec = importlib.util.spec_from_file_location(f"ptodist_example_{stem}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _loaded[stem] = module
-    return _loaded[stem]
-
-
-@pytest.fixture(autouse=True, params=["shm", "sim"])
-def backend(request, monkeypatch) -> str:
-    """Every example runs on both local backends: the same program must pass the same golden."""
-    monkeypatch.setenv("PTODIST_BACKEND", request.param)
-    return request.param
-
-
-def run_example(capsys, stem: str, *argv: str) -> None:
-    rc = load_example(stem).main(list(argv))
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "OK" in out.split(), out
+# Every example runs on both local backends (PTODIST_BACKEND): the same program must pass the same golden.
+pytestmark = pytest.mark.usefixtures("backend_env")
 
 
 @pytest.mark.parametrize("stem, extra", [
@@ -69,10 +37,8 @@ def test_device_ids_need_not_be_contiguous_or_start_at_zero(capsys, stem, device
     run_example(capsys, stem, "-d", devices)
 
 
+@pytest.mark.usefixtures("torch")  # the example imports torch
 def test_example_through_cli():
-    proc = subprocess.run(
-        [sys.executable, "-m", "ptodist", "run", "examples/05_remote_load_store.py", "-d", "0,1"],
-        cwd=REPO, env=dict(os.environ), capture_output=True, text=True, timeout=180,
-    )
+    proc = ptodist_cli("run", "examples/05_remote_load_store.py", "-d", "0,1", cwd=REPO, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK" in proc.stdout.split(), proc.stdout + proc.stderr

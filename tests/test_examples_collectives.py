@@ -5,42 +5,15 @@ Every case runs on both local backends, shm and sim.
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
+from conftest import load_example, run_example
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
-
-_loaded: dict = {}
-
-
-def load_example(stem: str):
-    """Import ``examples/<stem>.py`` as a module (once per test session)."""
-    if stem not in _loaded:
-        spec = importlib.util.spec_from_file_location(f"ptodist_example_{stem}", EXAMPLES / f"{stem}.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _loaded[stem] = module
-    return _loaded[stem]
+# Every example runs on both local backends (PTODIST_BACKEND): the same program must pass the same golden.
+pytestmark = pytest.mark.usefixtures("backend_env")
 
 
 def devices(nranks: int) -> str:
     return ",".join(str(i) for i in range(nranks))
-
-
-@pytest.fixture(autouse=True, params=["shm", "sim"])
-def backend(request, monkeypatch) -> str:
-    """Every example runs on both local backends: the same program must pass the same golden."""
-    monkeypatch.setenv("PTODIST_BACKEND", request.param)
-    return request.param
-
-
-def run_example(capsys, stem: str, *argv: str) -> None:
-    rc = load_example(stem).main(list(argv))
-    out = capsys.readouterr().out
-    assert rc == 0
-    assert "OK" in out.split(), out
 
 
 # Every example, mode and flag at P=2 and P=4; P=8 for the allreduces, allgather and the capstone.

@@ -12,7 +12,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-import torch
+from conftest import source_line
 
 import ptodist
 import ptodist.language as pl
@@ -33,17 +33,6 @@ NR = pl.dynamic("NR")
 
 def cfg(*device_ids: int, **kw) -> RunConfig:
     return RunConfig(platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(device_ids)), **kw)
-
-
-def line_of(fn, text: str) -> int:
-    """Return the source line number of the first line of ``fn`` that contains ``text``."""
-    import inspect
-
-    lines, start = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)
-    for i, line in enumerate(lines):
-        if text in line:
-            return start + i
-    raise AssertionError(f"{text!r} not in {fn}")
 
 
 # ---------------------------------------------------------------------------
@@ -74,12 +63,14 @@ def hello(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE
 
 def hello_expected(x):
     nr = x.shape[0]
-    if isinstance(x, torch.Tensor):
-        return x + torch.arange(nr, dtype=x.dtype).view(nr, 1, 1)
-    return x + np.arange(nr, dtype=x.dtype).reshape(nr, 1, 1)
+    if isinstance(x, np.ndarray):
+        return x + np.arange(nr, dtype=x.dtype).reshape(nr, 1, 1)
+    import torch  # a torch tensor: torch is installed
+
+    return x + torch.arange(nr, dtype=x.dtype).view(nr, 1, 1)
 
 
-def test_decorator_form_compile_then_call_in_place():
+def test_decorator_form_compile_then_call_in_place(torch):
     x = torch.randn(2, 1, SIZE)
     y = torch.zeros(2, 1, SIZE)
     compiled = hello.compile(x, y, config=cfg(0, 1))
@@ -93,14 +84,14 @@ def test_decorator_form_compile_then_call_in_place():
     assert torch.equal(y, hello_expected(x2))
 
 
-def test_calling_the_host_directly_with_config_compiles_and_runs():
+def test_calling_the_host_directly_with_config_compiles_and_runs(torch):
     x = torch.randn(3, 1, SIZE)
     y = torch.zeros(3, 1, SIZE)
     hello(x, y, config=cfg(0, 1, 2))
     assert torch.equal(y, hello_expected(x))
 
 
-def test_inputs_only_form_creates_and_returns_torch_outputs():
+def test_inputs_only_form_creates_and_returns_torch_outputs(torch):
     x = torch.randn(2, 1, SIZE)
     y = hello(x, config=cfg(0, 1))
     assert isinstance(y, torch.Tensor)
@@ -119,7 +110,7 @@ def test_numpy_in_numpy_out():
     np.testing.assert_array_equal(y2, hello_expected(x))
 
 
-def test_non_contiguous_host_output_is_written_back():
+def test_non_contiguous_host_output_is_written_back(torch):
     x = torch.randn(2, 1, SIZE)
     backing = torch.zeros(2, 1, SIZE * 2)
     y = backing[:, :, ::2]
@@ -129,7 +120,7 @@ def test_non_contiguous_host_output_is_written_back():
     assert (backing[:, :, 1::2] == 0).all()
 
 
-def test_non_contiguous_output_that_requires_grad_is_written_back():
+def test_non_contiguous_output_that_requires_grad_is_written_back(torch):
     # A leaf that requires grad refuses copy_ under autograd: it failed only after the whole run.
     x = torch.randn(2, 1, SIZE)
     y = torch.zeros(SIZE, 1, 2).permute(2, 1, 0).requires_grad_()
@@ -153,7 +144,7 @@ def count_runs(monkeypatch) -> list:
     return runs
 
 
-def test_one_slice_per_rank_runs_and_more_slices_than_ranks_is_refused(monkeypatch):
+def test_one_slice_per_rank_runs_and_more_slices_than_ranks_is_refused(torch, monkeypatch):
     runs = count_runs(monkeypatch)
     x, y = torch.randn(2, 1, SIZE), torch.zeros(2, 1, SIZE)
     hello(x, y, config=cfg(0, 1))  # P = 2, 2 slices: fine
@@ -171,7 +162,7 @@ def test_one_slice_per_rank_runs_and_more_slices_than_ranks_is_refused(monkeypat
                               f"{__file__}:{hello.line}): dimension 0 is pl.dynamic('NR') = 3, bound from the "
                               f"argument's shape [3, 1, {SIZE}], but the world has 2 ranks (len(device_ids) = 2, "
                               "device_ids [0, 1]).")
-        assert f"(at {__file__}:{line_of(hello, 'hello_rank(x[r]')} for rank 0), so slice 2 of x would never be " \
+        assert f"(at {__file__}:{source_line(hello, 'hello_rank(x[r]')} for rank 0), so slice 2 of x would never be " \
                "read or written" in msg
         assert msg.endswith("Pass one slice per rank (a leading dimension of 2), or run on 3 devices "
                             "(DistributedConfig(device_ids=[...]) with one device id per slice).")
@@ -201,20 +192,20 @@ def test_read_only_output_is_refused_before_the_run_and_read_only_input_is_fine(
     np.testing.assert_array_equal(y2, hello_expected(x))
 
 
-def test_one_source_runs_at_p2_and_p3_with_pl_dynamic():
+def test_one_source_runs_at_p2_and_p3_with_pl_dynamic(torch):
     for p in (2, 3):
         x = torch.randn(p, 1, SIZE)
         y = hello(x, config=cfg(*range(p)))
         assert torch.equal(y, hello_expected(x)), p
 
 
-def test_device_ids_need_not_start_at_zero():
+def test_device_ids_need_not_start_at_zero(torch):
     x = torch.randn(2, 1, SIZE)
     y = hello(x, config=cfg(6, 3))
     assert torch.equal(y, hello_expected(x))  # rank r is index r, whatever its device id
 
 
-def test_output_dir_holds_a_dispatch_plan():
+def test_output_dir_holds_a_dispatch_plan(torch):
     x = torch.randn(2, 1, SIZE)
     compiled = hello.compile(x, config=cfg(4, 7))
     compiled(x)
@@ -229,26 +220,26 @@ def test_output_dir_holds_a_dispatch_plan():
     for r, rank in enumerate(plan["ranks"]):
         (task,) = rank["tasks"]
         assert task["function"] == "hello_rank"
-        assert re.search(rf"test_programs.py:{line_of(hello, 'hello_rank(x[r]')}$", task["dispatched_at"])
+        assert re.search(rf"test_programs.py:{source_line(hello, 'hello_rank(x[r]')}$", task["dispatched_at"])
         x_arg, y_arg, r_arg = task["args"]
         assert x_arg == {"kind": "host_tensor", "tensor": "x", "index": [r], "shape": [1, SIZE], "dtype": "FP32"}
         assert y_arg["tensor"] == "y" and y_arg["index"] == [r]
         assert r_arg == {"kind": "scalar", "value": r, "dtype": "INDEX"}
 
 
-def test_wrong_argument_count_names_the_parameters():
+def test_wrong_argument_count_names_the_parameters(torch):
     compiled = hello.compile(config=cfg(0, 1))
     with pytest.raises(DispatchTypeError, match=r"hello: got 3 arguments; pass all 2 \(x, y\) or the 1 inputs"):
         compiled(torch.zeros(2, 1, SIZE), torch.zeros(2, 1, SIZE), torch.zeros(1))
 
 
-def test_calling_with_other_device_ids_is_refused():
+def test_calling_with_other_device_ids_is_refused(torch):
     compiled = hello.compile(config=cfg(0, 1))
     with pytest.raises(DispatchValueError, match=r"called with device_ids \[0, 1, 2\] but compiled for \[0, 1\]"):
         compiled(torch.zeros(3, 1, SIZE), config=cfg(0, 1, 2))
 
 
-def test_host_dtype_mismatch_names_parameter_and_both_dtypes():
+def test_host_dtype_mismatch_names_parameter_and_both_dtypes(torch):
     with pytest.raises(DispatchTypeError, match=r"hello\(\) parameter 'x' \(declared pl.Tensor\[\[NR, 1, 16\], "
                                                 r"pl.FP32\] at .*test_programs.py:\d+\): the host tensor is FP16, "
                                                 r"the annotation says FP32"):
@@ -299,7 +290,7 @@ def make_ring(nr):
 
 
 @pytest.mark.parametrize("nr", [2, 3])
-def test_class_form_factory_with_ir_compile(nr):
+def test_class_form_factory_with_ir_compile(torch, nr):
     compiled = ir.compile(make_ring(nr), platform="a2a3sim",
                           distributed_config=DistributedConfig(device_ids=list(range(nr))))
     x = torch.randn(nr, 1, SIZE)
@@ -307,7 +298,7 @@ def test_class_form_factory_with_ir_compile(nr):
     assert torch.equal(y, torch.roll(x, 1, 0))
 
 
-def test_class_form_plan_lists_windows_ranks_and_tasks():
+def test_class_form_plan_lists_windows_ranks_and_tasks(torch):
     compiled = ir.compile(make_ring(2), platform="a2a3", distributed_config=DistributedConfig(device_ids=[0, 1]))
     x = torch.randn(2, 1, SIZE)
     y = torch.zeros(2, 1, SIZE)
@@ -326,14 +317,14 @@ def test_class_form_plan_lists_windows_ranks_and_tasks():
         assert task["args"][3] == {"kind": "window", "buffer": "sbuf", "shape": [2, 1], "dtype": "INT32"}
 
 
-def test_compiled_output_dir_option():
+def test_compiled_output_dir_option(torch):
     compiled = ir.compile(make_ring(2), distributed_config=DistributedConfig(device_ids=[0, 1]),
                           output_dir=None)
     compiled(torch.randn(2, 1, SIZE))
     assert (compiled.output_dir / "dispatch_plan.json").is_file()
 
 
-def test_run_config_output_dir_is_used(tmp_path):
+def test_run_config_output_dir_is_used(torch, tmp_path):
     out = tmp_path / "my_out"
     x = torch.randn(2, 1, SIZE)
     compiled = hello.compile(x, config=cfg(0, 1, output_dir=str(out)))
@@ -368,10 +359,11 @@ def make_affine(dtype):
     return host
 
 
-@pytest.mark.parametrize("dtype, torch_dtype", [
-    (pl.BF16, torch.bfloat16), (pl.FP16, torch.float16), (pl.INT32, torch.int32),
+@pytest.mark.parametrize("dtype, torch_dtype_name", [
+    (pl.BF16, "bfloat16"), (pl.FP16, "float16"), (pl.INT32, "int32"),
 ])
-def test_torch_tensors_of_each_dtype(dtype, torch_dtype):
+def test_torch_tensors_of_each_dtype(torch, dtype, torch_dtype_name):
+    torch_dtype = getattr(torch, torch_dtype_name)
     host = make_affine(dtype)
     x = torch.arange(-16, 16).reshape(2, 2, 8).to(torch_dtype)
     expected = x * 2 + torch.arange(2).view(2, 1, 1).to(torch_dtype)
@@ -417,7 +409,7 @@ def store_into_input_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Ten
         store_into_input_rank(x[r], y[r], device=r)
 
 
-def test_kernel_writing_its_input_parameter_is_an_error():
+def test_kernel_writing_its_input_parameter_is_an_error(torch):
     x = torch.ones(2, 1, SIZE)
     y = torch.zeros(2, 1, SIZE)
     with pytest.raises(RankError) as info:
@@ -426,7 +418,7 @@ def test_kernel_writing_its_input_parameter_is_an_error():
     assert e.task == "store_into_input"
     assert isinstance(e.original, ProgramTypeError)
     msg = str(e)
-    store_line = line_of(store_into_input, "pl.store(")
+    store_line = source_line(store_into_input, "pl.store(")
     decl_line = store_into_input.line
     assert f"pl.store at {__file__}:{store_line}" in msg
     assert (f"tensor 'y[0]' [1, {SIZE}] FP32 is read-only: it is parameter 'y' of kernel 'store_into_input' "
@@ -452,12 +444,12 @@ def store_into_host_input_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32],
         store_into_host_input_rank(x[r], y[r], device=r)
 
 
-def test_writing_a_host_input_through_an_out_parameter_is_an_error():
+def test_writing_a_host_input_through_an_out_parameter_is_an_error(torch):
     x = torch.ones(2, 1, SIZE)
     with pytest.raises(RankError) as info:
         store_into_host_input_host(x, torch.zeros(2, 1, SIZE), config=cfg(0, 1))
     msg = str(info.value)
-    assert f"pl.store at {__file__}:{line_of(store_into_host_input, 'pl.store(')}" in msg
+    assert f"pl.store at {__file__}:{source_line(store_into_host_input, 'pl.store(')}" in msg
     assert (f"tensor 'x[0]' [1, {SIZE}] FP32 is read-only: it is an input (pl.Tensor) of the host orchestrator "
             "(parameter 'x')") in msg
     assert "annotate it pl.Out[...] or pl.InOut[...] where it is declared" in msg
@@ -481,13 +473,13 @@ def load_out_of_bounds_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.T
         load_out_of_bounds_rank(x[r], y[r], device=r)
 
 
-def test_out_of_bounds_load_names_tensor_offsets_shape_and_bounds():
+def test_out_of_bounds_load_names_tensor_offsets_shape_and_bounds(torch):
     with pytest.raises(RankError) as info:
         load_out_of_bounds_host(torch.ones(2, 1, SIZE), config=cfg(3, 5))
     e = info.value
     assert isinstance(e.original, KernelIndexError) and isinstance(e.original, IndexError)
     first = str(e).splitlines()[0]
-    line = line_of(load_out_of_bounds, "pl.load(")
+    line = source_line(load_out_of_bounds, "pl.load(")
     assert first.startswith("rank 0 (device 3) failed in task 'load_out_of_bounds': KernelIndexError: ")
     assert f"pl.load at {__file__}:{line}" in first
     assert "tensor 'x[0]' [1, 16] FP32" in first
@@ -515,7 +507,7 @@ def fail_on_rank_one_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Ten
         fail_on_rank_one_rank(x[r], y[r], r, device=r)
 
 
-def test_rank_error_carries_rank_device_task_and_user_line():
+def test_rank_error_carries_rank_device_task_and_user_line(torch):
     with pytest.raises(RankError) as info:
         fail_on_rank_one_host(torch.ones(3, 1, SIZE), config=cfg(10, 20, 30))
     e = info.value
@@ -524,7 +516,7 @@ def test_rank_error_carries_rank_device_task_and_user_line():
     assert isinstance(e.original, RuntimeError) and str(e.original) == "user bug on rank one"
     msg = str(e)
     assert msg.startswith("rank 1 (device 20) failed in task 'fail_on_rank_one': RuntimeError: user bug on rank one")
-    raise_line = line_of(fail_on_rank_one, "raise RuntimeError")
+    raise_line = source_line(fail_on_rank_one, "raise RuntimeError")
     assert f'File "{__file__}", line {raise_line}, in fail_on_rank_one' in msg
     assert 'raise RuntimeError("user bug on rank one")' in msg
     assert "ptodist/runtime" not in msg and "ptodist/backends" not in msg  # only the user's frames
@@ -549,14 +541,14 @@ def passes_plain_to_window_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32],
         passes_plain_to_window(x[r], y[r], device=r)
 
 
-def test_plain_tensor_given_to_a_kernel_window_parameter():
+def test_plain_tensor_given_to_a_kernel_window_parameter(torch):
     with pytest.raises(RankError) as info:
         passes_plain_to_window_host(torch.ones(2, 1, SIZE), config=cfg(0, 1))
     e = info.value
     assert isinstance(e.original, ProgramTypeError)
     assert e.task == "passes_plain_to_window"  # the kernel call was refused: the orchestration was running
     msg = str(e).splitlines()[0]
-    call_line = line_of(passes_plain_to_window, "wants_window_kernel(x, y)")
+    call_line = source_line(passes_plain_to_window, "wants_window_kernel(x, y)")
     assert (f"wants_window_kernel() parameter 'data' (declared pl.InOut[pld.DistributedTensor[[1, {SIZE}], "
             f"pl.FP32]] at {__file__}:{wants_window_kernel.line + 1}), called at {__file__}:{call_line}") in msg
     assert f"expected pld.DistributedTensor (a window-bound tensor) but got a tensor (pl.Tensor[1, {SIZE}] FP32)" \
@@ -591,7 +583,7 @@ def test_negative_neighbour_under_truncated_modulo_names_value_and_fix():
     e = info.value
     assert (e.rank, e.task) == (0, "left")  # only rank 0 computes (0 - 1) % 3 == -1
     msg = str(e).splitlines()[0]
-    assert f"pld.tile.remote_load at {__file__}:{line_of(left, 'pld.tile.remote_load')}" in msg
+    assert f"pld.tile.remote_load at {__file__}:{source_line(left, 'pld.tile.remote_load')}" in msg
     assert "peer -1 is outside [0, 3) (rank 0, world 3)" in msg
     assert "integer % truncates toward zero on the device, so (r - 1) % n is -1 for r = 0. Write (r - 1 + n) % n." \
         in msg

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 import runpy
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+import pytest
+from conftest import REPO, load_example
 
 
+@pytest.mark.usefixtures("torch")  # the tour program uses torch
 def test_readme_tour_program_runs(tmp_path):
     text = (REPO / "README.md").read_text()
     blocks = re.findall(r"```python\n(.*?)```", text, re.S)
@@ -21,6 +22,5 @@ def test_readme_tour_program_runs(tmp_path):
 def test_readme_main_job_runs(capsys):
     text = (REPO / "README.md").read_text()
     assert "ptodist run examples/allreduce.py -d 0,1,2,3" in text
-    module = runpy.run_path(str(REPO / "examples" / "allreduce.py"))
-    assert module["main"](["-d", "0,1,2,3"]) == 0
+    assert load_example("allreduce").main(["-d", "0,1,2,3"]) == 0
     assert "OK: allreduce over 4 ranks" in capsys.readouterr().out

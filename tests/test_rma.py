@@ -1,4 +1,7 @@
-"""Remote memory access and signals: regions, atomics, and the errors a user sees for misuse."""
+"""Remote memory access and signals: regions, atomics, and the errors a user sees for misuse.
+
+The programs that run do so on both local backends (the ``backend`` fixture): shm and sim must agree.
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,13 @@ import pytest
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RankError, ir
+from ptodist import DistributedConfig, RankError, RunConfig, ir
 from ptodist.errors import KernelIndexError, ProgramTypeError, ProgramValueError
 
 N = 8
 
 
-def compile_body(body, nr: int = 2, dtype=pl.FP32):
+def compile_body(body, nr: int = 2, dtype=pl.FP32, backend: str | None = None):
     """Compile a program whose kernel is `body(x, y, win, sig, me, n)` on windows [nr, N] and signals [nr, 1]."""
 
     @pl.program
@@ -41,7 +44,8 @@ def compile_body(body, nr: int = 2, dtype=pl.FP32):
                           pld.window(sbuf, [nr, 1], dtype=pl.INT32), device=r)
             return y
 
-    return ir.compile(Prog, distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    return ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                                             backend=backend))
 
 
 def barrier(sig, me, n):
@@ -51,7 +55,7 @@ def barrier(sig, me, n):
         pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
 
 
-def test_put_and_get_with_regions():
+def test_put_and_get_with_regions(backend):
     # Rank r puts its row r into row r of every peer's window, then gets the peers' rows back.
     def body(x, y, win, sig, me, n):
         for p in pl.range(n):
@@ -61,13 +65,13 @@ def test_put_and_get_with_regions():
             pld.tensor.get(y, p, win, [p, 0], [p, 0], [1, N])
 
     x = np.random.default_rng(0).standard_normal((3, 3, N)).astype(np.float32)
-    y = compile_body(body, 3)(x)
+    y = compile_body(body, 3, backend=backend)(x)
     for r in range(3):
         for p in range(3):
             np.testing.assert_array_equal(y[r, p], x[p, p])
 
 
-def test_atomic_put_accumulates_from_every_rank():
+def test_atomic_put_accumulates_from_every_rank(backend):
     def body(x, y, win, sig, me, n):
         for p in pl.range(n):
             pld.tensor.put(win, p, x, atomic=pld.AtomicType.Add)
@@ -75,18 +79,18 @@ def test_atomic_put_accumulates_from_every_rank():
         pl.store(pl.load(win, [0, 0], [n, N]), [0, 0], y)
 
     x = np.arange(4 * 4 * N, dtype=np.int32).reshape(4, 4, N)
-    y = compile_body(body, 4, pl.INT32)(x)
+    y = compile_body(body, 4, pl.INT32, backend=backend)(x)
     for r in range(4):
         np.testing.assert_array_equal(y[r], x.sum(axis=0))
 
 
-def test_atomic_add_rejects_unsupported_dtypes():
+def test_atomic_add_rejects_unsupported_dtypes(backend):
     def body(x, y, win, sig, me, n):
         pld.tensor.put(win, 0, x, atomic=pld.AtomicType.Add)
 
     x = np.zeros((2, 2, N), np.int64)
     with pytest.raises(RankError) as info:
-        compile_body(body, 2, pl.INT64)(x)
+        compile_body(body, 2, pl.INT64, backend=backend)(x)
     assert isinstance(info.value.original, ProgramTypeError)
     assert "atomic add supports FP32, FP16, BF16, INT32, INT16, INT8" in str(info.value)
     assert "is INT64" in str(info.value)
@@ -139,12 +143,12 @@ def test_pipeline_without_chunks_is_rejected_before_running():
         host.compile(config=None)
 
 
-def test_remote_load_out_of_bounds_names_everything():
+def test_remote_load_out_of_bounds_names_everything(backend):
     def body(x, y, win, sig, me, n):
         pld.tile.remote_load(win, 0, [1, 4], [1, N])
 
     with pytest.raises(RankError) as info:
-        compile_body(body, 2)(np.zeros((2, 2, N), np.float32))
+        compile_body(body, 2, backend=backend)(np.zeros((2, 2, N), np.float32))
     assert isinstance(info.value.original, KernelIndexError)
     msg = str(info.value)
     assert "pld.tile.remote_load at" in msg and "test_rma.py" in msg
@@ -152,27 +156,27 @@ def test_remote_load_out_of_bounds_names_everything():
     assert "offsets [1, 4] with shape [1, 8] reach [4, 12) in dimension 1, whose bounds are [0, 8)" in msg
 
 
-def test_notify_on_a_data_window_is_a_type_error():
+def test_notify_on_a_data_window_is_a_type_error(backend):
     def body(x, y, win, sig, me, n):
         pld.system.notify(win, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
 
     with pytest.raises(RankError) as info:
-        compile_body(body, 2)(np.zeros((2, 2, N), np.float32))
+        compile_body(body, 2, backend=backend)(np.zeros((2, 2, N), np.float32))
     assert "signal cells are INT32, but window 'win' [2, 8] FP32" in str(info.value)
 
 
-def test_notify_peer_out_of_range_gives_the_modulo_hint():
+def test_notify_peer_out_of_range_gives_the_modulo_hint(backend):
     def body(x, y, win, sig, me, n):
         pld.system.notify(sig, (me - 1) % n, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
 
     with pytest.raises(RankError) as info:
-        compile_body(body, 2)(np.zeros((2, 2, N), np.float32))
+        compile_body(body, 2, backend=backend)(np.zeros((2, 2, N), np.float32))
     assert info.value.rank == 0
     assert "peer -1 is outside [0, 2)" in str(info.value)
     assert "(r - 1 + n) % n" in str(info.value)
 
 
-def test_set_overwrites_and_eq_waits_for_an_exact_value():
+def test_set_overwrites_and_eq_waits_for_an_exact_value(backend):
     # Rank 1 sets rank 0's cell to 7; rank 0 waits for == 7 and records what it saw.
     def body(x, y, win, sig, me, n):
         if me == 1:
@@ -181,19 +185,19 @@ def test_set_overwrites_and_eq_waits_for_an_exact_value():
             pld.system.wait(sig, [1, 0], 7, cmp=pld.WaitCmp.Eq)
             pl.write(y, [0, 0], pl.read(sig, [1, 0]))
 
-    y = compile_body(body, 2, pl.INT32)(np.zeros((2, 2, N), np.int32))
+    y = compile_body(body, 2, pl.INT32, backend=backend)(np.zeros((2, 2, N), np.int32))
     assert y[0, 0, 0] == 7
 
 
-def test_windows_start_zeroed():
+def test_windows_start_zeroed(backend):
     def body(x, y, win, sig, me, n):
         pl.store(pl.load(win, [0, 0], [n, N]), [0, 0], y)
 
-    y = compile_body(body, 2)(np.ones((2, 2, N), np.float32))
+    y = compile_body(body, 2, backend=backend)(np.ones((2, 2, N), np.float32))
     assert not y.any()
 
 
-def test_hand_rolled_signal_reused_as_a_collective_signal_of_another_layout():
+def test_hand_rolled_signal_reused_as_a_collective_signal_of_another_layout(backend):
     nr = 2
 
     @pl.program
@@ -220,7 +224,8 @@ def test_hand_rolled_signal_reused_as_a_collective_signal_of_another_layout():
                 self.chip(pld.window(b, [nr, nr], dtype=pl.INT32), pld.window(b, [nr, 1], dtype=pl.INT32), device=r)
 
     with pytest.raises(RankError) as info:
-        ir.compile(Reuse, distributed_config=DistributedConfig(device_ids=[0, 1]))(np.zeros((2, 1), np.float32))
+        ir.compile(Reuse, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend=backend))(
+            np.zeros((2, 1), np.float32))
     from ptodist.errors import SignalLayoutError
 
     assert isinstance(info.value.original, SignalLayoutError)

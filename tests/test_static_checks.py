@@ -15,7 +15,7 @@ import warnings
 
 import numpy as np
 import pytest
-import torch
+from conftest import source_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -50,14 +50,6 @@ def cfg(*device_ids: int) -> RunConfig:
 
 def zeros(*shape, dtype=np.float32):
     return np.zeros(shape, dtype=dtype)
-
-
-def line_of(fn, text: str) -> int:
-    lines, start = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)
-    for i, line in enumerate(lines):
-        if text in line:
-            return start + i
-    raise AssertionError(f"{text!r} not in {fn}")
 
 
 # ---------------------------------------------------------------------------
@@ -243,7 +235,7 @@ def test_device_out_of_range_names_value_range_and_line():
     with pytest.raises(ProgramValueError) as info:
         dispatches_past_the_end(zeros(2, 1, 8), config=cfg(0, 1))
     msg = str(info.value)
-    line = line_of(dispatches_past_the_end, "device=r + 1")
+    line = source_line(dispatches_past_the_end, "device=r + 1")
     assert msg.startswith(f"copy_rank(..., device=2) at {FILE}:{line}: ")
     assert "device= is a logical rank index and must be in [0, 2) (world = len(device_ids) = 2)" in msg
     assert "Loop with `for r in pl.range(pld.world_size())`" in msg
@@ -295,7 +287,7 @@ def test_window_given_to_a_tensor_parameter():
     with pytest.raises(ProgramTypeError) as info:
         gives_window_to_plain(zeros(2, 1, 8), config=cfg(0, 1))
     msg = str(info.value)
-    call_line = line_of(gives_window_to_plain, "wants_plain(w")
+    call_line = source_line(gives_window_to_plain, "wants_plain(w")
     assert msg.startswith(f"wants_plain() parameter 'x' (declared pl.Tensor[[1, 8], pl.FP32] at "
                           f"{FILE}:{wants_plain.line}), called at {FILE}:{call_line}: ")
     assert "expected pl.Tensor but got a window (pld.DistributedTensor[1, 8] FP32)" in msg
@@ -410,12 +402,12 @@ def split_per_rank(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1
 def more_slices_than_ranks_message(host, declared: str, size: str, fix: str) -> str:
     return (f"{host.name}() parameter 'x' (declared {declared} at {FILE}:{host.line}): dimension 0 is {size}, "
             "but the world has 2 ranks (len(device_ids) = 2, device_ids [0, 1]). The dispatch loop gives rank r "
-            f"the slice x[r] (at {FILE}:{line_of(host, 'x[r]')} for rank 0), so slice 2 of x would never be read "
+            f"the slice x[r] (at {FILE}:{source_line(host, 'x[r]')} for rank 0), so slice 2 of x would never be read "
             f"or written and the run would return a wrong result. {fix}")
 
 
 @pytest.mark.parametrize("how", ["call", "compile", "compile then call"])
-def test_more_per_rank_slices_than_ranks_is_refused_before_any_rank_starts(how):
+def test_more_per_rank_slices_than_ranks_is_refused_before_any_rank_starts(torch, how):
     # 3 slices on a 2-rank world: NR binds to 3 and slice 2 was silently left out (exit 0, wrong result).
     x, y = torch.randn(3, 1, 8), torch.zeros(3, 1, 8)
     with pytest.raises(ShapeError) as info:
@@ -435,7 +427,7 @@ def test_more_per_rank_slices_than_ranks_is_refused_before_any_rank_starts(how):
     assert not torch.any(y)
 
 
-def test_one_per_rank_slice_per_rank_plans():
+def test_one_per_rank_slice_per_rank_plans(torch):
     compiled = split_per_rank.compile(torch.randn(2, 1, 8), torch.zeros(2, 1, 8), config=cfg(0, 1))
     plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
     assert [[a["index"] for a in rank["tasks"][0]["args"]] for rank in plan["ranks"]] == [[[0], [0]], [[1], [1]]]
@@ -491,7 +483,7 @@ def test_fewer_per_rank_slices_than_ranks_names_the_world():
     with pytest.raises(ProgramIndexError) as info:
         split_per_rank(zeros(1, 1, 8), config=cfg(0, 1))
     assert str(info.value) == (
-        f"x[1] at {FILE}:{line_of(split_per_rank, 'x[r]')}: index 1 is out of range for dimension 0 of host "
+        f"x[1] at {FILE}:{source_line(split_per_rank, 'x[r]')}: index 1 is out of range for dimension 0 of host "
         "tensor 'x' (size 1). The host tensor has 1 slice along its leading dimension but the world has 2 ranks "
         "(len(device_ids) = 2): pass one slice per rank (a leading dimension of 2), or run on 1 device.")
 
@@ -546,7 +538,7 @@ def test_broadcast_numpy_output_is_refused_at_dispatch():
         split_per_rank(zeros(2, 1, 8), y, config=cfg(0, 1))
 
 
-def test_expanded_torch_output_is_refused_at_dispatch():
+def test_expanded_torch_output_is_refused_at_dispatch(torch):
     # torch has no read-only tensors, but an expanded one cannot take a result per element: copy_ refuses it.
     y = torch.zeros(1, 1, 8).expand(2, 1, 8)
     with pytest.raises(DispatchTypeError) as info:
@@ -607,8 +599,8 @@ def test_window_view_larger_than_its_buffer_names_both_sizes():
     with pytest.raises(ProgramValueError) as info:
         view_too_large(zeros(2, 1, 8), config=cfg(0, 1))
     msg = str(info.value)
-    line = line_of(view_too_large, "big = pld.window")
-    alloc_line = line_of(view_too_large, "alloc_window_buffer")
+    line = source_line(view_too_large, "big = pld.window")
+    alloc_line = source_line(view_too_large, "alloc_window_buffer")
     assert msg.startswith(f"pld.window at {FILE}:{line}: ")
     assert "a view of shape [4, 8] FP32 needs 128 bytes but window buffer 'buf' " \
            f"(allocated at {FILE}:{alloc_line}) has only 16 bytes." in msg
@@ -636,7 +628,7 @@ def test_alloc_window_buffer_given_the_rank_count():
 
     # The allocation itself already deserved a warning, attributed to the user's line.
     (w,) = [w for w in caught if "alloc_window_buffer" in str(w.message)]
-    alloc_line = line_of(rank_count_as_bytes, "alloc_window_buffer")
+    alloc_line = source_line(rank_count_as_bytes, "alloc_window_buffer")
     assert issubclass(w.category, UserWarning)
     assert (w.filename, w.lineno) == (FILE, alloc_line)
     assert str(w.message) == (
@@ -704,7 +696,7 @@ def test_rank_identity_in_the_host_orchestrator_is_an_error(host, op, text):
     with pytest.raises(ProgramError) as info:
         host(zeros(2, 1, 8), config=cfg(0, 1))
     msg = str(info.value)
-    assert msg.startswith(f"{op}() at {FILE}:{line_of(host, text)} is called in the host orchestrator: ")
+    assert msg.startswith(f"{op}() at {FILE}:{source_line(host, text)} is called in the host orchestrator: ")
     assert "rank identity exists only inside a kernel running on a rank" in msg
     assert f"Read it in the kernel with {op}(pld.get_comm_ctx(window))" in msg
     assert "or pass the host loop variable r as a scalar argument" in msg
@@ -720,7 +712,7 @@ def test_dispatching_a_kernel_directly_from_the_host():
     with pytest.raises(ProgramError) as info:
         dispatches_a_kernel(zeros(2, 1, 8), config=cfg(0, 1))
     msg = str(info.value)
-    line = line_of(dispatches_a_kernel, "good_kernel(")
+    line = source_line(dispatches_a_kernel, "good_kernel(")
     assert msg.startswith(f"good_kernel() at {FILE}:{line}: the host dispatches the per-device @pl.jit wrapper "
                           "with device=r, never a kernel directly.")
     assert "Add a @pl.jit function that calls good_kernel(...) and dispatch that." in msg
@@ -868,7 +860,7 @@ def test_host_index_past_the_rank_count_names_the_line():
         host.compile(zeros(2, 1, 4), config=cfg(0, 1))
     msg = str(info.value)
     assert isinstance(info.value, IndexError)
-    assert f"x[2] at {FILE}:{line_of(host, 'x[r + 1]')}" in msg
+    assert f"x[2] at {FILE}:{source_line(host, 'x[r + 1]')}" in msg
     assert "index 2 is out of range for dimension 0 of host tensor 'x' (size 2)" in msg
     assert "for r in pl.range(pld.world_size())" in msg
 
@@ -898,8 +890,8 @@ def test_a_dispatch_mismatch_names_the_line_of_the_parameters_annotation():
     with pytest.raises(ProgramTypeError) as info:
         gives_tensor_for_data(zeros(2, 1, 8), config=cfg(0, 1))
     e = info.value
-    param_line = line_of(annotated_on_lines, "# @data_param")
-    call_line = line_of(gives_tensor_for_data, "annotated_on_lines(x[r]")
+    param_line = source_line(annotated_on_lines, "# @data_param")
+    call_line = source_line(gives_tensor_for_data, "annotated_on_lines(x[r]")
     assert param_line != annotated_on_lines.line
     assert str(e).startswith(
         "annotated_on_lines() parameter 'data' (declared pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]] at "
@@ -922,10 +914,10 @@ def test_more_slices_than_ranks_names_the_parameters_line_first():
     with pytest.raises(ShapeError) as info:
         split_on_lines(zeros(3, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
     e = info.value
-    x_line = line_of(split_on_lines, "# @split_x")
+    x_line = source_line(split_on_lines, "# @split_x")
     assert str(e).startswith("split_on_lines() parameter 'x' (declared pl.Tensor[[NR, 1, 8], pl.FP32] at "
                              f"{FILE}:{x_line}): dimension 0 is pl.dynamic('NR') = 3")
-    assert e.locations == [f"{FILE}:{x_line}", f"{FILE}:{line_of(split_on_lines, 'copy_rank(x[r]')}"]
+    assert e.locations == [f"{FILE}:{x_line}", f"{FILE}:{source_line(split_on_lines, 'copy_rank(x[r]')}"]
     assert e.fix == "Pass 'x' with one slice per rank (2), or give DistributedConfig one device id per slice (3)."
 
 
@@ -940,7 +932,7 @@ def _host_check_names_the_annotation_line() -> bool:
 def test_a_host_shape_mismatch_names_the_line_of_the_parameters_annotation():
     with pytest.raises(ShapeError) as info:
         split_on_lines(zeros(2, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))
-    y_line = line_of(split_on_lines, "y: pl.Out")
+    y_line = source_line(split_on_lines, "y: pl.Out")
     assert str(info.value).startswith("split_on_lines() parameter 'y' (declared pl.Out[pl.Tensor[[NR, 1, 8], "
                                       f"pl.FP32]] at {FILE}:{y_line}): dimension 0 is pl.dynamic('NR') = 3 here")
     (f,) = findings.from_exception(info.value)
@@ -951,7 +943,7 @@ def test_a_short_dispatch_loop_is_named_first():
     with pytest.raises(DispatchCoverageError) as info:
         dispatches_two(zeros(4, 1, 8), config=cfg(0, 1, 4, 5))
     e = info.value
-    loop = f"{FILE}:{line_of(dispatches_two, 'for r in pl.range(2)')}"
+    loop = f"{FILE}:{source_line(dispatches_two, 'for r in pl.range(2)')}"
     assert str(e) == (
         f"host orchestrator 'dispatches_two' ({FILE}:{dispatches_two.line}) dispatched ranks [0, 1] but never ranks "
         f"[2, 3] (devices [4, 5]); world = len(device_ids) = 4. The dispatch loop at {loop}, "
@@ -972,8 +964,8 @@ def loop_that_never_runs(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[
 def test_a_dispatch_loop_that_never_runs_is_named():
     with pytest.raises(DispatchCoverageError) as info:
         loop_that_never_runs(zeros(2, 1, 8), config=cfg(0, 1))
-    loop = f"{FILE}:{line_of(loop_that_never_runs, 'for r in pl.range(0)')}"
-    call = f"{FILE}:{line_of(loop_that_never_runs, 'copy_rank(')}"
+    loop = f"{FILE}:{source_line(loop_that_never_runs, 'for r in pl.range(0)')}"
+    call = f"{FILE}:{source_line(loop_that_never_runs, 'copy_rank(')}"
     assert str(info.value) == (
         f"host orchestrator 'loop_that_never_runs' ({FILE}:{loop_that_never_runs.line}) dispatched nothing: call the "
         f"per-device function with device=r for every rank. The dispatch at {call} is in the loop at {loop} "
@@ -1045,7 +1037,7 @@ def test_a_window_too_small_gets_the_fix_for_its_cause(host, hint, fix):
     e = info.value
     assert str(e).endswith(hint), str(e)
     assert e.fix == fix
-    alloc = f"{FILE}:{line_of(host, 'alloc_window_buffer')}"
+    alloc = f"{FILE}:{source_line(host, 'alloc_window_buffer')}"
     (f,) = findings.from_exception(e)
     assert f.locations[0] == alloc and f.fix == fix
     assert f.docs == "docs/pitfalls.md#a-rank-count-as-the-window-size"

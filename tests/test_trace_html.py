@@ -6,17 +6,14 @@ Playwright's Python API; Playwright's own browser downloads are not used. CI ins
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from conftest import EXAMPLES, child_env
+from conftest import load_example, on_every_rank, ptodist_cli
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -35,8 +32,7 @@ def config(out: Path, ids, **flags) -> RunConfig:
 
 
 def html_report(out: Path, report: Path, *args) -> subprocess.CompletedProcess:
-    p = subprocess.run([sys.executable, "-m", "ptodist", "trace", str(out), "--html", str(report), *map(str, args)],
-                       capture_output=True, text=True, env=child_env(), timeout=120)
+    p = ptodist_cli("trace", out, "--html", report, *args)
     assert p.returncode == 0, p.stderr
     assert p.stdout.rstrip().endswith(f"HTML report: {report} (one self-contained file: open it in any browser, "
                                       "offline)")
@@ -49,12 +45,9 @@ def html_report(out: Path, report: Path, *args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def allreduce_report(tmp_path_factory):
     base = tmp_path_factory.mktemp("html_allreduce")
-    spec = importlib.util.spec_from_file_location("example_allreduce_html", EXAMPLES / "allreduce.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    x = torch.randn(2, 1, 256)
-    y = module.allreduce.compile(x, config=config(base / "out", [4, 7]))(x)
-    assert torch.allclose(y, x.sum(dim=0, keepdim=True).expand_as(y), rtol=1e-5, atol=1e-5)
+    x = np.random.default_rng(0).standard_normal((2, 1, 256)).astype(np.float32)
+    y = load_example("allreduce").allreduce.compile(x, config=config(base / "out", [4, 7]))(x)
+    np.testing.assert_allclose(y, np.broadcast_to(x.sum(axis=0, keepdims=True), y.shape), rtol=1e-5, atol=1e-5)
     report = base / "report.html"
     html_report(base / "out", report)
     return report, {0: 4, 1: 7}
@@ -72,16 +65,7 @@ def ring(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
     return sig
 
 
-@pl.jit
-def ring_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-    return ring(sig)
-
-
-@pl.jit.host
-def ring_host(x: pl.Tensor[[NR, 1], pl.FP32]):
-    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        ring_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+ring_host = on_every_rank(ring)
 
 
 @pytest.fixture(scope="module")
@@ -160,8 +144,7 @@ def test_the_report_names_a_rank_without_records(tmp_path, hang_report):
 
 
 def test_trace_html_errors(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "ptodist", "trace", str(tmp_path), "--html", str(tmp_path / "r.html")],
-                       capture_output=True, text=True, env=child_env(), timeout=60)
+    p = ptodist_cli("trace", tmp_path, "--html", tmp_path / "r.html", timeout=60)
     assert p.returncode == 2 and "no DFX outputs" in p.stderr and not (tmp_path / "r.html").exists()
 
 
