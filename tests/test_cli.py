@@ -16,7 +16,6 @@ import textwrap
 
 import numpy as np
 import pytest
-import torch
 from conftest import child_env
 
 import ptodist
@@ -83,6 +82,8 @@ def main():
     nr = int(sys.argv[1])
     cfg = RunConfig(platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(nr))))
     compiled = ir.compile(make(nr), platform=cfg.platform, distributed_config=cfg.distributed_config)
+    import torch
+
     x = torch.arange(nr * SIZE, dtype=torch.float32).reshape(nr, 1, SIZE)
     y = compiled(x)
     assert torch.equal(y, torch.roll(x, 1, 0)), (x, y)
@@ -657,20 +658,20 @@ NUMPY_DTYPES = "float32, float16, bfloat16, int8, int16, int32, int64, uint8, bo
 
 
 @pytest.mark.parametrize("value, message", [
-    (torch.ones(2, 1, 4, dtype=torch.float64),
+    (lambda torch: torch.ones(2, 1, 4, dtype=torch.float64),
      f"host tensor 'x' has torch dtype torch.float64, which ptodist does not support (it supports {TORCH_DTYPES}). "
      "Convert it first: x.float() (float64 -> FP32; the same as x.to(torch.float32))."),
-    (np.ones((2, 1, 4)),
+    (lambda torch: np.ones((2, 1, 4)),
      f"host tensor 'x' has numpy dtype float64, which ptodist does not support (it supports {NUMPY_DTYPES}). "
      "Convert it first: x.astype(np.float32) (float64 -> FP32)."),
-    (torch.ones(2, 1, 4, dtype=torch.complex64),
+    (lambda torch: torch.ones(2, 1, 4, dtype=torch.complex64),
      f"host tensor 'x' has torch dtype torch.complex64, which ptodist does not support (it supports "
      f"{TORCH_DTYPES}). Convert it first to a supported dtype, e.g. x.to(torch.float32)."),
 ], ids=["torch-float64", "numpy-float64", "torch-complex64"])
-def test_an_unsupported_dtype_names_the_supported_ones_and_the_conversion(value, message):
+def test_an_unsupported_dtype_names_the_supported_ones_and_the_conversion(value, message, torch):
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]))
     with pytest.raises(DispatchTypeError) as info:
-        _doubled(value, config=cfg)
+        _doubled(value(torch), config=cfg)
     assert str(info.value) == message
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import load_example, on_every_rank, ptodist_cli
 
+import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, dfx, shared_array
@@ -824,13 +825,18 @@ def interrupting(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
 interrupting_host = on_every_rank(interrupting)
 
 
-def test_an_interrupted_run_leaves_every_rank_records(tmp_path):
+@pytest.mark.parametrize("how", ["one-shot", "worker"])
+def test_an_interrupted_run_leaves_every_rank_records(tmp_path, how):
     out = tmp_path / "out"
-    x = np.zeros((2, 1), np.float32)
+    x = ptodist.shared_array((2, 1), np.float32)
     compiled = interrupting_host.compile(x, config=config(out, ids=[0, 1], enable_chip_swimlane=True,
                                                           hang_timeout_s=600))
     with pytest.raises(KeyboardInterrupt):
-        compiled(x)
+        if how == "one-shot":
+            compiled(x)
+        else:
+            with compiled.prepare() as rt:
+                rt(x)
     for r in range(2):
         data = records(out, r)
         last = data["records"][-1]

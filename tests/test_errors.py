@@ -30,6 +30,7 @@ from ptodist.errors import (
     PtodistError,
     PtodistInternalError,
     RankError,
+    TileIndexError,
     TileTypeError,
     TileValueError,
 )
@@ -287,6 +288,14 @@ def test_slice_and_assemble_regions_need_one_entry_per_dimension():
            pl.slice, a, [2, 2], [0])
     raises(TileValueError, ValueError, "pl.assemble: offsets [0, 0, 0] and shape [1, 2] must have 2 entries",
            pl.assemble, a, _tile(np.zeros((1, 2))), [0, 0, 0])
+
+
+def test_slice_and_assemble_regions_must_lie_in_the_tile():
+    a = _tile(np.zeros((3, 4)))
+    raises(TileIndexError, IndexError, "pl.slice: region at offsets [2, 3] with shape [2, 2] is outside [3, 4]",
+           pl.slice, a, [2, 2], [2, 3])
+    raises(TileIndexError, IndexError, "pl.assemble: region at offsets [2, 3] with shape [1, 2] is outside [3, 4]",
+           pl.assemble, a, _tile(np.zeros((1, 2))), [2, 3])
 
 
 def test_a_tile_error_in_a_kernel_is_the_rank_errors_original_and_not_a_ptodist_bug():

@@ -19,7 +19,9 @@ LAYERS = [
     ("errors", "source", "context", "compat", "config", "rank_output"),
     ("language",),
     ("compiler", "collectives"),
-    ("dfx", "check"),  # check's analyses (findings, hang, hb); its session (explore) sits on top
+    # check's analyses (findings, hang, hb; its session, explore, sits on top) and the status board ranks
+    # publish and drivers read
+    ("dfx", "check", "rank.status"),
     ("rank",),
     ("backends",),
     ("runtime", "ir"),
@@ -60,8 +62,20 @@ def _imports(name: str, path: Path, mods: dict) -> set[str]:
         while t and t not in mods:
             t = t.rpartition(".")[0]
         parts = t.split(".")
-        out |= {".".join(parts[:i]) for i in range(1, len(parts) + 1)}  # importing a.b.c runs a and a.b first
+        # Importing a.b.c runs a and a.b first; a package whose __init__ imports nothing cannot matter.
+        out |= {".".join(parts[:i]) for i in range(1, len(parts))
+                if _imports_anything(mods[".".join(parts[:i])])} | {t}
     return {t for t in out if t and t != name and not name.startswith(t + ".")}
+
+
+def _imports_anything(path: Path) -> bool:
+    """Whether a package's ``__init__`` imports any ptodist module at module level."""
+    for n in ast.parse(path.read_text()).body:
+        if isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("ptodist")):
+            return True
+        if isinstance(n, ast.Import) and any(a.name.startswith("ptodist") for a in n.names):
+            return True
+    return False
 
 
 def _layer(name: str) -> int:

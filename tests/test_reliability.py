@@ -18,7 +18,6 @@ import time
 
 import numpy as np
 import pytest
-import torch
 from conftest import children
 
 import ptodist.language as pl
@@ -97,7 +96,7 @@ def test_a_rank_that_runs_without_communicating_is_a_hang_named_with_its_line(mo
     assert children() == []
 
 
-def test_a_spinning_rank_on_a_worker_is_a_hang_and_the_worker_closes():
+def test_a_spinning_rank_on_a_worker_is_a_hang_and_the_worker_closes(torch):
     x = torch.zeros(2, 1, 4).share_memory_()
     compiled = stuck_program("spin").compile(x, config=cfg(hang_timeout_s=1))
     with compiled.prepare() as rt:
@@ -194,7 +193,7 @@ def _shared_maps(pid: int) -> int:
         return sum(1 for line in f if "memfd:" in line or "/dev/shm/" in line)
 
 
-def test_fresh_tensors_every_dispatch_are_released_without_a_garbage_collection(monkeypatch):
+def test_fresh_tensors_every_dispatch_are_released_without_a_garbage_collection(monkeypatch, torch):
     monkeypatch.setattr(shm, "_rank_started", _no_full_collections)
     x0 = torch.zeros(2, 1, 4).share_memory_()
     compiled = copy.compile(x0, config=cfg())
@@ -339,7 +338,7 @@ def test_a_refused_allocation_names_the_windows(monkeypatch):
     assert "the largest 'buf' 1073741824.0 GiB" in text and "Shrink the windows" in text, text
 
 
-def test_a_worker_refuses_windows_larger_than_memory():
+def test_a_worker_refuses_windows_larger_than_memory(torch):
     limit, _ = resources.memory_limit()
     x = torch.zeros(2, 1, 4).share_memory_()
     compiled = window_program(limit).compile(x, config=cfg())

@@ -186,6 +186,10 @@ class TileValueError(KernelValueError):
     """A tile operation got operands that do not fit (shapes that do not broadcast, a bad cast mode)."""
 
 
+class TileIndexError(KernelIndexError):
+    """A region of a tile outside the tile (``pl.slice`` of a tile)."""
+
+
 @dataclass
 class RankFailure:
     """One rank's failure, as reported back to the driver."""

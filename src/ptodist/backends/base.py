@@ -25,6 +25,8 @@ from ..rank.status import SAMPLE_SIGNAL, StatusBoard
 CERTAIN_HANG_S = 0.5
 # A watcher that did not look for this long (it was busy itself) starts timing afresh.
 WATCH_GAP_S = 1.0
+# Ranks of a run cut short (a hang, an interrupt, a failure) that keep DFX records get this long to write them.
+STOP_WRITE_S = 1.0
 # How long a driver waits for ranks to answer a request for their current line.
 SAMPLE_WAIT_S = 0.5
 
@@ -139,6 +141,7 @@ class SharedHeap:
     token: int
     stride: int
     data: np.ndarray
+    base: int = 0   # where rank 0's heap starts in ``data`` (rank r's at ``base + r * stride``)
 
 
 @dataclass
@@ -178,6 +181,9 @@ class Watch(Protocol):
 
     def poll(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds (an in-process group runs the command now); return whether it ended."""
+
+    def interrupt(self, wait_s: float) -> None:
+        """The driver was interrupted: stop the ranks, giving them ``wait_s`` to write their records."""
 
 
 class Arena(Protocol):
@@ -245,6 +251,9 @@ class RunsNow:
         self.error: BaseException | None = None
         self.broken: str | None = None
         self.done = False
+
+    def interrupt(self, wait_s: float) -> None:
+        pass  # the command ran in the interrupted thread: it stopped with it
 
     def poll(self, timeout: float) -> bool:
         if not self.done:

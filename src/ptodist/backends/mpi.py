@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 
 from ..check import findings
-from ..check.hang import diagnose_hang, hang_report, received
+from ..check.hang import hang_from_states, rank_state
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView, split_segments
 from ..config import started_by_mpi_launcher
 from ..dfx import finish_run
@@ -1450,40 +1450,18 @@ class _MpiRun:
         return StatusBoard(board, 1), bool(raw[CTL_ARRIVED:CTL_ARRIVED + 4].view(np.int32)[0]), board
 
     def hang_fields(self, certain: bool, idle: float) -> dict:
-        """Describe the hang as the ``shm`` driver does: every rank's state, the notifies, the diagnosis."""
-        plan = self.plan
+        """Describe the hang as the ``shm`` driver does (``check.hang``), as fields every process can take."""
         states, sent = [], []
         for r in range(self.world):
             board, arrived, _raw = self._board(r)
             row = board.rows[0]
-            st = {"rank": r, "device_id": plan.device_ids[r], "state": STATE_NAMES.get(int(row["state"]), "unknown"),
-                  "task": row["task"].decode(errors="replace") or None}
-            if arrived:
-                st["state"] = STATE_NAMES[DONE]
-            elif int(row["state"]) == WAITING and not 0 <= int(row["wait_buffer"]) < len(plan.windows):
-                st["state"] = STATE_NAMES[RUNNING]  # read while the rank was between two waits
-            elif int(row["state"]) == WAITING:
-                buffer_id, offset = int(row["wait_buffer"]), int(row["wait_offset"])
-                st.update(
-                    wait=row["what"].decode(errors="replace"), where=row["where"].decode(errors="replace"),
-                    buffer=plan.windows[buffer_id].name, buffer_id=buffer_id, offset=offset,
-                    cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
-                    cmp="Ge" if row["wait_cmp"] else "Eq", current=self.memory.cell_load(buffer_id, r, offset),
-                    waiting_s=round(time.time() - float(row["since"]), 3))
-            if st["state"] == STATE_NAMES[RUNNING]:
-                line = self._busy_line(row)
-                if line:
-                    st["line"] = line  # where its pulse thread found it, running without progress
-            states.append(st)
+            # A running rank's line is where its pulse thread found it, running without progress.
+            states.append(rank_state(self.plan, r, row, arrived, self.memory.cell_load, self._busy_line(row)))
             for e in board.sent(0):
                 e["rank"] = r
                 sent.append(e)
-        for st in states:
-            if "buffer_id" in st:
-                st["received"] = received(st, sent)
-        diagnosis = diagnose_hang(states, sent)
-        return {"message": hang_report(states, certain, idle, self.hang_timeout, diagnosis), "states": states,
-                "certain": certain, "diagnosis": diagnosis}
+        e = hang_from_states(states, sent, certain, idle, self.hang_timeout)
+        return {"message": str(e), "states": e.ranks, "certain": e.certain, "diagnosis": e.diagnosis}
 
     @staticmethod
     def _busy_line(row) -> str | None:

@@ -1,21 +1,18 @@
 """The ``shm`` backend: rank processes over shared memory.
 
-Two drivers share the rank body (``rank.body.run_rank``) and the watch that turns failures
-and stalls into exceptions (``_Monitor``):
+A ``RankGroup`` forks one process per rank; each serves one command after another
+(``_serve``, whose rank body is ``rank.body.run_rank``): the driver writes a command
+into a frame of the group's control mapping and rings a doorbell word, the ranks run
+it and count themselves into a ``finished`` word, and a ``CommandWatch`` turns
+failures and stalls into exceptions (``_Monitor``, the one stall rule).
 
-* ``ShmBackend.run`` (one-shot calls) forks one process per rank for one dispatch.
-  Layout of its one shared anonymous mapping (every region 64-byte aligned)::
-
-      control   sleepers word | one accumulate lock per rank | status board
-      host      each host tensor, copied in before the fork, out after the run
-      windows   world x window heap (rank r's heap holds every window buffer)
-
-* ``RankGroup`` (a ``DistributedWorker``'s ranks) forks the ranks once; each then
-  serves one command after another (``_serve``): the driver writes a command into a
-  frame of the group's control mapping and rings a doorbell word, the ranks run it
-  and count themselves into a ``finished`` word.  Host tensors, resident tensors and
-  window heaps are separate shared files whose descriptors reach the ranks over a
-  unix socket (``SCM_RIGHTS``), so memory made after the fork is seen in place.
+* A ``DistributedWorker``'s group is started once.  Host tensors, resident tensors and
+  window heaps are shared files whose descriptors reach the ranks over a unix socket
+  (``SCM_RIGHTS``), so memory made after the fork is seen in place.
+* A one-shot call (``ShmBackend.run``) is a group used once: one anonymous mapping
+  holds the host tensors (copied in, outputs copied out after success) and the window
+  heaps (``world`` rows); the group is forked with the command already published, so
+  the ranks inherit the mapping and start at once.
 
 An anonymous ``MAP_SHARED`` mapping vanishes with the last process that maps it,
 and the files are memfds, so no shared-memory segment can leak.  Ranks ask the
@@ -31,7 +28,6 @@ import mmap
 import os
 import pickle
 import queue
-import selectors
 import signal
 import socket
 import sys
@@ -55,14 +51,14 @@ from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, install_line_sampler
 from . import resources
-from .base import Command, StallRule, died, last_activity, sample_lines
+from .base import STOP_WRITE_S, Command, HostView, SharedHeap, StallRule, died, last_activity, sample_lines
 
 ALIGN = 64
 POLL_S = 0.02
 # After the first failure, wait this long for the other ranks' reports before stopping them.
 GRACE_S = 0.2
-# Ranks of a run cut short (hang, Ctrl-C, failure) that keep DFX records get this long to write them.
-STOP_WRITE_S = 1.0
+# The token under which a one-shot group's ranks find the mapping they inherit (host tensors, window heaps).
+ONE_SHOT_TOKEN = 0
 
 
 _CPUS = os.cpu_count() or 1
@@ -70,27 +66,6 @@ _CPUS = os.cpu_count() or 1
 
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
-
-
-class Layout:
-    """Byte offsets of every region of a one-shot run's shared mapping."""
-
-    def __init__(self, plan: DispatchPlan, host_arrays: list):
-        world = plan.world
-        self.sleepers = 0
-        self.locks = ALIGN
-        self.status = _align(self.locks + 4 * world)
-        off = _align(self.status + StatusBoard.nbytes(world))
-        self.host: dict[int, int] = {}
-        for i, a in enumerate(host_arrays):
-            if a is not None:
-                self.host[i] = off
-                off = _align(off + a.nbytes)
-        self.heap = _align(max(plan.window_heap_bytes, ALIGN))
-        self.windows = off
-        self.total = off + self.heap * world
-        self.offsets = [w.offset for w in plan.windows]
-        self.sizes = [w.nbytes for w in plan.windows]
 
 
 class WindowHeap:
@@ -111,23 +86,20 @@ class WindowHeap:
 class ShmMemory:
     """RankMemory over shared memory (used by the ranks, and by the driver to read cells).
 
-    ``arena``/``layout`` hold the control words (sleepers, locks, status board); ``heap`` says
-    where the window buffers are (by default in the same arena, as ``layout`` describes).
+    ``arena``/``layout`` hold the control words (sleepers, locks); ``heap`` says where the window
+    buffers are; ``status`` is the group's status board.
     """
 
-    def __init__(self, arena: np.ndarray, layout, rank: int, world: int, heap: WindowHeap | None = None,
-                 status: StatusBoard | None = None):
+    def __init__(self, arena: np.ndarray, layout, rank: int, world: int, heap: WindowHeap, status: StatusBoard):
         self.arena = arena
         self.layout = layout
         self.rank = rank
         self.world = world
         self.base = arena.ctypes.data
         self.sleepers_addr = self.base + layout.sleepers
-        self.heap = heap if heap is not None else \
-            WindowHeap(arena, layout.windows, layout.heap, layout.offsets, layout.sizes)
-        self._heap_base = self.heap.arena.ctypes.data
-        self.status = status if status is not None else \
-            StatusBoard(arena[layout.status:layout.status + StatusBoard.nbytes(world)], world)
+        self.heap = heap
+        self._heap_base = heap.arena.ctypes.data
+        self.status = status
         # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they yield the core
         # for a while (the notifier may be waiting for it), then sleep.
         if world <= _CPUS:
@@ -245,218 +217,72 @@ class ShmBackend:
         return group
 
     def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
-        layout = Layout(plan, host_arrays)
+        """A one-shot call: a rank group used once, forked with its command already published.
+
+        The host tensors and the window heaps lie in one anonymous shared mapping made before the
+        fork, so the ranks inherit it (no descriptor travels); the host tensors are copied in, and the
+        outputs out once every rank succeeded.
+        """
         host_bytes = sum(a.nbytes for a in host_arrays if a is not None)
         resources.check_windows(plan.program, plan.windows, plan.world, host_bytes)
-        resources.ensure_descriptors(plan.program, plan.world)
+        offsets, off = [], 0
+        for a in host_arrays:
+            offsets.append(off if a is not None else None)
+            off = _align(off + (a.nbytes if a is not None else 0))
+        stride = _align(max(plan.window_heap_bytes, ALIGN))
+        total = off + stride * plan.world
         try:
-            mm = mmap.mmap(-1, layout.total)
+            mm = mmap.mmap(-1, total)
         except OSError as e:
-            raise resources.no_memory(plan.program, plan.windows, plan.world, layout.total, e) from None
-        arena = np.frombuffer(mm, dtype=np.uint8)
+            raise resources.no_memory(plan.program, plan.windows, plan.world, total, e) from None
+        memory = np.frombuffer(mm, dtype=np.uint8)
         try:
-            views = self._host_views(arena, layout, plan, host_arrays)
-            try:
-                _Driver(plan, arena, layout, views, config, dfx).run()
-            finally:
-                if dfx is not None:
-                    finish_run(dfx, plan.world, plan.device_ids)
-            for spec in plan.host_tensors:
-                if spec.direction is not Direction.IN:
-                    host_arrays[spec.index][...] = views[spec.index]
+            self._run_once(plan, host_arrays, config, dfx, memory, offsets, off, stride)
         finally:
-            del arena
-            views = None
+            del memory
             try:
                 mm.close()
             except BufferError:
                 pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
 
     @staticmethod
-    def _host_views(arena, layout: Layout, plan: DispatchPlan, host_arrays: list) -> list:
-        views: list = [None] * len(host_arrays)
-        for i, a in enumerate(host_arrays):
-            if a is not None:
-                off = layout.host[i]
-                views[i] = arena[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
-                views[i][...] = a
-        # Inputs are read-only in the ranks, so a store into one is reported, not silently lost.
-        for spec in plan.host_tensors:
-            if spec.direction is Direction.IN:
-                views[spec.index].flags.writeable = False
-        return views
-
-
-class _Driver:
-    """Forks the ranks of one run, watches them, and turns failures and stalls into exceptions."""
-
-    def __init__(self, plan, arena, layout, host_views, config, dfx=None):
-        self.plan = plan
-        self.dfx = dfx
-        self.world = plan.world
-        self.arena = arena
-        self.layout = layout
-        self.host_views = host_views
-        self.hang_timeout = config.resolved_hang_timeout()
-        self.memory = ShmMemory(arena, layout, -1, plan.world)
-        self.pids: dict[int, int] = {}
-        self.fds: dict[int, int] = {}
-        self.buffers: dict[int, bytearray] = {}
-        self.done: set[int] = set()
-        self.failures: list[RankFailure] = []
-        # epoll, not select(): select() cannot watch descriptors numbered 1024 and up (a thousand ranks)
-        self.selector = selectors.DefaultSelector()
-        self.oom_kills = resources.oom_kills()
-
-    def run(self) -> None:
-        try:
-            self._start()
-            self._watch()
-        finally:
-            self._stop_all()
-            self.selector.close()
-
-    def _start(self) -> None:
-        parent = os.getpid()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for r in range(self.world):
-            rfd, wfd = os.pipe()
-            pid = os.fork()
-            if pid == 0:  # the rank
-                os.close(rfd)
-                for fd in self.fds:
-                    os.close(fd)
-                _close_group_fds()
-                _rank_main(self.plan, r, self.arena, self.layout, self.host_views, wfd, parent, self.dfx)
-            os.close(wfd)
-            self.pids[r] = pid
-            self.fds[rfd] = r
-            self.selector.register(rfd, selectors.EVENT_READ)
-            self.buffers[r] = bytearray()
-
-    def _watch(self) -> None:
-        monitor = _Monitor(self.memory, self.plan, self.pids, self.hang_timeout)
-        first_failure = None
-        while len(self.done) < self.world:
-            for key, _ in self.selector.select(POLL_S):
-                self._read(key.fd)
-            if self.failures:
-                now = time.monotonic()
-                first_failure = first_failure or now
-                if now - first_failure >= GRACE_S:
-                    break
+    def _run_once(plan, host_arrays, config, dfx, memory, offsets, heap_at, stride) -> None:
+        hosts, views = [], []
+        inputs = {spec.index for spec in plan.host_tensors if spec.direction is Direction.IN}
+        for i, (a, off) in enumerate(zip(host_arrays, offsets)):
+            if a is None:
+                hosts.append(None)
+                views.append(None)
                 continue
-            monitor.check(self.done)
-        if self.failures:
-            raise RankError(sorted(self.failures, key=lambda f: f.rank))
-
-    def _read(self, fd: int) -> None:
-        r = self.fds[fd]
-        chunk = os.read(fd, 1 << 16)
-        if chunk:
-            self.buffers[r] += chunk
-            return
-        self.selector.unregister(fd)
-        os.close(fd)
-        del self.fds[fd]
-        self.done.add(r)
-        _, status = os.waitpid(self.pids.pop(r), 0)
-        message = bytes(self.buffers[r])
-        if message:
-            result = pickle.loads(message)
-            if result is not None:
-                self.failures.append(result)
-            return
-        row = self.memory.status.rows[r]
-        task = row["task"].decode() or None
-        self.failures.append(RankFailure(r, self.plan.device_ids[r], task, "RankDied",
-                                         died(resources.death_note(status, self.oom_kills),
-                                              last_activity(self.memory.status, r)), ""))
-
-    def _stop_all(self) -> None:
+            view = memory[off:off + a.nbytes].view(a.dtype).reshape(a.shape)
+            view[...] = a
+            views.append(view)
+            writable = i not in inputs
+            hosts.append(HostView(a.shape, dt.from_numpy(a.dtype).name, writable, ONE_SHOT_TOKEN, off,
+                                  view.strides))
+        heap = SharedHeap(ONE_SHOT_TOKEN, stride, memory, heap_at)
+        group = RankGroup(plan.device_ids, {id(plan): plan}, 0.0, owner=plan.program,
+                          inherited={ONE_SHOT_TOKEN: memory})
+        command = Command(0, 0, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout(),
+                          blob=group.encode_plan((plan, [])))
+        watch = None
         try:
-            if self.pids and self.dfx is not None:
-                self._let_ranks_write()
-        except Exception:  # noqa: BLE001 - best effort: the run's own ending is the one to report
-            pass
-        finally:
-            _kill_and_reap(self.pids)
-            for fd in self.fds:
-                os.close(fd)
-            self.fds.clear()
-
-    def _let_ranks_write(self) -> None:
-        """Stop the ranks still running with SIGTERM, so they write their DFX records; wait STOP_WRITE_S at most."""
-        for pid in self.pids.values():
+            watch = group.start(first=command)
             try:
-                os.kill(pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + STOP_WRITE_S
-        while self.fds:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            for key, _ in self.selector.select(min(left, POLL_S)):
-                self._read(key.fd)
-
-
-def _rank_main(plan, rank, arena, layout, host_views, wfd, parent, dfx=None) -> None:
-    """Body of a one-shot rank process; never returns."""
-    code = 0
-    try:
-        _enter_rank(rank, plan.world, plan.device_ids[rank])
-        _atomics.die_with_parent()
-        if os.getppid() != parent:
-            os._exit(1)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
-        memory = ShmMemory(arena, layout, rank, plan.world)
-        install_line_sampler(memory.status, rank)
-        log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
-        ctx = RankContext(plan, rank, memory, host_views, events=log)
-        if log is not None:  # the driver stops a run cut short with SIGTERM: write what was recorded
-            signal.signal(signal.SIGTERM, _stop_rank)
-        _stoppable[0] = log is not None
-        outcome = run_rank(ctx, log, dfx)
-        _stoppable[0] = False
-        if outcome.stopped:
-            _die_stopped()
-        memory.status.finish(rank, DONE if outcome.ok else FAILED)
-        payload = pickle.dumps(outcome.failure)
-        view = memoryview(payload)
-        while view:
-            n = os.write(wfd, view)
-            view = view[n:]
-    except BaseException:  # noqa: BLE001
-        code = 70
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
+                while not watch.poll(POLL_S):
+                    pass
+            except BaseException:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, letting them write DFX records
+                watch.interrupt(STOP_WRITE_S if dfx is not None else 0.0)
+                raise
         finally:
-            os._exit(code)
-
-
-_stoppable = [False]  # in a one-shot rank: whether SIGTERM stops its dispatch now
-
-
-def _stop_rank(signum, frame) -> None:
-    """SIGTERM in a one-shot rank that keeps an event log: stop its dispatch (at most once)."""
-    if _stoppable[0]:
-        _stoppable[0] = False
-        raise RankStopped()
-
-
-def _die_stopped() -> None:
-    """A stopped rank wrote its DFX outputs (run_rank): now die of SIGTERM as a rank without them does."""
-    try:
-        sys.stdout.flush()
-        sys.stderr.flush()
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        os._exit(128 + signal.SIGTERM)
+            group.close()
+            if dfx is not None:
+                finish_run(dfx, plan.world, plan.device_ids, error=watch.error if watch is not None else None)
+        if watch.error is not None:
+            raise watch.error
+        for spec in plan.host_tensors:
+            if spec.direction is not Direction.IN:
+                host_arrays[spec.index][...] = views[spec.index]
 
 
 # -- long-lived ranks (a DistributedWorker's) ------------------------------------------------
@@ -513,12 +339,12 @@ class GroupLayout:
 
 
 class _GroupMemory(ShmMemory):
-    """ShmMemory for long-lived ranks: a wait also ends when the driver aborts the command."""
+    """ShmMemory for a group's ranks: a wait also ends when the driver aborts the command."""
 
-    def __init__(self, *args, abort_addr: int, command: int, **kwargs):
+    def __init__(self, *args, abort_addr: int, state: _RankState, **kwargs):
         super().__init__(*args, **kwargs)
         self.abort_addr = abort_addr
-        self.command = command
+        self.state = state
 
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
         addr = self._addr(buffer_id, self.rank, offset)
@@ -530,7 +356,8 @@ class _GroupMemory(ShmMemory):
                                       max(min(ABORT_POLL_S, left), 0.0))
             if ok:
                 return ok, value
-            if _atomics.load(self.abort_addr) > self.command:
+            if _atomics.load(self.abort_addr) > self.state.command:
+                self.state.stopping = True  # the abort signal, arriving now, must not stop the stop
                 raise RankStopped()
             if left <= ABORT_POLL_S:
                 return ok, value
@@ -551,6 +378,8 @@ class PlanPickler(pickle.Pickler):
     def persistent_id(self, obj):
         from ..language.functions import Function
 
+        if obj is not None and self.objects.get(id(obj)) is obj and not isinstance(obj, Function):
+            return ("object", id(obj), 0)  # e.g. a one-shot call's whole plan, made before its ranks forked
         if isinstance(obj, Function) and id(obj.fn) in self.objects:
             bound = obj.bound_self
             if bound is None or id(bound) in self.objects:
@@ -567,7 +396,9 @@ class _PlanUnpickler(pickle.Unpickler):
     def persistent_load(self, pid):
         from ..language.functions import Function
 
-        _, fn_id, self_id = pid
+        kind, fn_id, self_id = pid
+        if kind == "object":
+            return self.objects[fn_id]
         f = self.cache.get((fn_id, self_id))
         if f is None:
             base = self.objects[fn_id]
@@ -623,6 +454,23 @@ class CommandWatch:
             if self.over or time.monotonic() >= end:
                 break
         return self.over
+
+    def interrupt(self, wait_s: float) -> None:
+        """The driver was interrupted (Ctrl-C, SIGTERM): stop the ranks and give them ``wait_s`` to stop.
+
+        A stopped rank with an event log writes what it recorded (its pending wait included) before it
+        reports; the caller kills what is left.
+        """
+        if self.over:
+            return
+        self._abort(self._done())
+        end = time.monotonic() + wait_s
+        group = self.group
+        while time.monotonic() < end and _atomics.load(group.addr(group.layout.finished)) < self.target:
+            if group.reap():
+                return
+            _atomics.wait(group.addr(group.layout.finished), group.ctl_sleepers, 1, self.target, 0.0, 0.0,
+                          max(min(POLL_S, end - time.monotonic()), 0.0))
 
     def _done(self) -> set[int]:
         done = self.group.words("done")
@@ -704,20 +552,24 @@ class CommandWatch:
 class RankGroup:
     """Rank processes forked once, each serving one command after another (a DistributedWorker's ranks).
 
-    ``objects`` maps ``id()`` to the program functions (and program instances) plans refer to;
-    it must hold them before ``start()`` so the forked ranks have them too.
+    ``objects`` maps ``id()`` to the program functions (and program instances, or a whole plan)
+    plans refer to; it must hold them before ``start()`` so the forked ranks have them too.  A
+    one-shot call is a group used once: it is started with its command already published, over
+    memory the ranks inherit (``inherited``), and closed after it.
     """
 
     in_process = False  # the ranks are other processes: host tensors reach them as shared files
     finishes_dfx = False  # the worker merges the ranks' DFX files when a dispatch ends
 
-    def __init__(self, device_ids: list[int], objects: dict, startup_timeout_s: float):
+    def __init__(self, device_ids: list[int], objects: dict, startup_timeout_s: float, *,
+                 owner: str = "DistributedWorker", inherited: dict | None = None):
         self.device_ids = list(device_ids)
         self.world = len(device_ids)
         self.objects = objects
         self.startup_timeout_s = startup_timeout_s
+        self.inherited = inherited or {}  # token -> memory mapped before the fork, which the ranks inherit
         self.layout = GroupLayout(self.world)
-        resources.ensure_descriptors("DistributedWorker", self.world)
+        resources.ensure_descriptors(owner, self.world)
         self.oom_kills = resources.oom_kills()
         self.death_notes: dict[int, str] = {}  # rank -> how its process ended, once reaped
         self._mm = mmap.mmap(-1, self.layout.total)
@@ -741,11 +593,17 @@ class RankGroup:
         return self.arena[off:off + 4 * self.world].view(np.int32)
 
     # -- start and stop -------------------------------------------------------------------
-    def start(self) -> None:
-        """Fork the ranks and wait until every one is up (RankError if one dies or is late)."""
+    def start(self, first: Command | None = None) -> CommandWatch | None:
+        """Fork the ranks.
+
+        Without ``first``, wait until every rank is up (RankError if one dies or is late).  With it,
+        publish ``first`` before the fork (a one-shot call): the ranks run it as soon as they are set
+        up, and its watch is returned.
+        """
         parent = os.getpid()
         pairs = [socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET) for _ in range(self.world)]
         self.socks = [a for a, _ in pairs]
+        watch = self.submit(first) if first is not None else None
         sys.stdout.flush()
         sys.stderr.flush()
 
@@ -766,7 +624,9 @@ class RankGroup:
         finally:
             for _, b in pairs:  # the ranks' ends: each rank keeps its own copy
                 b.close()
-        self._await_start()
+        if watch is None:
+            self._await_start()
+        return watch
 
     def _await_start(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s
@@ -843,8 +703,8 @@ class RankGroup:
         heap, heap_ref = None, None
         if command.heap is not None:
             h = command.heap
-            heap_ref = (h.token, h.stride)
-            heap = WindowHeap.for_plan(h.data, 0, h.stride, command.plan)
+            heap_ref = (h.token, h.stride, h.base)
+            heap = WindowHeap.for_plan(h.data, h.base, h.stride, command.plan)
         wire = _Wire(self.sent, command.number, command.plan_id, command.blob, command.segment,
                      [None if v is None else v.key for v in command.hosts], heap_ref,
                      [(m.token, m.size) for m in command.maps], command.drops, command.dfx, command.forget_plans)
@@ -952,11 +812,12 @@ class _RankState:
         self.rank = rank
         self.sock = sock
         self.layout = group.layout
-        self.maps: dict[int, tuple[mmap.mmap, np.ndarray]] = {}
+        self.maps: dict[int, tuple[mmap.mmap | None, np.ndarray]] = {t: (None, m) for t, m in group.inherited.items()}
         self.plans: dict[int, tuple] = {}
         self.functions: dict = {}
         self.command = -1
         self.running = False
+        self.stopping = False  # a RankStopped was raised in this command (by the abort signal or a wait)
         self.dispatch = None  # (dispatch id, ctx, log, dfx) of the dispatch whose segments are running
         self.memories: dict = {}  # (plan id, heap) -> _GroupMemory, reused by later dispatches
         self.views: dict = {}     # host tensor descriptor -> its array, while its memory is mapped
@@ -978,7 +839,10 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
         state = _RankState(group, rank, sock)
 
         def on_abort(signum, frame):
-            if state.running and _atomics.load(group.addr(group.layout.abort)) > state.command:
+            # At most once a command: a second RankStopped would cut short the unwinding of the first
+            # (the records a stopped rank closes on its way out).
+            if state.running and not state.stopping and _atomics.load(group.addr(group.layout.abort)) > state.command:
+                state.stopping = True
                 raise RankStopped()
 
         signal.signal(signal.SIGUSR1, on_abort)
@@ -1014,7 +878,7 @@ class _Wire:
     blob: bytes | None         # the plan, pickled by reference, the first time the ranks see it
     segment: int
     hosts: list                # HostView.key (token, offset, shape, strides, dtype, writable) or None
-    heap: tuple | None         # (token, stride) of the window arena
+    heap: tuple | None         # (token, stride, base) of the window arena
     maps: list                 # (token, size) of the files whose descriptors follow on the socket
     drops: list                # tokens of memory to unmap
     dfx: object
@@ -1104,13 +968,13 @@ def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | 
         memory = state.memories.get(key)
         if memory is None:
             if command.heap is not None:
-                token, stride = command.heap
-                heap = WindowHeap.for_plan(state.maps[token][1], 0, stride, plan)
+                token, stride, base = command.heap
+                heap = WindowHeap.for_plan(state.maps[token][1], base, stride, plan)
             else:
                 heap = WindowHeap(group.arena, 0, 0, [], [])
             memory = state.memories[key] = _GroupMemory(
                 group.arena, state.layout, rank, group.world, heap, status,
-                abort_addr=group.addr(group.layout.abort), command=state.command)
+                abort_addr=group.addr(group.layout.abort), state=state)
         hosts = []
         for d in command.hosts:
             if d is None:
@@ -1128,11 +992,10 @@ def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | 
     dispatch_id, ctx, log, dfx = state.dispatch
     if dispatch_id != command.number:
         raise PtodistInternalError("a later segment arrived for a dispatch this rank did not start")
-    ctx.memory.command = state.command
     ctx.plan = segments[segment]
     status.set_running(rank, "")
     last = segment == len(segments) - 1
-    state.running = True
+    state.running, state.stopping = True, False
     try:
         outcome = run_rank(ctx, log, dfx, last=last)
     finally:

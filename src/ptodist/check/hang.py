@@ -8,6 +8,11 @@ value, resulting value, source line).
 
 from __future__ import annotations
 
+import time
+
+from ..errors import HangError
+from ..rank.status import DONE, RUNNING, STATE_NAMES, WAITING
+
 
 def received(state: dict, sent: list[dict]) -> list[dict]:
     """The notifies that reached the cell ``state`` waits on, in each sender's order."""
@@ -196,40 +201,48 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
     return "\n".join(lines)
 
 
-def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s: float | None, timeout_s: float,
-               busy: dict[int, str] | None = None):
-    """Return the HangError for a stall, read off the status board.
+def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = None, asked: bool = False) -> dict:
+    """What rank ``r``'s status row says, for a hang report: its state, and the wait it is blocked in.
 
-    ``board``: the StatusBoard; ``cell_load(buffer_id, rank, offset)`` reads a signal cell; ``finished``:
-    the ranks that already ended (their board row may still say what they did last); ``busy``: the
-    line each running rank was sampled at (rank -> ``file:line in function``).
+    ``finished``: the rank already ended (its row may still say what it did last); ``cell_load(buffer_id,
+    rank, offset)`` reads the cell a waiting rank waits on; ``line``: where a running rank was sampled
+    (``asked``: it was asked, so a missing line means it did not answer).
     """
-    import time
+    st = {"rank": r, "device_id": plan.device_ids[r], "state": STATE_NAMES.get(int(row["state"]), "unknown"),
+          "task": row["task"].decode(errors="replace") or None}
+    if finished:
+        st["state"] = STATE_NAMES[DONE]
+    elif int(row["state"]) == WAITING and not 0 <= int(row["wait_buffer"]) < len(plan.windows):
+        st["state"] = STATE_NAMES[RUNNING]  # read while the rank was between two waits
+    elif int(row["state"]) == WAITING:
+        buffer_id, offset = int(row["wait_buffer"]), int(row["wait_offset"])
+        st.update(wait=row["what"].decode(errors="replace"), where=row["where"].decode(errors="replace"),
+                  buffer=plan.windows[buffer_id].name, buffer_id=buffer_id, offset=offset,
+                  cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
+                  cmp="Ge" if row["wait_cmp"] else "Eq", current=cell_load(buffer_id, r, offset),
+                  waiting_s=round(time.time() - float(row["since"]), 3))
+    if st["state"] == STATE_NAMES[RUNNING] and (asked or line):
+        st["line"] = line  # None: asked, but the rank did not answer
+    return st
 
-    from ..errors import HangError
-    from ..rank.status import DONE, STATE_NAMES, WAITING
 
-    rows = board.rows
-    states = []
-    for r in range(plan.world):
-        row = rows[r]
-        st = {"rank": r, "device_id": plan.device_ids[r], "state": STATE_NAMES[int(row["state"])],
-              "task": row["task"].decode() or None}
-        if r in finished:
-            st["state"] = STATE_NAMES[DONE]
-        elif row["state"] == WAITING:
-            buffer_id, offset = int(row["wait_buffer"]), int(row["wait_offset"])
-            st.update(wait=row["what"].decode(), where=row["where"].decode(),
-                      buffer=plan.windows[buffer_id].name, buffer_id=buffer_id, offset=offset,
-                      cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
-                      cmp="Ge" if row["wait_cmp"] else "Eq", current=cell_load(buffer_id, r, offset),
-                      waiting_s=round(time.time() - float(row["since"]), 3))
-        elif st["state"] == "running" and busy is not None:
-            st["line"] = busy.get(r)  # None: asked, but the rank did not answer
-        states.append(st)
-    sent = [e for r in range(plan.world) for e in board.sent(r)]
+def hang_from_states(states: list[dict], sent: list[dict], certain: bool, idle_s: float | None,
+                     timeout_s: float) -> HangError:
+    """The one translation of every rank's state (``rank_state``) and sent notifies into a HangError."""
     for st in states:
         if "buffer_id" in st:
             st["received"] = received(st, sent)
     diagnosis = diagnose_hang(states, sent)
     return HangError(hang_report(states, certain, idle_s, timeout_s, diagnosis), states, certain, diagnosis)
+
+
+def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s: float | None, timeout_s: float,
+               busy: dict[int, str] | None = None) -> HangError:
+    """Return the HangError for a stall, read off one status board holding every rank's row (shm, sim).
+
+    ``busy``: the line each running rank was sampled at (rank -> ``file:line in function``), when asked.
+    """
+    states = [rank_state(plan, r, board.rows[r], r in finished, cell_load,
+                         busy.get(r) if busy is not None else None, busy is not None) for r in range(plan.world)]
+    sent = [e for r in range(plan.world) for e in board.sent(r)]
+    return hang_from_states(states, sent, certain, idle_s, timeout_s)

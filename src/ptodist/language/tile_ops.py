@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..errors import TileTypeError, TileValueError
+from ..errors import TileIndexError, TileTypeError, TileValueError
 from . import dtypes as dt
 from .dtypes import DataType
 from .scalar import Scalar
@@ -277,5 +277,5 @@ def _check_region(op: str, bounds, offsets, shape) -> None:
         raise TileValueError(f"{op}: offsets {list(offsets)} and shape {list(shape)} must have {len(bounds)} entries")
     for o, s, b in zip(offsets, shape, bounds):
         if int(o) < 0 or int(o) + int(s) > b:
-            raise IndexError(f"{op}: region at offsets {list(map(int, offsets))} with shape "
+            raise TileIndexError(f"{op}: region at offsets {list(map(int, offsets))} with shape "
                              f"{list(map(int, shape))} is outside {list(bounds)}")

@@ -22,9 +22,9 @@ def ptodist_bug(e: BaseException) -> traceback.FrameSummary | None:
     * the innermost frame of its traceback that is not library code (the standard library, numpy, torch,
       any installed package: frames :func:`ptodist.source.is_library` names) is ptodist's — so an error
       raised in the program's own code, or inside a library the program itself called, is the program's;
-    * and that frame did not raise it with a ``raise`` statement of its own: ptodist's language layer
-      raises builtin ``TypeError``/``ValueError``/``IndexError``/``ZeroDivisionError`` on purpose for
-      values the program got wrong (tiles that do not broadcast, a float index), always with ``raise``.
+    * and that frame did not raise it with a ``raise`` statement of its own: the few builtins ptodist
+      still raises on purpose (``ZeroDivisionError`` for a Scalar divided by zero, as Python's ints do)
+      come from a ``raise``; everything else raised on purpose is a ``PtodistError``.
 
     So a builtin error that numpy raises for bad data that ptodist handed it without checking counts as
     a bug in ptodist: a check is missing there, and the report must say so (the program's line is still

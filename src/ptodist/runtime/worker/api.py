@@ -285,7 +285,7 @@ class DistributedWorker:
             d = in_callback()
             if d is not None and t._file is not None and t._file.serial in d.residents:
                 raise UsageError(f"{call}: {t.describe()} is used by the dispatch whose sub-worker callback is "
-                                   "running; free it after that dispatch's result()")
+                                 "running; free it after that dispatch's result()")
             if t._file is None:
                 return
             core.residents.pop(t._file.serial, None)
@@ -347,7 +347,7 @@ class DistributedWorker:
             return
         if in_callback() is not None:
             raise UsageError("DistributedWorker.close(): called from inside a sub-worker callback; close the "
-                               "worker after the dispatch's result() returns")
+                             "worker after the dispatch's result() returns")
         try:
             with core.state:
                 core.closing = True

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from ... import backends, dfx
 from ...backends import resources
-from ...backends.base import died
+from ...backends.base import STOP_WRITE_S, died
 from ...compiler.plan import HostTensorRef
 from ...config import RunConfig
 from ...errors import ConfigError, DispatchValueError, RankError, UsageError
@@ -152,16 +152,16 @@ class Engine:
             raise RankError(dead)
 
     def check_usable(self, call: str) -> None:
-        """Raise RuntimeError when the worker is closed or broken, or ``call`` is refused in a callback."""
+        """Raise UsageError when the worker is closed or broken, or ``call`` is refused in a callback."""
         if self.closed or self.closing:
             raise UsageError(f"DistributedWorker.{call}: the worker is closed. Prepare a new one with "
-                               "compiled.prepare().")
+                             "compiled.prepare().")
         if in_callback() is not None and call.startswith(("run", "submit", "__call__", "close")):
             raise UsageError(f"DistributedWorker.{call}: called from inside a sub-worker callback, which runs "
-                               "while its own dispatch is in progress; dispatch after result() returns instead.")
+                             "while its own dispatch is in progress; dispatch after result() returns instead.")
         if self.broken is not None and call.startswith(("run", "submit", "__call__")):
             raise UsageError(f"DistributedWorker.{call}: the worker cannot run more dispatches: {self.broken}. "
-                               "Close it and prepare a new one.")
+                             "Close it and prepare a new one.")
 
     # -- driving ----------------------------------------------------------------------------------
     def _try_step(self, until: RunHandle | None, deadline: float | None) -> bool:
@@ -178,7 +178,7 @@ class Engine:
         """Advance the queue until ``until`` has finished or ``deadline`` passes."""
         if in_callback() is not None:
             raise UsageError("RunHandle.result(): called from inside a sub-worker callback, whose own dispatch "
-                               "cannot finish until the callback returns; wait after the dispatch instead.")
+                             "cannot finish until the callback returns; wait after the dispatch instead.")
         with self.state:
             self.waiters += 1  # the background thread stays out of the way of a caller that drives itself
         try:
@@ -216,8 +216,21 @@ class Engine:
         except BaseException as e:
             why = "interrupted (KeyboardInterrupt)" if isinstance(e, KeyboardInterrupt) else \
                 f"its driver failed ({type(e).__name__}: {e})"
+            self._stop_command(e)
             self._abandon(why)
             raise
+
+    def _stop_command(self, error: BaseException) -> None:
+        """Stop the command in flight, letting ranks with an event log write it; merge what they wrote."""
+        watch, d = self.watch, self.watching
+        if watch is None:
+            return
+        try:
+            watch.interrupt(STOP_WRITE_S if d.dfx is not None else 0.0)
+            if d.dfx is not None and not self.group.finishes_dfx:
+                dfx.finish_run(d.dfx, self.world, self.device_ids, error=error)
+        except Exception:  # noqa: BLE001 - best effort: the interruption is the error to report
+            pass
 
     def _abandon(self, why: str) -> None:
         self.broken = self.broken or why
@@ -226,8 +239,8 @@ class Engine:
         with self.state:
             for d in list(self.queue):
                 d.handle._complete(None, UsageError(f"dispatch {d.handle.number} of '{d.compiled.name}' did not "
-                                                      f"finish: the worker stopped, {why}. Close it and prepare "
-                                                      "a new one."))
+                                                    f"finish: the worker stopped, {why}. Close it and prepare "
+                                                    "a new one."))
             self.queue.clear()
             self.wakeup.notify_all()
 
@@ -254,7 +267,7 @@ class Engine:
                 d = self.queue[0]
             if self.broken is not None:
                 self._fail(d, UsageError(f"dispatch {d.handle.number} of '{d.compiled.name}' did not run: "
-                                           f"{self.broken}. Close the worker and prepare a new one."))
+                                         f"{self.broken}. Close the worker and prepare a new one."))
                 continue
             if d.cursor == len(d.entry.steps):
                 self._finish(d)
