@@ -10,6 +10,7 @@ that; ``Backend``/``RankGroup`` the driver's: a group of ranks started once runs
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from contextlib import AbstractContextManager
@@ -128,7 +129,7 @@ class HostView:
     strides: tuple | None = None
     array: np.ndarray | None = None
 
-    @property
+    @functools.cached_property
     def key(self) -> tuple:
         """What identifies the view for a rank that maps it (hashable)."""
         return (self.token, self.offset, tuple(self.shape), self.strides, self.dtype, self.writable)

@@ -35,7 +35,7 @@ PLANS_KEPT_BY_RANKS = 256
 class _Arg:
     """A tensor argument of a dispatch, as the ranks will see it (the adapter ``_bind`` uses)."""
 
-    __slots__ = ("value", "dtype", "shape", "is_torch", "kind", "map", "offset", "strides", "resident")
+    __slots__ = ("value", "dtype", "shape", "is_torch", "kind", "map", "offset", "strides", "resident", "view")
 
     def __init__(self, value, dtype, shape, is_torch, kind, map_=None, offset=0, strides=None, resident=None):
         self.value = value
@@ -47,6 +47,7 @@ class _Arg:
         self.offset = offset      # bytes from the start of that memory to element 0
         self.strides = strides    # in bytes
         self.resident = resident  # the DeviceTensor / StackedDeviceTensor
+        self.view = None          # its HostView, made at its first command (arguments bound alike reuse it)
 
 
 class _Map:
@@ -213,7 +214,7 @@ class LocalBinding:
                 array = a.value
             hosts.append(HostView(a.shape, a.dtype.name, w, array=array))
         e = d.entry
-        return Command(d.handle.number, e.id, e.plan, [c.seq for c in e.host_calls], segment, hosts,
+        return Command(d.handle.number, e.id, e.plan, e.boundaries, segment, hosts,
                        d.arena.owner if d.arena is not None else None, d.dfx, d.config.resolved_hang_timeout())
 
     def sent(self, command: Command) -> None:
@@ -400,12 +401,13 @@ class SharedBinding:
             if a is None:
                 hosts.append(None)
                 continue
-            w = _writable(d, i)
-            if a.kind == "empty":  # nothing to map: the rank makes its own empty array
-                hosts.append(HostView(a.shape, a.dtype.name, w))
-                continue
-            hosts.append(HostView(a.shape, a.dtype.name, w, a.map.token, a.offset, a.strides))
-            if not a.map.sent:
+            view = a.view
+            if view is None:
+                w = _writable(d, i)
+                view = a.view = HostView(a.shape, a.dtype.name, w) if a.kind == "empty" else \
+                    HostView(a.shape, a.dtype.name, w, a.map.token, a.offset, a.strides)
+            hosts.append(view)
+            if a.kind != "empty" and not a.map.sent:
                 maps.append(a.map)
         if d.arena is not None and not d.arena.owner[1].sent:
             maps.append(d.arena.owner[1])
@@ -417,7 +419,7 @@ class SharedBinding:
         if d.arena is not None:
             file, m = d.arena.owner
             heap = SharedHeap(m.token, d.arena.stride, file.bytes)
-        return Command(d.handle.number, entry.id, entry.plan, [c.seq for c in entry.host_calls], segment, hosts,
+        return Command(d.handle.number, entry.id, entry.plan, entry.boundaries, segment, hosts,
                        heap, d.dfx, d.config.resolved_hang_timeout(),
                        blob=entry.blob if entry.id not in self.sent_plans else None,
                        maps=maps, fds=[m.fd for m in maps], drops=self.drops, forget_plans=self.forget_plans)

@@ -130,7 +130,8 @@ class Engine:
             number = self.dispatches
             self.dispatches += 1
             handle = RunHandle(worker, compiled.name, number)
-            request = dfx.request_for(cfg, lambda: compiled.output_dir, compiled.dispatch_number()) \
+            k = compiled.dispatch_number()
+            request = dfx.request_for(cfg, lambda: compiled.output_dir, k) \
                 if cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats else None
             d = _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key)
             d.residents = {h.resident._file.serial for h in hosts if h is not None and h.resident is not None}

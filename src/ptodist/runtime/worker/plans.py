@@ -69,6 +69,10 @@ class _PlanEntry:
     layout: tuple        # (name, nbytes, offset) of each window buffer
     heap: int            # bytes of window heap per rank
     refs: dict = field(default_factory=dict)  # host param index -> [(rank, index, location)]
+    boundaries: list = field(init=False)      # the seq of each sub-worker call: where segments end
+
+    def __post_init__(self):
+        self.boundaries = [c.seq for c in self.host_calls]
 
 
 def _steps(plan: DispatchPlan, calls: list[_HostCall]) -> list:
