@@ -254,6 +254,7 @@ def _collective_cases(p: int) -> dict:
     cases["strided and atomic RMA INT32"] = lambda: _strided_rma(p, pl.INT32)
     cases["inputs come from process 0"] = lambda: _inputs_from_process_zero(p)
     cases["diagnostic outputs in every process"] = lambda: _dfx_outputs(p)
+    cases["a hang leaves every rank's records"] = lambda: _hang_records(p)
     return cases
 
 
@@ -359,6 +360,43 @@ def _inputs_from_process_zero(p: int) -> None:
     want = np.broadcast_to(np.arange(p, dtype=np.float32).reshape(p, 1, 1), (p, 1, 4))
     np.testing.assert_array_equal(x, want)
     np.testing.assert_array_equal(y, want)
+
+
+def _hang_records(p: int) -> None:
+    # Every rank waits for a notify nobody sends: each stopped rank still writes its records, the pending
+    # wait last, and every process's output_dir has them all.
+    import ptodist.language as pl
+    import ptodist.language.distributed as pld
+    from ptodist import DistributedConfig, HangError, RunConfig, dfx
+
+    @pl.jit.incore
+    def never(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTensor[[p, 1], pl.INT32]]):
+        pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+
+    @pl.jit
+    def per_rank(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTensor[[p, 1], pl.INT32]]):
+        never(x, sig)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[p, 1, 4], pl.FP32]):
+        buf = pld.alloc_window_buffer([p, 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            per_rank(x[r], pld.window(buf, [p, 1], dtype=pl.INT32), device=r)
+
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p))), enable_chip_swimlane=True,
+                    hang_timeout_s=30)
+    compiled = host.compile(config=cfg)
+    try:
+        compiled(np.zeros((p, 1, 4), np.float32))
+    except HangError as e:
+        assert e.certain, str(e)
+    else:
+        raise AssertionError("the run did not hang")
+    (root,) = dfx.runs(compiled.output_dir)
+    for r in range(p):
+        data = json.loads((root / f"rank{r}" / "d0" / "chip_swimlane_records.json").read_text())
+        last = data["records"][-1]
+        assert data["stopped"] is True and last["kind"] == "wait" and last["args"]["pending"] is True, data
 
 
 def _dfx_outputs(p: int) -> None:

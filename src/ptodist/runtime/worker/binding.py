@@ -207,7 +207,7 @@ class LocalBinding:
                 continue
             w = _writable(d, i)
             if a.resident is not None:
-                array = a.resident._array() if a.kind == "stacked" else a.resident._array()
+                array = a.resident._array()
             elif a.is_torch:
                 array = host_array(a.value, f"parameter {i}")
             else:
