@@ -16,7 +16,7 @@ Modes: ``off`` (``RunConfig()`` defaults: no event log, the hooks see
 ``enable_scope_stats``: every operation is recorded, and each rank writes its
 files when its dispatch ends, outside the timed region; *call wall* includes
 that).  A third mode, ``no hooks`` (skipped with ``--no-baseline``), is the
-events-free baseline for ``off``: the ranks run the current ``runtime/rank.py``
+events-free baseline for ``off``: the ranks run the current ``rank/context.py``
 compiled with every ``self.events is [not] None`` test replaced by a constant,
 so that CPython drops the hook code (built at run time; nothing under ``src/``
 changes).  Modes are interleaved per repetition (order rotating) and the table
@@ -130,7 +130,7 @@ def allreduce_loop(calls: int):
 # -- the events-free baseline -----------------------------------------------------------------------------------
 
 def events_free_rank_context():
-    """Return a RankContext compiled from the current rank.py with every hook compiled out.
+    """Return a RankContext compiled from the current rank/context.py with every hook compiled out.
 
     ``self.events is not None`` becomes ``False`` and ``self.events is None`` becomes ``True``: CPython drops
     ``if False:`` blocks and folds ``x if False else y`` to ``y`` when it compiles, so this class runs exactly
@@ -142,11 +142,11 @@ def events_free_rank_context():
     hooks = source.count("self.events is not None") + source.count("self.events is None")
     stripped = source.replace("self.events is not None", "False").replace("self.events is None", "True")
     if hooks == 0 or "self.events is" in stripped:
-        raise RuntimeError("rank.py's hooks are not all of the form `self.events is [not] None`")
-    # A file name inside the package, so that source locations skip its frames as they skip rank.py's.
-    filename = str(Path(rank_module.__file__).with_name("_rank_without_hooks.py"))
-    module = types.ModuleType("ptodist.runtime._rank_without_hooks")
-    module.__package__ = "ptodist.runtime"
+        raise RuntimeError("rank/context.py's hooks are not all of the form `self.events is [not] None`")
+    # A file name inside the package, so that source locations skip its frames as they skip context.py's.
+    filename = str(Path(rank_module.__file__).with_name("_context_without_hooks.py"))
+    module = types.ModuleType("ptodist.rank._context_without_hooks")
+    module.__package__ = "ptodist.rank"
     module.__file__ = filename
     sys.modules[module.__name__] = module
     exec(compile(stripped, filename, "exec"), module.__dict__)
@@ -179,7 +179,7 @@ class Backend:
 # -- the estimate -----------------------------------------------------------------------------------------------
 
 def hook_cost_ns(number: int = 2_000_000) -> float:
-    """ns for one op's disabled hooks: the two tests as rank.py writes them, minus the same loop without them."""
+    """ns for one op's disabled hooks: the two tests as rank/context.py writes them, minus the same loop without them."""
     from ptodist.rank.events import now_ns
     from ptodist.rank.context import RankContext
 
@@ -222,7 +222,7 @@ def main(argv=None) -> int:
             cls, hooks = events_free_rank_context()
             backend = Backend(cls)
             modes.insert(0, "no hooks")
-            notes.append(f"`no hooks`: the current runtime/rank.py with its {hooks} `self.events is [not] None` "
+            notes.append(f"`no hooks`: the current rank/context.py with its {hooks} `self.events is [not] None` "
                          "tests compiled out, run in place of it.")
         except Exception as e:  # noqa: BLE001 - the baseline is optional; say why it is missing
             notes.append(f"`no hooks` not measured: {type(e).__name__}: {e}")
