@@ -525,10 +525,6 @@ def mesh_on_ring_signal(w):
     return pld.tensor.allreduce(w.a, w.g)  # @mesh_on_ring_signal
 
 
-def ring_indivisible(w):
-    return pld.tensor.allreduce(w.a, w.g, mode="ring")  # @ring_indivisible
-
-
 def ring_max(w):
     return pld.tensor.allreduce(w.a, w.g, mode="ring", op=Max)  # @ring_max
 
@@ -642,11 +638,6 @@ CASES = {  # name: (sites, P, dtype, xs, signal, build keywords, call, exception
                                          "mesh signals have shape [NR, 1] = [4, 1] (or [4])",
                                          "window 'gbuf' [6, 4] INT32 has [6, 4]",
                                          "That is the ring layout; pass mode='ring' or a [NR, 1] signal"]),
-    "ring, no dimension divides": E(sites="kernel host", nr=3, dtype=pl.FP32, xs=[2, 5], sig=[4, 3], kw={},
-                                    call=ring_indivisible, exc=ProgramValueError,
-                                    parts=["pld.tensor.allreduce at @ring_indivisible",
-                                           "mode='ring' splits the target into 3 equal chunks along one dimension",
-                                           "no dimension of [2, 5] divides by 3", "use mode='mesh'"]),
     "host ring Max": E(sites="host", nr=2, dtype=pl.FP32, xs=[2, 4], sig=[2, 2], kw={}, call=ring_max,
                        exc=ProgramValueError,
                        parts=["pld.tensor.allreduce at @ring_max",

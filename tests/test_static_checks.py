@@ -259,10 +259,14 @@ def dispatches_without_device(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Te
         copy_rank(x[r], y[r])
 
 
-def test_dispatch_without_device_says_to_add_it():
-    with pytest.raises(ProgramError, match=r"copy_rank\(\) at .*test_static_checks.py:\d+: a per-device function "
-                                           r"called from the host needs device=r"):
+def test_dispatch_without_device_goes_round_robin_over_the_chips():
+    # Upstream's chip resolution: the k-th call without device= lands on chip k % P; no static error, and the
+    # plan gives each rank one task (the backend is refused here: planning is what is checked).
+    with pytest.raises(AssertionError, match="the backend was asked to start ranks"):
         dispatches_without_device(zeros(2, 1, 8), config=cfg(0, 1))
+    compiled = dispatches_without_device.compile(zeros(2, 1, 8), config=cfg(0, 1))
+    plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
+    assert [[t["function"] for t in r["tasks"]] for r in plan["ranks"]] == [["copy_rank"], ["copy_rank"]]
 
 
 # ---------------------------------------------------------------------------

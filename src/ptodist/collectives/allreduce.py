@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 
 from ..language.distributed.types import NotifyOp, ReduceOp, WaitCmp
 from . import common
-from .spec import ring_axis
+from .spec import flat_regions, ring_segments
 
 
 def mesh(target, signal, op: ReduceOp, me: int, n: int) -> None:
@@ -47,32 +49,40 @@ def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1) -> 
 def ring(target, signal, op: ReduceOp, me: int, n: int) -> None:
     """Ring allreduce: reduce-scatter then allgather in 2(P-1) rounds, one signal row per round.
 
-    Round protocol (pull): tell the right neighbour my chunk is ready (cell [row, me]
-    on its signal), wait for the left's ready, read its chunk, combine (reduce phase) or
-    copy (gather phase) into mine, acknowledge to the left, and wait for the right's
-    acknowledgement before the next round may change my chunks.  With P=2 the ready and
-    the acknowledgement share a cell; tokens from one sender arrive in order, so the
-    counts still tell them apart.
+    The target is one flat row-major stream cut into P balanced segments (``spec.ring_segments``:
+    any length, 32-byte aligned for 2-byte dtypes, empty segments allowed); a segment is moved as the
+    few boxes that cover it (``spec.flat_regions``).  Round protocol (pull): tell the right neighbour
+    my segment is ready (cell [row, me] on its signal), wait for the left's ready, read its segment,
+    combine (reduce phase) or copy (gather phase) into mine, acknowledge to the left, and wait for the
+    right's acknowledgement before the next round may change my segments.  Every rank signals in every
+    round, even for an empty segment, so the rounds stay matched.  With P=2 the ready and the
+    acknowledgement share a cell; tokens from one sender arrive in order, so the counts still tell them
+    apart.  A signal with one more row (the host layout ``[2*(NR-1)+1, NR]``) ends with a barrier on
+    that row before any rank returns.
     """
-    axis = ring_axis(target.shape, n)
-    chunks = common.split(list(target.shape), n, axis)
+    shape = list(target.shape)
+    size = int(np.prod(shape)) if shape else 1
+    segments = [flat_regions(shape, lo, hi) for lo, hi in ring_segments(size, n, np.dtype(target.dtype.np_dtype).itemsize)]
     left, right = (me - 1 + n) % n, (me + 1) % n
     combine = common.REDUCE[op]
-    for row in range(2 * (n - 1)):
+    rounds = 2 * (n - 1)
+    for row in range(rounds):
         reducing = row < n - 1
         k = row if reducing else row - (n - 1)
         recv = (me - k - 1) % n if reducing else (me - k) % n
-        offsets, ext = chunks[recv]
         pld.system.notify(signal, right, [row, me], 1, op=NotifyOp.AtomicAdd)
         pld.system.wait(signal, [row, left], 1, cmp=WaitCmp.Ge)
         pld.system.notify(signal, me, [row, left], -1, op=NotifyOp.AtomicAdd)
-        got = pld.tile.remote_load(target, left, offsets, ext)
-        if reducing:
-            got = combine(got, pl.load(target, offsets, ext))
-        pl.store(got, offsets, target)
+        for offsets, ext in segments[recv]:
+            got = pld.tile.remote_load(target, left, offsets, ext)
+            if reducing:
+                got = combine(got, pl.load(target, offsets, ext))
+            pl.store(got, offsets, target)
         pld.system.notify(signal, left, [row, me], 1, op=NotifyOp.AtomicAdd)
         pld.system.wait(signal, [row, right], 1, cmp=WaitCmp.Ge)
         pld.system.notify(signal, me, [row, right], -1, op=NotifyOp.AtomicAdd)
+    if signal.shape[0] > rounds:  # the return barrier's row
+        common.row_barrier(signal, rounds, me, n)
 
 
 def reduce_scatter(target, signal, op: ReduceOp, me: int, n: int) -> None:

@@ -33,6 +33,17 @@ def barrier(signal, me: int, n: int, lane: int = 0) -> None:
             pld.system.notify(signal, me, cell(signal, p, lane), -1, op=NotifyOp.AtomicAdd)
 
 
+def row_barrier(signal, row: int, me: int, n: int) -> None:
+    """A barrier on one row of a ``[rows, NR]`` signal: sender p's tokens arrive in cell ``[row, p]``."""
+    for p in range(n):
+        if p != me:
+            pld.system.notify(signal, p, [row, me], 1, op=NotifyOp.AtomicAdd)
+    for p in range(n):
+        if p != me:
+            pld.system.wait(signal, [row, p], 1, cmp=WaitCmp.Ge)
+            pld.system.notify(signal, me, [row, p], -1, op=NotifyOp.AtomicAdd)
+
+
 def whole(t) -> tuple[list[int], list[int]]:
     """The region covering all of ``t``."""
     return [0] * len(t.shape), list(t.shape)

@@ -13,6 +13,7 @@ import linecache
 import textwrap
 import tokenize
 import types as pytypes
+import weakref
 
 from ..errors import (
     DispatchCoverageError,
@@ -23,7 +24,7 @@ from ..errors import (
 )
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar
-from ..language.types import DynDim, ParamSpec, TensorType
+from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve
 from ..source import enclosing_loop_line, param_lines
 from .plan import DispatchPlan, HostTensorRef, WindowView
 
@@ -208,7 +209,12 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
                     f"Pass a {ttype.dtype.name} argument as '{spec.name}' (or a window viewed with "
                     f"dtype=pl.{ttype.dtype.name}), or annotate the parameter pl.{value.dtype.name}.")
     if ttype.shape is not None:
-        bind_shape(where, ttype.shape, tuple(value.shape), bindings, world)
+        actual = tuple(value.shape)
+        if len(actual) != len(ttype.shape):  # shapes that differ only by dimensions of size 1 are accepted
+            from ..rank.tensors import unit_dims_reshape
+
+            actual = unit_dims_reshape(tuple(ttype.shape), actual) or actual
+        bind_shape(where, ttype.shape, actual, bindings, world)
 
 
 class LazyText:
@@ -249,6 +255,10 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
                                        "agree."),
                             f"Make every use of pl.dynamic('{d.name}') the same size ({prev[0]} or {a}), or use "
                             "separate pl.dynamic names for sizes that differ.")
+            if prev[1] is where:
+                _retry_pending(bindings)
+        elif isinstance(d, DynExpr):
+            _bind_expr(where, i, d, a, actual, bindings)
         elif d != a:
             hint = ""
             fix = (f"Pass an argument whose dimension {i} is {d}, or change the annotation (a pl.dynamic name for "
@@ -262,19 +272,81 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
                                    f"{d}, the argument has {a} (shape {list(actual)}).{hint}"), fix)
 
 
+_PENDING = "__pending__"  # bindings key: expression dims whose names are not all bound yet
+
+
+def _env(bindings: dict) -> dict:
+    return {k: v[0] for k, v in bindings.items() if k != _PENDING}
+
+
+def _bind_expr(where, i: int, d: DynExpr, a: int, actual, bindings: dict) -> None:
+    """Match dimension ``i``, an expression on pl.dynamic names, against ``a``: check it, bind the one name it
+    determines, or keep it for when its names are bound."""
+    env = _env(bindings)
+    r = solve(d, a, env)
+    if r[0] == "bound":
+        bindings[r[1]] = (r[2], where)
+        _retry_pending(bindings)
+    elif r[0] == "open":
+        bindings.setdefault(_PENDING, []).append((where, i, d, a, tuple(actual)))
+    elif r[0] == "mismatch":
+        values = ", ".join(f"{n} = {env[n]}" for n in d.names() if n in env)
+        got = f"{d} = {r[1]} ({values})"
+        raise _with(ShapeError(f"{where}: dimension {i} is {got}, but the argument has {a} (shape "
+                               f"{list(actual)})."),
+                    f"Pass an argument whose dimension {i} is {d} for the sizes the other arguments bind, or "
+                    "change the annotation.")
+
+
+def _retry_pending(bindings: dict) -> None:
+    pending = bindings.get(_PENDING)
+    if pending:
+        bindings[_PENDING] = []
+        for where, i, d, a, actual in pending:
+            _bind_expr(where, i, d, a, actual, bindings)
+
+
+def finish_bindings(bindings: dict) -> None:
+    """Every expression dim must end up determined: ShapeError naming the pl.dynamic names nothing binds."""
+    _retry_pending(bindings)
+    pending = bindings.get(_PENDING)
+    if not pending:
+        return
+    where, i, d, a, actual = pending[0]
+    env = _env(bindings)
+    missing = [n for n in d.names() if n not in env]
+    names = ", ".join(f"'{n}'" for n in missing)
+    one = len(missing) == 1
+    raise _with(ShapeError(
+        f"{where}: dimension {i} is {d} = {a} (shape {list(actual)}), but pl.dynamic {names} cannot be bound: "
+        f"{'it is' if one else 'they are'} not any argument's dimension on {'its' if one else 'their'} own, and "
+        f"{d} = {a} does not determine {'it' if one else 'them'}."),
+        f"Annotate a dimension of some parameter with {missing[0]} alone (e.g. pl.Tensor[[{missing[0]}, ...], "
+        "...]) so the argument shapes bind it.")
+
+
 def check_dispatch_args(fn: Function, values: list, loc, world: int) -> None:
     """Check one ``f(..., device=r)`` dispatch against the per-device function's signature."""
     check_task_args_order(fn)
     bindings: dict = {}
     for spec, v in zip(fn.params, values):
+        if isinstance(v, UnresolvedResult):
+            raise v.error()
         check_arg(fn, spec, v, loc, world, bindings)
+    finish_bindings(bindings)
 
 
-def check_coverage(plan: DispatchPlan, host: Function) -> None:
+def check_coverage(plan: DispatchPlan, host: Function, commless: int = 0) -> None:
     """Every rank must be dispatched (the loop trip count must equal len(device_ids)), and every
-    slice of a host tensor the dispatch loop splits per rank must go to a rank (``check_rank_slices``)."""
+    slice of a host tensor the dispatch loop splits per rank must go to a rank (``check_rank_slices``).
+
+    ``commless``: how many chip calls were made without ``device=``.  Those go round-robin over the chips,
+    so a program that makes fewer of them than there are chips leaves some idle on purpose: then only a
+    plan that dispatched nothing at all is refused.
+    """
+    commless = max(commless, plan.commless)
     missing = [r for r in range(plan.world) if not plan.tasks[r]]
-    if not missing:
+    if not missing or (commless and len(missing) < plan.world):
         check_rank_slices(plan, host)
         return
     covered = [r for r in range(plan.world) if plan.tasks[r]]
@@ -351,6 +423,8 @@ def check_rank_slices(plan: DispatchPlan, host: Function) -> None:
                     uses.setdefault(a.tensor.index, []).append((r, a, task.location))
     for _, refs in sorted(uses.items()):  # in parameter order
         spec = refs[0][1].tensor
+        if spec.index >= len(host.params):
+            continue  # a host intermediate (pl.create_tensor in the host): its shape is the program's own
         if not spec.shape or spec.shape[0] <= world:
             continue
         if any(not a.index or a.index[0] >= world for _, a, _ in refs):
@@ -394,4 +468,126 @@ def _raise_rank_slices(host: Function, spec, world: int, device_ids: list, loc: 
 
 
 def _decl(declared: tuple) -> str:
-    return "[" + ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in declared) + "]"
+    return "[" + ", ".join(str(d) for d in declared) + "]"
+
+
+# -- what a chip call returns to the host ------------------------------------------------------
+
+class UnresolvedResult:
+    """What a host chip call returns when ptodist cannot tell which of the chip function's arguments its
+    return values are: any use of it raises the error that says so (an unused result costs nothing)."""
+
+    def __init__(self, message: str, fix: str):
+        object.__setattr__(self, "_message", message)
+        object.__setattr__(self, "_fix", fix)
+
+    def error(self) -> ProgramTypeError:
+        return _with(ProgramTypeError(self._message), self._fix)
+
+    def __iter__(self):
+        raise self.error()
+
+    def __getitem__(self, item):
+        raise self.error()
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        raise self.error()
+
+    def __repr__(self) -> str:
+        return "<unresolved chip-call result>"
+
+
+# fn.fn -> ("none",) | ("params", [param indices], is_tuple) | ("unknown", text, fix)
+_RESULTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def dispatch_result(fn: Function, values: list, loc):
+    """The value a host chip call ``fn(...)`` returns: the arguments its return statement names.
+
+    A chip function returns tensors it was given (its outputs), so ``s, d = chip(a, b, out_s, out_d)`` in
+    the host binds ``s`` and ``d`` to the arguments passed for ``out_s`` and ``out_d``.  When the return
+    statement names parameters, those are used; otherwise the return annotation's arity is matched against
+    the output parameters (``pl.Out``, then ``pl.Out``/``pl.InOut``) in declaration order.
+    """
+    found = _RESULTS.get(fn.fn)
+    if found is None:
+        found = _RESULTS[fn.fn] = _analyse_result(fn)
+    if found[0] == "none":
+        return None
+    if found[0] == "unknown":
+        return UnresolvedResult(f"{fn.name}() at {loc}: its result is used in the host, but {found[1]}", found[2])
+    _, indices, is_tuple = found
+    out = tuple(values[i] for i in indices)
+    return out if is_tuple else out[0]
+
+
+def _analyse_result(fn: Function):
+    try:
+        source = textwrap.dedent(inspect.getsource(fn.fn))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return ("unknown", f"the source of '{fn.name}' ({fn.location}) cannot be read to see what it returns.",
+                "Use the arguments you passed for its outputs directly instead of its result.")
+    node = next((n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))), None)
+    if node is None:
+        return ("none",)
+    names = [p.name for p in fn.params]
+    returns = [n for n in _own_nodes(node) if isinstance(n, ast.Return) and n.value is not None
+               and not (isinstance(n.value, ast.Constant) and n.value.value is None)]
+    ann = node.returns
+    if not returns and ann is None:
+        return ("none",)
+    # 1. Every return statement names parameters (return out_s, out_d): those are the results.
+    mapped = set()
+    for r in returns:
+        elts = r.value.elts if isinstance(r.value, ast.Tuple) else [r.value]
+        if all(isinstance(e, ast.Name) and e.id in names for e in elts):
+            mapped.add((tuple(names.index(e.id) for e in elts), isinstance(r.value, ast.Tuple)))
+        else:
+            mapped.add(None)
+    if len(mapped) == 1 and None not in mapped:
+        indices, is_tuple = mapped.pop()
+        return ("params", list(indices), is_tuple)
+    # 2. Otherwise the arity (the return annotation's, else the return statement's) against the outputs.
+    count, is_tuple = _arity(ann, returns)
+    outs = [i for i, p in enumerate(fn.params) if p.kind == "tensor" and p.direction.value == "out"]
+    inouts = [i for i, p in enumerate(fn.params) if p.kind == "tensor" and p.direction.value != "in"]
+    for group in (outs, inouts):
+        if count and len(group) == count:
+            return ("params", group, is_tuple)
+    wanted = f"{count} value{'s' if count != 1 else ''}" if count else "a value"
+    return ("unknown",
+            f"'{fn.name}' ({fn.location}) returns {wanted} that ptodist cannot match to its parameters: its return "
+            f"statement does not name parameters, and it has {len(outs)} pl.Out and {len(inouts)} pl.Out/pl.InOut "
+            "tensor parameters.",
+            f"End '{fn.name}' with `return <its output parameters>` (e.g. `return out`), or use the arguments you "
+            "passed for its outputs directly in the host.")
+
+
+def _own_nodes(node):
+    """The nodes of a function body, not descending into nested functions, classes or lambdas."""
+    todo = list(node.body)
+    while todo:
+        n = todo.pop()
+        yield n
+        for child in ast.iter_child_nodes(n):
+            if not isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+                todo.append(child)
+
+
+def _arity(ann, returns) -> tuple[int, bool]:
+    if ann is not None:
+        if isinstance(ann, ast.Subscript):
+            base = ann.value
+            base_name = base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+            if base_name in ("Tuple", "tuple"):
+                elts = ann.slice.elts if isinstance(ann.slice, ast.Tuple) else [ann.slice]
+                return len(elts), True
+        if not (isinstance(ann, ast.Constant) and ann.value is None):
+            return 1, False
+    if returns:
+        v = returns[0].value
+        return (len(v.elts), True) if isinstance(v, ast.Tuple) else (1, False)
+    return 0, False

@@ -158,6 +158,7 @@ class DispatchPlan:
     windows: list[WindowBuffer]
     tasks: list[list[TaskSpec]]
     window_heap_bytes: int = 0
+    commless: int = 0  # chip calls made without device= (placed round-robin over the chips)
 
     def to_json(self) -> dict:
         """Return a JSON-serialisable description (the plan as a reader wants it)."""

@@ -31,6 +31,7 @@ from ..language import dtypes as dt
 from ..language.dtypes import DataType
 from ..language.functions import Function, Kind
 from ..language.scalar import Scalar, as_int
+from ..language.types import Direction
 from ..source import is_internal, user_location
 from . import checks
 from .plan import (
@@ -62,6 +63,11 @@ class PlanningContext(context.Context):
         self._heap = 0
         self._seq = 0
         self._allocated: dict = {}  # window buffer id -> (shape or None, dtype or None): how the program sized it
+        self.commless = 0  # dispatches made without device=: placed round-robin over the chips in submit order
+        # pl.create_tensor in the host: host intermediates the caller allocates (zeroed) per dispatch.  Only a
+        # one-shot call (make_plan) provides them; a worker's planner leaves this False.
+        self.intermediates_ok = False
+        self._n_params = len(host.params)
 
     # -- host operations ------------------------------------------------------
     def world_size(self):
@@ -165,9 +171,11 @@ class PlanningContext(context.Context):
         loc = user_location(3)
         if fn.kind is Kind.ORCHESTRATION:
             if device is None:
-                raise ProgramError(
-                    f"{fn.name}() at {loc}: a per-device function called from the host needs device=r "
-                    f"(e.g. {fn.name}(..., device=r) inside `for r in pl.range(pld.world_size())`)")
+                # A comm-less chip call: no affinity, so it goes to the next chip round-robin, in submit
+                # order (the first to chip 0), as PyPTO's runtime resolves a chip call without a device.
+                device = self.commless % self.world
+                self.commless += 1
+                self.plan.commless = self.commless
             return self._dispatch(fn, args, kwargs, device, loc)
         if fn.kind is Kind.KERNEL:
             raise ProgramError(
@@ -206,7 +214,7 @@ class PlanningContext(context.Context):
         checks.check_dispatch_args(fn, values, loc, self.world)
         self.plan.tasks[r].append(TaskSpec(r, fn, values, str(loc), self._seq))
         self._seq += 1
-        return None
+        return checks.dispatch_result(fn, values, loc)
 
     def collective(self, name, args, kwargs):
         loc = user_location(3)
@@ -253,6 +261,29 @@ class PlanningContext(context.Context):
                 return
             frame = frame.f_back
 
+    def _host_tensor(self, shape, dtype) -> HostTensorRef:
+        """``pl.create_tensor`` in the host: a zeroed host intermediate that chip calls read and write."""
+        loc = user_location(4)
+        if not self.intermediates_ok:
+            raise ProgramError(
+                f"pl.create_tensor at {loc}: a host intermediate (pl.create_tensor in the host orchestrator) is "
+                "supported in one-shot calls (compiled(...)), not yet on a DistributedWorker "
+                "(compiled.prepare()). Pass the tensor as a pl.Out parameter of the host orchestrator instead.")
+        if not isinstance(dtype, DataType):
+            raise ProgramTypeError(f"pl.create_tensor at {loc}: dtype= must be a pl dtype such as pl.FP32, "
+                                   f"got {dtype!r}")
+        shape = tuple(as_int(d, "a pl.create_tensor dimension") for d in shape)
+        if any(d <= 0 for d in shape):
+            raise ProgramValueError(f"pl.create_tensor({list(shape)}) at {loc}: every dimension must be positive; "
+                                    "give the tensor's shape, e.g. pl.create_tensor([NR, 1, 64], dtype=pl.FP32)")
+        k = len(self.plan.host_tensors)
+        m = _ASSIGN.match(loc.text()) if loc is not None else None
+        name = m.group(1) if m else f"intermediate{k}"
+        index = max([self._n_params - 1, *(t.index for t in self.plan.host_tensors)]) + 1
+        spec = HostTensorSpec(index, name, shape, dtype, Direction.INOUT)
+        self.plan.host_tensors.append(spec)
+        return HostTensorRef(spec)
+
     def get_comm_ctx(self, tensor):
         from ..language.distributed.types import CommCtx
 
@@ -274,6 +305,8 @@ class PlanningContext(context.Context):
             f"{op}(pld.get_comm_ctx(window)), or pass the host loop variable r as a scalar argument.")
 
     def memory_op(self, name, *args, **kwargs):
+        if name == "pl.create_tensor":
+            return self._host_tensor(*args)
         raise ProgramError(f"{name}() at {user_location(3)} is called in the host orchestrator; it belongs in "
                            "a kernel (@pl.jit.incore) dispatched to a rank.")
 
@@ -281,13 +314,14 @@ class PlanningContext(context.Context):
 def make_plan(host: Function, program: str, device_ids: list[int], host_specs: list[HostTensorSpec],
               host_values: list) -> DispatchPlan:
     """Run ``host`` with planning stand-ins for its tensors and return the checked plan."""
-    ctx = PlanningContext(program, device_ids, host_specs, host)
+    ctx = PlanningContext(program, device_ids, list(host_specs), host)
+    ctx.intermediates_ok = True
     proxies = list(host_values)
     for spec in host_specs:
         proxies[spec.index] = HostTensorRef(spec)
     with context.using(ctx):
         host.invoke(*proxies)
-    checks.check_coverage(ctx.plan, host)
+    checks.check_coverage(ctx.plan, host, ctx.commless)
     return ctx.plan
 
 

@@ -5,7 +5,8 @@ dispatches of one ``CompiledProgram`` object in one process, or in every process
 runs that share an ``output_dir`` — one after the other or at the same time — never read or replace
 each other's files.  In it, ``RunConfig(enable_chip_swimlane=True)`` → per rank and dispatch
 ``rank{r}/d{k}/chip_swimlane_records.json`` and, per dispatch, ``merged_swimlane_<timestamp>.json``
-(Chrome trace / Perfetto); ``enable_dep_gen`` → ``rank{r}/d{k}/deps.json``; ``enable_scope_stats`` →
+(Chrome trace / Perfetto), and ``deps.json`` too (as in PyPTO, the swimlane co-enables dep_gen);
+``enable_dep_gen`` → ``rank{r}/d{k}/deps.json``; ``enable_scope_stats`` →
 ``rank{r}/d{k}/scope_stats/scope_stats.jsonl``.  Ranks write their own files when their dispatch
 ends, or when the driver stops it (:mod:`.flush`); the driver merges the swimlanes and, when the
 dispatch ended with an error, writes ``findings_d{k}.json``.  ``ptodist trace DIR [--html FILE]``
@@ -62,7 +63,9 @@ def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=Non
         return None
     base = Path(output_dir()) / DFX_DIR
     return DfxRequest(_run_dir(base, owner if owner is not None else _owner_of(output_dir), config), dispatch,
-                      bool(config.enable_chip_swimlane), bool(config.enable_dep_gen), bool(config.enable_scope_stats),
+                      bool(config.enable_chip_swimlane),
+                      # as in PyPTO, the swimlane co-enables dep_gen: a dispatch's trace comes with its task graph
+                      bool(config.enable_dep_gen or config.enable_chip_swimlane), bool(config.enable_scope_stats),
                       os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0")
 
 

@@ -46,6 +46,9 @@ from .tile_ops import Tile, matmul, move, reshape
 from .types import DistributedTensor as _DistributedTensor  # noqa: F401  (pld exports it)
 from .types import InOut, Out, Tensor, dynamic
 
+# pl.Tuple[A, B]: the return annotation of a function that returns several tensors (``s, d = chip(...)``).
+Tuple = tuple
+
 
 def _scalar_or_tile(name: str, tile_fn, scalar_fn):
     def op(a, b):
@@ -89,7 +92,7 @@ def cast(input, target_type: DataType | None = None, mode: str = "round", *, dty
 
 __all__ = [
     "BF16", "BOOL", "FP8E4M3FN", "FP8E8M0", "FP16", "FP32", "INDEX", "INT8", "INT16", "INT32", "INT64", "UINT8",
-    "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile",
+    "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "abs", "add", "adds", "assemble", "at", "auto_scope", "cast", "cond", "const", "create_tensor", "div", "divs",
     "dynamic", "exp", "full", "function", "get_block_idx", "get_block_num", "jit", "load", "log", "manual_scope",
     "matmul", "max", "maximum", "min", "minimum", "move", "mul", "muls", "neg", "parallel", "program", "range",

@@ -16,7 +16,7 @@ from enum import Enum
 from .. import context
 from ..errors import DeclarationError, ProgramError
 from ..source import is_internal
-from .types import ParamSpec, spec_from_annotation
+from .types import ParamSpec, push_scope, spec_from_annotation
 
 
 class Level(Enum):
@@ -112,7 +112,17 @@ class Function:
         return self.bound_self is not None
 
     def invoke(self, *args, **kwargs):
-        """Run the wrapped Python function itself (the context has decided to)."""
+        """Run the wrapped Python function itself (the context has decided to).
+
+        While it runs, its arguments are where the ``pl.dynamic`` names of its annotations take their values.
+        """
+        stack = push_scope(self, args, kwargs)
+        try:
+            return self._run(*args, **kwargs)
+        finally:
+            stack.pop()
+
+    def _run(self, *args, **kwargs):
         if self.bound_self is not None:
             return self.fn(self.bound_self, *args, **kwargs)
         return self.fn(*args, **kwargs)
@@ -294,13 +304,24 @@ class Program:
                     value.scope.setdefault(k, v)
                 self.functions[name] = value.__get__(self.instance, cls)
         hosts = [f for f in self.functions.values() if f.kind is Kind.HOST]
-        if len(hosts) != 1:
-            found = ", ".join(f.name for f in hosts) or "none"
+        orchs = [f for f in self.functions.values() if f.kind is Kind.ORCHESTRATION]
+        # An L2 program: Orchestration functions and no host; each runs on one chip (compiled[name]).
+        self.orchestrations: dict[str, Function] = {} if hosts else {f.name: f for f in
+                                                                     sorted(orchs, key=lambda f: f.name)}
+        if len(hosts) != 1 and not (not hosts and orchs):
+            found = ", ".join(f"{f.name} ({f.location})" for f in hosts) or "none"
+            extra = "" if hosts else (
+                ", and no Orchestration function (@pl.function(type=pl.FunctionType.Orchestration)) for an L2 "
+                "program either")
             raise ProgramError(
                 f"@pl.program class {self.name} needs exactly one host orchestrator "
-                f"(@pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)); found {found}"
+                f"(@pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)); found {found}{extra}"
+                f" (class {self.name} at {_class_location(cls)}). "
+                + ("Keep one host orchestrator; the others can be per-device functions it calls."
+                   if hosts else "Add a host orchestrator that dispatches its per-device functions, or mark the "
+                   "function(s) the program runs on one chip @pl.function(type=pl.FunctionType.Orchestration).")
             )
-        self.host = hosts[0]
+        self.host = hosts[0] if hosts else None
 
     def __getattr__(self, name: str):
         try:
@@ -315,3 +336,33 @@ class Program:
 def program(cls):
     """Class decorator: a program whose methods are ``@pl.function``s."""
     return Program(cls)
+
+
+def _class_location(cls) -> str:
+    try:
+        lines, start = inspect.getsourcelines(cls)
+        offset = next((i for i, t in enumerate(lines) if t.lstrip().startswith("class ")), 0)
+        return f"{inspect.getsourcefile(cls)}:{start + offset}"
+    except (OSError, TypeError):
+        return getattr(sys.modules.get(cls.__module__), "__file__", "?") or "?"
+
+
+class EntryFunction(Function):
+    """The host entry of an L2 program (no host orchestrator): it calls one Orchestration function, a chip
+    call without ``device=``, which a one-chip program runs on chip 0.  Its parameters are the
+    orchestration's."""
+
+    def __init__(self, orchestration: Function):
+        super().__init__(orchestration.fn, Kind.HOST, orchestration.bound_self, orchestration.options,
+                         orchestration.scope)
+        self.orchestration = orchestration
+        self._params = orchestration.params
+
+    def __get__(self, instance, owner=None):
+        return self
+
+    def _run(self, *args, **kwargs):
+        return self.orchestration(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<ptodist L2 entry of orchestration '{self.name}'>"

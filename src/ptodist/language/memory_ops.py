@@ -20,17 +20,22 @@ def load(tensor, offsets, shapes=None, valid_shape=None, target_memory=None, cla
          shape=None, valid_shapes=None, transpose=False):
     """Load the region of ``tensor`` at ``offsets`` of size ``shapes`` into a Tile.
 
-    ``valid_shape`` reads only its leading part (a ragged tail); the rest of the tile is zero.
+    With ``valid_shape`` the tile keeps its full shape but only its leading ``valid_shape`` part is read
+    (and bounds-checked against ``tensor``); the padding is zero. ``clamp=True`` narrows the valid part
+    to the tensor's edge instead of raising.
     """
     shapes = shapes if shapes is not None else shape
     if shapes is None:
         raise OperationTypeError("pl.load needs the tile shape: pl.load(tensor, offsets, shapes)")
     return context.current().memory_op("pl.load", tensor, list(offsets), list(shapes),
-                                       valid_shape if valid_shape is not None else valid_shapes)
+                                       valid_shape if valid_shape is not None else valid_shapes, bool(clamp))
 
 
 def store(tile, offsets, output_tensor, shapes=None, *, atomic=None):
-    """Store ``tile`` into ``output_tensor`` at ``offsets``; return the tensor (rebind it)."""
+    """Store ``tile``'s valid part into ``output_tensor`` at ``offsets``; return the tensor (rebind it).
+
+    ``offsets`` has one entry per tensor dimension; a tile of lower rank fills the trailing dimensions.
+    """
     return context.current().memory_op("pl.store", tile, list(offsets), output_tensor, atomic)
 
 

@@ -7,15 +7,102 @@ the values a function is given (kind, dtype, shape with dynamic binding).
 from __future__ import annotations
 
 import inspect
+import threading
 from dataclasses import dataclass
 from enum import Enum
 
-from ..errors import DeclarationError
+from ..errors import DeclarationError, ShapeError
 from .dtypes import DataType
 from .scalar import Scalar
 
+_PREC = {"+": 1, "-": 1, "*": 2, "//": 2, "%": 2}
 
-class DynDim:
+
+def _c_floordiv(a: int, b: int) -> int:
+    if b == 0:
+        raise ZeroDivisionError("integer division by zero in a pl.dynamic expression")
+    q = abs(a) // abs(b)
+    return q if (a >= 0) == (b >= 0) else -q
+
+
+_OPS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b, "//": _c_floordiv,
+        "%": lambda a, b: a - b * _c_floordiv(a, b)}
+
+
+def _operand(x):
+    """An int, an integer Scalar (as its int) or a dim; None for anything else."""
+    if isinstance(x, _Dim):
+        return x
+    if isinstance(x, bool):
+        return None
+    if isinstance(x, int):
+        return x
+    if isinstance(x, Scalar) and not x.dtype.is_float:
+        return x.value
+    return None
+
+
+class _Dim:
+    """What a ``pl.dynamic`` dimension and arithmetic on it have in common.
+
+    Arithmetic (``+ - * // %`` with ints and other dims) builds a :class:`DynExpr`; using one where Python
+    wants an int (``__index__``: ``pl.range(NR)``, a window's shape, a byte count) evaluates it with the
+    values bound from the argument shapes of the functions running now (see :func:`value_of`).
+    """
+
+    __slots__ = ()
+
+    def _make(self, op, other, reverse=False):
+        o = _operand(other)
+        if o is None:
+            return NotImplemented
+        return DynExpr(op, o, self) if reverse else DynExpr(op, self, o)
+
+    def __add__(self, o):
+        return self._make("+", o)
+
+    def __radd__(self, o):
+        return self._make("+", o, True)
+
+    def __sub__(self, o):
+        return self._make("-", o)
+
+    def __rsub__(self, o):
+        return self._make("-", o, True)
+
+    def __mul__(self, o):
+        return self._make("*", o)
+
+    def __rmul__(self, o):
+        return self._make("*", o, True)
+
+    def __floordiv__(self, o):
+        return self._make("//", o)
+
+    def __rfloordiv__(self, o):
+        return self._make("//", o, True)
+
+    def __mod__(self, o):
+        return self._make("%", o)
+
+    def __rmod__(self, o):
+        return self._make("%", o, True)
+
+    def __index__(self) -> int:
+        return value_of(self)
+
+    def __int__(self) -> int:
+        return value_of(self)
+
+    def names(self) -> list[str]:
+        raise NotImplementedError
+
+    def evaluate(self, env: dict) -> int:
+        """The value with ``env`` (name -> int); KeyError(name) for a name ``env`` lacks."""
+        raise NotImplementedError
+
+
+class DynDim(_Dim):
     """A named dimension bound at dispatch from the actual shapes (``pl.dynamic("NR")``)."""
 
     __slots__ = ("name",)
@@ -28,13 +115,184 @@ class DynDim:
     def __repr__(self) -> str:
         return f"pl.dynamic({self.name!r})"
 
+    def __str__(self) -> str:
+        return self.name
+
     def __reduce__(self):
         return (DynDim, (self.name,))
+
+    def names(self) -> list[str]:
+        return [self.name]
+
+    def evaluate(self, env: dict) -> int:
+        return env[self.name]
+
+
+class DynExpr(_Dim):
+    """Arithmetic on ``pl.dynamic`` dimensions (``NR * SIZE``, ``M * 2``): evaluated once they are bound."""
+
+    __slots__ = ("op", "a", "b")
+
+    def __init__(self, op: str, a, b):
+        self.op, self.a, self.b = op, a, b
+
+    def __reduce__(self):
+        return (DynExpr, (self.op, self.a, self.b))
+
+    def names(self) -> list[str]:
+        out: list[str] = []
+        for x in (self.a, self.b):
+            if isinstance(x, _Dim):
+                out += [n for n in x.names() if n not in out]
+        return out
+
+    def evaluate(self, env: dict) -> int:
+        a = self.a.evaluate(env) if isinstance(self.a, _Dim) else self.a
+        b = self.b.evaluate(env) if isinstance(self.b, _Dim) else self.b
+        return _OPS[self.op](a, b)
+
+    def _side(self, x, right: bool) -> str:
+        if isinstance(x, DynExpr) and (_PREC[x.op] < _PREC[self.op] or
+                                       (right and _PREC[x.op] == _PREC[self.op] and self.op not in "+*")):
+            return f"({x})"
+        return str(x)
+
+    def __str__(self) -> str:
+        return f"{self._side(self.a, False)} {self.op} {self._side(self.b, True)}"
+
+    def __repr__(self) -> str:
+        return f"<pl.dynamic expression {self}>"
 
 
 def dynamic(name: str) -> DynDim:
     """Return a named dynamic dimension for annotations."""
     return DynDim(name)
+
+
+def solve(dim: _Dim, actual: int, env: dict):
+    """Match a declared dim against an actual size with the names bound in ``env`` (name -> int).
+
+    Returns ``("ok",)`` (it agrees), ``("bound", name, value)`` (it gives one name its value),
+    ``("mismatch", expected)``, or ``("open", names)``: the names it still needs (several unbound, or one
+    that this size does not determine, e.g. ``M // 2``).
+    """
+    missing = [n for n in dim.names() if n not in env]
+    if not missing:
+        try:
+            value = dim.evaluate(env)
+        except ZeroDivisionError:
+            return ("open", dim.names())
+        return ("ok",) if value == actual else ("mismatch", value)
+    if len(missing) > 1:
+        return ("open", missing)
+    name = missing[0]
+    if isinstance(dim, DynDim):
+        return ("bound", name, actual)
+    try:  # one unknown: solve it when the expression is affine in it (M * 2, NR * 16 + 4, ...)
+        f0, f1, f2 = (dim.evaluate({**env, name: v}) for v in (0, 1, 2))
+    except ZeroDivisionError:
+        return ("open", missing)
+    slope = f1 - f0
+    if slope == 0 or f2 - f1 != slope or (actual - f0) % slope:
+        return ("open", missing)  # not determined here: another argument may bind the name
+    value = (actual - f0) // slope
+    try:
+        if dim.evaluate({**env, name: value}) != actual:
+            return ("open", missing)
+    except ZeroDivisionError:
+        return ("open", missing)
+    return ("bound", name, value)
+
+
+def bind_values(pairs: list, env: dict) -> list:
+    """Bind names from ``(declared dim, actual size)`` pairs into ``env``, solving expressions as names become
+    known; mismatches are ignored (the checks report them).  Returns the pairs left open."""
+    todo = list(pairs)
+    progress = True
+    while todo and progress:
+        progress = False
+        left = []
+        for d, a in todo:
+            r = solve(d, a, env)
+            if r[0] == "bound":
+                env[r[1]] = r[2]
+                progress = True
+            elif r[0] == "open":
+                left.append((d, a))
+        todo = left
+    return todo
+
+
+# -- the values of pl.dynamic names while a function runs --------------------------------------
+# Every program function pushes a frame (the function and its arguments) while it runs; a dim used where
+# Python wants an int takes its names' values from the argument shapes of the running functions, the
+# innermost first.  The bindings are computed only when a dim is evaluated.
+
+_scopes = threading.local()
+
+
+def push_scope(fn, args, kwargs) -> list:
+    st = getattr(_scopes, "stack", None)
+    if st is None:
+        st = _scopes.stack = []
+    frame = [fn, args, kwargs, None]
+    st.append(frame)
+    return st
+
+
+def _frame_env(frame) -> dict:
+    if frame[3] is None:
+        fn, args, kwargs = frame[0], frame[1], frame[2]
+        env: dict = {}
+        try:
+            params = fn.params
+            values = fn.bind_arguments(args, kwargs) if kwargs else list(args)
+        except Exception:  # noqa: BLE001 - a function whose signature cannot be read binds nothing
+            params, values = [], []
+        pairs = []
+        for p, v in zip(params, values):
+            shape = getattr(v, "shape", None)
+            tt = p.ttype
+            if isinstance(tt, TensorType) and tt.shape is not None and shape is not None and \
+                    len(tt.shape) == len(shape):
+                pairs += [(d, int(a)) for d, a in zip(tt.shape, shape) if isinstance(d, _Dim)]
+        bind_values(pairs, env)
+        frame[3] = env
+    return frame[3]
+
+
+def value_of(dim: _Dim) -> int:
+    """The value of a dim for the functions running now; ShapeError naming a name nothing binds."""
+    st = getattr(_scopes, "stack", None) or []
+    env: dict = {}
+    for frame in st:  # outermost first: inner functions' bindings win
+        env.update(_frame_env(frame))
+    try:
+        return dim.evaluate(env)
+    except KeyError:
+        pass
+    from ..source import user_location
+
+    missing = [n for n in dim.names() if n not in env]
+    loc = user_location(3)
+    what = f"pl.dynamic('{missing[0]}')" if len(missing) == 1 else \
+        "pl.dynamic names " + ", ".join(f"'{n}'" for n in missing)
+    used = "" if isinstance(dim, DynDim) else f" (in {dim})"
+    if not st:
+        raise ShapeError(f"{what}{used} used at {loc} has no value: outside a program function nothing binds it. "
+                         "A pl.dynamic dimension takes its value from the argument shapes of the program function "
+                         "whose annotations use it; use it inside that function.")
+    fn = st[-1][0]
+    callers = [f[0] for f in st[:-1]]
+    scope = f"{fn.kind.value} '{fn.name}' ({fn.location})"
+    if callers:
+        scope += " or of the functions that called it (" + ", ".join(f"'{f.name}'" for f in callers) + ")"
+    name = missing[0]
+    raise ShapeError(
+        f"{what}{used} used at {loc} cannot be bound: no tensor parameter of {scope} has "
+        f"{'it' if len(missing) == 1 else 'them'} in its annotation, so no argument's shape gives "
+        f"{'it' if len(missing) == 1 else 'them'} a value. Annotate a tensor parameter of {fn.name}() with "
+        f"{name} (e.g. pl.Tensor[[{name}, ...], ...]), or pass the size as a pl.Scalar parameter.")
 
 
 Dim = "int | DynDim"
@@ -53,7 +311,7 @@ class TensorType:
         base = "pld.DistributedTensor" if self.distributed else "pl.Tensor"
         if self.shape is None:
             return base
-        dims = ", ".join(d.name if isinstance(d, DynDim) else str(d) for d in self.shape)
+        dims = ", ".join(str(d) for d in self.shape)
         return f"{base}[[{dims}], {self.dtype!r}]"
 
 
@@ -87,7 +345,7 @@ def _tensor_type(item, distributed: bool) -> TensorType:
         raise DeclarationError(f"the dtype in a tensor annotation must be a pl dtype such as pl.FP32, got {dtype!r}")
     dims = []
     for d in shape:
-        if isinstance(d, DynDim):
+        if isinstance(d, _Dim):
             dims.append(d)
         else:
             try:

@@ -37,7 +37,7 @@ from ..language.types import Direction
 from ..source import call_site, is_internal, user_frame, user_location
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES
-from .tensors import RankTensor, WindowTensor
+from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -159,9 +159,10 @@ class RankContext(context.Context):
             spec_t = arg.tensor
             array = self.host_arrays[spec_t.index][arg.index] if arg.index else self.host_arrays[spec_t.index]
             if spec_t.direction is Direction.IN:
-                return RankTensor(arg.name, array, spec_t.dtype, False,
-                                  f"it is an input (pl.Tensor) of the host orchestrator (parameter '{spec_t.name}')")
-            return RankTensor(arg.name, array, spec_t.dtype)
+                return _conform_rank(spec, RankTensor(
+                    arg.name, array, spec_t.dtype, False,
+                    f"it is an input (pl.Tensor) of the host orchestrator (parameter '{spec_t.name}')"))
+            return _conform_rank(spec, RankTensor(arg.name, array, spec_t.dtype))
         if isinstance(arg, WindowView):
             buf = arg.buffer
             name = spec.name if spec is not None and spec.kind == "tensor" else buf.name
@@ -171,7 +172,7 @@ class RankContext(context.Context):
                 # The accessor holds the memory, not the context (no reference cycle; see _OPS).
                 w = self._windows[key] = WindowTensor(name, buf, arg.shape, arg.dtype, self.rank, self.world,
                                                       functools.partial(_window_bytes, self.memory, buf.id))
-            return w
+            return _conform_rank(spec, w)
         return self._scalar_for(spec, arg)
 
     @staticmethod
@@ -200,6 +201,7 @@ class RankContext(context.Context):
             self._checked.add(id(fn.fn))
         bindings: dict = {}
         for i, (spec, v) in enumerate(zip(fn.params, values)):
+            v = _conform_rank(spec, v)
             checks.check_arg(fn, spec, v, loc, self.world, bindings)
             if spec.kind == "tensor" and spec.direction is Direction.IN and v.writable \
                     and not isinstance(v, WindowTensor):
@@ -438,18 +440,31 @@ class RankContext(context.Context):
             f"{op} at {user_location(4)}: '{what}' must be a pld.DistributedTensor (window) — remote memory "
             f"exists only in windows — got {checks.value_kind(t)}. Pass pld.window(buf, shape, dtype=...).")
 
-    def _region(self, op: str, t: RankTensor, offsets, shape) -> tuple:
+    def _region(self, op: str, t: RankTensor, offsets, shape, valid_of=None) -> tuple:
+        """The slices of ``t`` that the region at ``offsets`` of size ``shape`` covers, bounds-checked.
+
+        ``valid_of``: ``shape`` is the valid extent of a tile of that (larger) shape, read from ``t``.
+        """
         offsets = [as_int(o, f"{op} offset") for o in (offsets if isinstance(offsets, (list, tuple)) else [offsets])]
         shape = [as_int(s, f"{op} shape") for s in shape]
         bounds = t.shape
         if len(offsets) != len(bounds) or len(shape) != len(bounds):
             raise KernelIndexError(f"{op} at {user_location(4)}: {t.describe()} has {len(bounds)} dimensions but "
-                                   f"offsets {offsets} and shape {shape} have {len(offsets)} and {len(shape)}")
+                                   f"offsets {offsets} and shape {shape} have {len(offsets)} and {len(shape)}. "
+                                   f"Give one offset and one size per dimension ({len(bounds)} each).")
         for i, (o, s, b) in enumerate(zip(offsets, shape, bounds)):
             if o < 0 or s < 0 or o + s > b:
+                if valid_of is None:
+                    raise KernelIndexError(
+                        f"{op} at {user_location(4)}: out of bounds on {t.describe()}: offsets {offsets} with shape "
+                        f"{shape} reach [{o}, {o + s}) in dimension {i}, whose bounds are [0, {b}).")
+                left = [max(0, min(v, d - p)) for v, d, p in zip(shape, bounds, offsets)]
                 raise KernelIndexError(
-                    f"{op} at {user_location(4)}: out of bounds on {t.describe()}: offsets {offsets} with shape "
-                    f"{shape} reach [{o}, {o + s}) in dimension {i}, whose bounds are [0, {b}).")
+                    f"{op} at {user_location(4)}: out of bounds on {t.describe()}: offsets {offsets} with "
+                    f"valid_shape {shape} (of a {list(valid_of)} tile) reach [{o}, {o + s}) in dimension {i}, whose "
+                    f"bounds are [0, {b}). Only the valid region is read, but all of it must lie inside the "
+                    f"tensor. Shrink valid_shape to what is left of the tensor at these offsets ({left}), "
+                    "or pass clamp=True to narrow it to the edge.")
         return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
 
     def _peer(self, op: str, peer) -> int:
@@ -471,24 +486,40 @@ class RankContext(context.Context):
         return p
 
     @staticmethod
-    def _valid_mask(data: np.ndarray, valid_shape) -> np.ndarray:
+    def _valid_extent(op: str, shape, valid_shape, t: RankTensor, offsets, clamp: bool = False) -> tuple:
+        """``(shape, valid)`` of a tile of ``shape`` loaded from ``t`` at ``offsets``: ``valid`` is ``valid_shape``
+        (``shape`` when not given), checked to lie within the tile; ``clamp`` narrows it to ``t``'s edge."""
+        shape = [as_int(d, f"{op} shape") for d in shape]
         if valid_shape is None:
-            return data
-        v = [as_int(d, "valid_shape") for d in valid_shape]
-        if len(v) != data.ndim or any(a < 0 or a > b for a, b in zip(v, data.shape)):
-            raise KernelValueError(f"valid_shape {v} must lie within the tile shape {list(data.shape)}")
-        out = np.zeros_like(data)
-        sl = tuple(slice(0, a) for a in v)
-        out[sl] = data[sl]
+            v = list(shape)
+        else:
+            v = [as_int(d, f"{op} valid_shape") for d in valid_shape]
+            if len(v) != len(shape) or any(a < 0 or a > b for a, b in zip(v, shape)):
+                raise KernelValueError(
+                    f"{op} at {user_location(5)}: valid_shape {v} must lie within the tile shape {shape}: the "
+                    "valid region is the leading part of the tile that holds data, one extent per tile dimension, "
+                    f"each between 0 and that dimension's size. Give {len(shape)} extents no larger than {shape}.")
+        if clamp and isinstance(offsets, (list, tuple)) and len(offsets) == len(v) == len(t.shape):
+            offs = [as_int(o, f"{op} offset") for o in offsets]
+            v = [max(0, min(a, b - o)) if o >= 0 else a for a, b, o in zip(v, t.shape, offs)]
+        return shape, v
+
+    @staticmethod
+    def _padded(data: np.ndarray, shape: list[int]) -> np.ndarray:
+        """A tile of ``shape`` whose leading part is ``data`` and whose padding is zero."""
+        if list(data.shape) == shape:
+            return data.copy()
+        out = np.zeros(shape, dtype=data.dtype)
+        out[tuple(slice(0, a) for a in data.shape)] = data
         return out
 
-    def _load(self, op, tensor, offsets, shapes, valid_shape):
+    def _load(self, op, tensor, offsets, shapes, valid_shape, clamp=False):
         t = self._tensor(op, tensor)
-        region = t.array[self._region(op, t, offsets, shapes)]
+        shape, valid = self._valid_extent(op, shapes, valid_shape, t, offsets, clamp)
+        region = t.array[self._region(op, t, offsets, valid, shape if valid != shape else None)]
         if self._trace:
             self._touch(op, t, region, False)
-        data = region.copy()
-        return Tile(self._valid_mask(data, valid_shape), t.dtype, valid_shape)
+        return Tile(self._padded(region, shape), t.dtype, valid if valid != shape else None)
 
     def _tile_data(self, op: str, tile, t: RankTensor) -> np.ndarray:
         if isinstance(tile, RankTensor):
@@ -501,6 +532,25 @@ class RankContext(context.Context):
         valid = tuple(slice(0, v) for v in tile.valid_shape)
         return tile.data[valid]
 
+    def _store_region(self, op: str, t: RankTensor, offsets, data: np.ndarray) -> tuple:
+        """Where a tile's valid part ``data`` goes in ``t`` at ``offsets``: ``(slices, data shaped to them)``.
+
+        A tile of lower rank than ``t`` fills ``t``'s trailing dimensions; the leading ones it spans are of
+        size 1 (a ``[R, C]`` tile stored at ``[i, j, 0]`` of an ``[N, M, C]`` tensor writes ``t[i, j:j+R, :C]``).
+        """
+        n = len(t.shape)
+        if data.ndim < n and isinstance(offsets, (list, tuple)) and len(offsets) == n:
+            data = data.reshape((1,) * (n - data.ndim) + data.shape)
+        elif data.ndim != n:
+            where = user_location(5)
+            raise KernelIndexError(
+                f"{op} at {where}: a {data.ndim}-D tile (valid part {list(data.shape)}) cannot be stored into "
+                f"{t.describe()} at offsets {list(offsets) if isinstance(offsets, (list, tuple)) else offsets}: "
+                f"the offsets need one entry per tensor dimension ({n}), and the tile at most {n} dimensions (a "
+                "lower-rank tile fills the trailing dimensions). Give offsets with "
+                f"{n} entries{', or reshape the tile' if data.ndim > n else ''}.")
+        return self._region(op, t, offsets, data.shape), data
+
     def _writable(self, op: str, t: RankTensor) -> None:
         if not t.writable:
             why = t.readonly_why or "it is an input (pl.Tensor)"
@@ -512,7 +562,7 @@ class RankContext(context.Context):
         t = self._tensor(op, tensor, "output_tensor")
         data = self._tile_data(op, tile, t)
         self._writable(op, t)
-        sl = self._region(op, t, offsets, data.shape)
+        sl, data = self._store_region(op, t, offsets, data)
         if atomic is AtomicType.Add:
             self._accumulate(op, t, t.array, sl, data, t.rank if isinstance(t, WindowTensor) else None)
         else:
@@ -697,19 +747,20 @@ class RankContext(context.Context):
         self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
-        region = w.peer_array(p)[self._region(op, w, offsets, shape)]
+        shape, valid = self._valid_extent(op, shape, valid_shape, w, offsets)
+        region = w.peer_array(p)[self._region(op, w, offsets, valid, shape if valid != shape else None)]
         if self._trace:
             self._touch(op, w, region, False)
-        data = region.copy()
+        data = self._padded(region, shape)
         if self.events is not None:
-            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=data.nbytes, direction="read")
-        return Tile(self._valid_mask(data, valid_shape), w.dtype, valid_shape)
+            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=region.nbytes, direction="read")
+        return Tile(data, w.dtype, valid if valid != shape else None)
 
     def _remote_store(self, op, tile, target, peer, offsets, atomic):
         w = self._window(op, target, "target")
         p = self._peer(op, peer)
         data = self._tile_data(op, tile, w)
-        sl = self._region(op, w, offsets, data.shape)
+        sl, data = self._store_region(op, w, offsets, data)
         self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
@@ -823,6 +874,22 @@ class _Spmd:
     def __exit__(self, *exc):
         self.ctx._spmd_blocks = 0
         return False
+
+
+def _conform_rank(spec, v):
+    """``v`` viewed with the rank of tensor parameter ``spec`` when the two differ only by dimensions of size 1.
+
+    A ``[SIZE]`` window given to a ``[1, SIZE]`` parameter (or a ``[1, SIZE]`` tensor to a ``[SIZE]`` one) is the
+    same memory in the same order: the kernel sees it with the declared shape, and writes go through. Anything
+    else is left as it is, for the argument check to explain.
+    """
+    if spec is None or spec.kind != "tensor" or not isinstance(v, RankTensor):
+        return v
+    declared = getattr(spec.ttype, "shape", None)
+    if declared is None or len(declared) == len(v.shape):
+        return v
+    shape = unit_dims_reshape(tuple(declared), tuple(v.shape))
+    return v if shape is None else v.reshaped(shape)
 
 
 def _window_bytes(memory, buffer_id: int, rank: int):

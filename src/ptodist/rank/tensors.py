@@ -10,6 +10,27 @@ from __future__ import annotations
 import numpy as np
 
 from ..language.dtypes import DataType
+from ..language.types import DynDim, DynExpr
+
+
+def unit_dims_reshape(declared: tuple, actual: tuple) -> tuple | None:
+    """The shape ``actual`` takes under ``declared`` when they differ only by dimensions of size 1, else None.
+
+    ``[SIZE]`` under ``[1, SIZE]`` is ``(1, SIZE)``; ``[1, SIZE]`` under ``[SIZE]`` is ``(SIZE,)``. A dynamic
+    dimension of ``declared`` (``pl.dynamic``, or arithmetic on it) takes the matching size of ``actual``; it never
+    stands for an inserted or dropped 1.
+    """
+    fixed = [None if isinstance(d, (DynDim, DynExpr)) else d.__index__() for d in declared]
+    core = [a for a in actual if a != 1]
+    slots = [i for i, d in enumerate(fixed) if d != 1]
+    if len(core) != len(slots):
+        return None
+    shape = [1] * len(declared)
+    for i, a in zip(slots, core):
+        if fixed[i] is not None and fixed[i] != a:
+            return None
+        shape[i] = a
+    return tuple(shape)
 
 
 class RankTensor:
@@ -40,6 +61,12 @@ class RankTensor:
         return RankTensor(f"{self.name}[{', '.join(map(str, idx))}]", self.array[idx], self.dtype, self.writable,
                           self.readonly_why)
 
+    def reshaped(self, shape) -> RankTensor:
+        """This tensor viewed with ``shape`` (same elements, same order; writes go through)."""
+        view = self.array.view()
+        view.shape = tuple(shape)  # raises rather than copy: a copy would lose the writes
+        return RankTensor(self.name, view, self.dtype, self.writable, self.readonly_why)
+
     def bind_dynamic(self, dim, dyn) -> None:
         """Accepted for compatibility: dims bind from the actual shapes anyway."""
 
@@ -62,6 +89,12 @@ class WindowTensor(RankTensor):
 
     def _typed(self, raw: np.ndarray, dtype: DataType) -> np.ndarray:
         return raw[:self._nbytes].view(dtype.np_dtype).reshape(self._shape)
+
+    def reshaped(self, shape) -> WindowTensor:
+        """This window viewed with ``shape`` (the same elements of the same buffer, on every rank)."""
+        w = WindowTensor(self.name, self.buffer, tuple(shape), self.dtype, self.rank, self.world, self._peer_bytes)
+        w.writable, w.readonly_why = self.writable, self.readonly_why
+        return w
 
     def peer_array(self, peer: int) -> np.ndarray:
         """Return this view's typed array on rank ``peer``."""

@@ -23,11 +23,11 @@ from .. import backends, dfx
 from ..compiler import checks, planner
 from ..compiler.plan import DispatchPlan, HostTensorSpec
 from ..config import RunConfig, keep_outputs_setting
-from ..errors import DispatchTypeError, DispatchValueError, ShapeError
+from ..errors import DispatchError, DispatchTypeError, DispatchValueError, ShapeError
 from ..language import dtypes as dt
-from ..language.functions import Function, Kind, Program
+from ..language.functions import EntryFunction, Function, Kind, Program
 from ..language.scalar import Scalar
-from ..language.types import Direction, DynDim, ParamSpec
+from ..language.types import Direction, DynDim, DynExpr, ParamSpec
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
 _CONVERT = {"float64": ("FP32", "float()", "float32"), "uint16": ("INT32", "int()", "int32"),
@@ -54,6 +54,13 @@ def unsupported_dtype(name: str, dtype, is_torch: bool) -> DispatchTypeError:
         fix += f"; the same as {name}.to(torch.{np_name}))." if is_torch else ")."
     return DispatchTypeError(f"host tensor '{name}' has {kind} {got}, which ptodist does not support (it supports "
                              f"{', '.join(supported[:-1])} and {supported[-1]}). {fix}")
+
+
+class OrchestrationKeyError(DispatchError, KeyError):
+    """``compiled[name]`` for a name that is not one of the program's L2 orchestrations."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 class HostTensor:
@@ -123,12 +130,16 @@ class CompiledProgram:
         self._plans: dict = {}
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
+        self._parent: CompiledProgram | None = None  # an orchestration of a multi-orchestration L2 program
+        self._orchestrations: dict[str, CompiledProgram] = {}  # name -> its program (multi-orchestration L2)
         checks.check_program_signatures(host, self.extra_functions)
 
     @classmethod
     def build(cls, target, config: RunConfig | None = None, example_args=()) -> CompiledProgram:
         """Compile a host Function or a ``@pl.program``; plan now if shapes are known."""
         config = config or RunConfig()
+        if isinstance(target, Program) and target.host is None:
+            return cls._build_l2(target, config, example_args)
         if isinstance(target, Program):
             prog = cls(target.host, target.name, config, target.functions.values())
         elif isinstance(target, Function) and target.kind is Kind.HOST:
@@ -139,8 +150,77 @@ class CompiledProgram:
             prog._plan_for(example_args)
         return prog
 
+    @classmethod
+    def _build_l2(cls, target: Program, config: RunConfig, example_args=()) -> CompiledProgram:
+        """An L2 program (Orchestration functions, no host orchestrator): each orchestration runs on one chip.
+
+        With one orchestration the program is called directly; with several, ``compiled[name]`` (or
+        ``compiled.<name>``) is the one to call, and ``orchestration_names`` lists them (sorted).
+        """
+        functions = list(target.functions.values())
+        orchs = target.orchestrations  # sorted by name
+        first = next(iter(orchs.values()))
+        prog = cls(EntryFunction(first), target.name, config, functions)
+        if len(orchs) > 1:
+            for name, orch in orchs.items():
+                sub = cls(EntryFunction(orch), name, config, functions)
+                sub._output_dir = None
+                sub._parent = prog
+                prog._orchestrations[name] = sub
+        elif example_args:
+            prog._plan_for(example_args)
+        return prog
+
+    # -- L2 programs with several orchestrations (PyPTO's compiled[name]) ------------------------
+    @property
+    def orchestration_names(self) -> list[str]:
+        """The orchestrations ``compiled[name]`` selects, sorted; empty unless the program is an L2 program with
+        several Orchestration functions (call any other program directly)."""
+        return sorted(self._orchestrations)
+
+    @property
+    def param_names(self) -> list[str]:
+        """The parameter names of the function a call binds: the host orchestrator's, or an L2 program's
+        orchestration's (with several, the first by name, as PyPTO reports)."""
+        return [p.name for p in self.host.params]
+
+    @property
+    def output_indices(self) -> list[int]:
+        """The indices of the pure outputs (``pl.Out``): created and returned when only inputs are passed."""
+        return [i for i, p in enumerate(self.host.params) if p.direction is Direction.OUT]
+
+    def __getitem__(self, name: str) -> CompiledProgram:
+        sub = self._orchestrations.get(name) if isinstance(name, str) else None
+        if sub is None:
+            available = sorted(self._orchestrations)
+            if available:
+                hint = f"Available: {available}."
+            else:
+                hint = (f"Available: []. '{self.name}' is not an L2 program with several orchestrations: call it "
+                        "directly, compiled(...).")
+            raise OrchestrationKeyError(f"No orchestration {name!r} in program '{self.name}'. {hint}")
+        return sub
+
+    def __getattr__(self, name: str):
+        subs = self.__dict__.get("_orchestrations") or {}
+        if name in subs:
+            return subs[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def _refuse_multi(self, what: str) -> None:
+        if self._orchestrations:
+            names = sorted(self._orchestrations)
+            raise DispatchTypeError(
+                f"{what}: program '{self.name}' has {len(names)} L2 orchestrations {names} and no host "
+                f"orchestrator, so it is ambiguous which one to run. Select one explicitly: "
+                f"compiled['{names[0]}'](...) or compiled.{names[0]}(...).")
+
     @property
     def output_dir(self) -> Path:
+        if self._parent is not None:  # an orchestration of an L2 program: next_levels/<name>, as PyPTO lays out
+            path = self._parent.output_dir / "next_levels" / self.name
+            path.mkdir(parents=True, exist_ok=True)
+            return path
         if self._output_dir is None:
             keep = keep_outputs_setting()
             stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
@@ -194,6 +274,8 @@ class CompiledProgram:
             else:
                 values.append(v)
                 hosts.append(None)
+        if self.host.params and any(p.ttype is not None and getattr(p.ttype, "shape", None) for p in params):
+            checks.finish_bindings(bindings)
         like_torch = any(h is not None and h.is_torch for h in hosts)
         for i in pending_out:
             shape = self._output_shape(params[i], bindings)
@@ -244,12 +326,18 @@ class CompiledProgram:
             raise DispatchTypeError(f"{self.name}: cannot create output '{p.name}' without a shape and dtype in its "
                                     "annotation; pass it explicitly")
         shape = []
+        env = {k: v[0] for k, v in bindings.items() if isinstance(v, tuple)}
         for d in p.ttype.shape:
-            if isinstance(d, DynDim):
-                if d.name not in bindings:
-                    raise ShapeError(f"{self.name}: output '{p.name}' uses pl.dynamic('{d.name}'), which no input "
-                                     "binds; pass the output explicitly")
-                shape.append(bindings[d.name][0])
+            if isinstance(d, (DynDim, DynExpr)):
+                missing = [n for n in d.names() if n not in env]
+                if missing:
+                    names = ", ".join(f"pl.dynamic('{n}')" for n in missing)
+                    used = "" if isinstance(d, DynDim) else f" (in its dimension {d})"
+                    raise ShapeError(f"{self.name}: output '{p.name}' uses {names}{used}, which no input binds; "
+                                     "pass the output explicitly (all arguments), or annotate a dimension of an "
+                                     f"input with {missing[0]} so its shape binds it (the output is declared at "
+                                     f"{checks.param_location(self.host, p.name)})")
+                shape.append(d.evaluate(env))
             else:
                 shape.append(d)
         return shape
@@ -288,6 +376,7 @@ class CompiledProgram:
     # -- running ------------------------------------------------------------------
     def __call__(self, *args, config: RunConfig | None = None):
         """Run once on every rank; return the outputs (created ones in the inputs-only form)."""
+        self._refuse_multi(f"{self.name}(...)")
         cfg = config or self.config
         if config is not None and config.distributed_config is not None and \
                 list(config.distributed_config.device_ids) != self.device_ids:
@@ -298,6 +387,10 @@ class CompiledProgram:
         note_dispatch(self, backend.name)
         plan, values, hosts, created = self._plan_for(args)
         arrays = [h.array if h is not None else None for h in hosts]
+        for spec in plan.host_tensors:  # host intermediates (pl.create_tensor in the host): zeroed per call
+            if spec.index >= len(arrays):
+                arrays.extend([None] * (spec.index + 1 - len(arrays)))
+                arrays[spec.index] = np.zeros(spec.shape, dtype=spec.dtype.np_dtype)
         dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number())
         backend.run(plan, arrays, cfg, dfx_request)
         outs = []
@@ -311,6 +404,7 @@ class CompiledProgram:
 
     def prepare(self, config: RunConfig | None = None, *, extra_compiled=(), persistent: bool = False,
                 reset_persistent_windows: bool | None = None, callbacks: dict | None = None,
+                sub_worker_overrides: dict | None = None, inherited_host_tensors=None,
                 startup_timeout_s: float | None = None):
         """Start a DistributedWorker for this program (and ``extra_compiled``): ranks start once.
 
@@ -319,9 +413,11 @@ class CompiledProgram:
         """
         from .worker import DistributedWorker
 
+        self._refuse_multi(f"{self.name}.prepare()")
         return DistributedWorker(self, config, extra_compiled=extra_compiled, persistent=persistent,
                                  reset_persistent_windows=reset_persistent_windows, callbacks=callbacks,
-                                 startup_timeout_s=startup_timeout_s)
+                                 sub_worker_overrides=sub_worker_overrides,
+                                 inherited_host_tensors=inherited_host_tensors, startup_timeout_s=startup_timeout_s)
 
 
 def _scalar_key(v):

@@ -49,7 +49,13 @@ def barrier(signal):
 
 
 def allreduce(target, signal=None, *, op=None, mode: str = "mesh", core_num: int = 1):
-    """Every rank ends with the reduction (``op``, default Sum) of all ranks' ``target``."""
+    """Every rank ends with the reduction (``op``, default Sum) of all ranks' ``target``.
+
+    ``mode="mesh"``: signal ``[NR, 1]`` (or ``[NR]``); with ``core_num`` > 1 (host orchestrator only)
+    ``[NR, stride]`` with ``stride >= core_num``, lane b using column b.  ``mode="ring"``: any target
+    length (balanced segments, 32-byte aligned for 2-byte dtypes); signal ``[2*(NR-1), NR]``, and from
+    the host orchestrator also ``[2*(NR-1)+1, NR]`` (a last row for the return barrier).
+    """
     return context.current().collective("allreduce", (target, signal), {"op": op, "mode": mode,
                                                                         "core_num": core_num})
 
@@ -70,11 +76,20 @@ def reduce_scatter(target, signal, *, op=None):
 
 
 def all_to_all(input, target, signal):
-    """``target[src]`` on rank r becomes ``input[r]`` on rank src."""
+    """``target[src]`` on rank r becomes ``input[r]`` on rank src.
+
+    ``input``: a window, or inside a kernel also a plain ``pl.Tensor``; ``target`` a separate window.
+    """
     return context.current().collective("all_to_all", (input, target, signal), {})
 
 
 def all_to_all_v(input, target, signal, send_counts, recv_counts):
-    """Variable-size all_to_all: ``send_counts[p]`` leading rows of ``input[p]`` go to rank p."""
+    """Variable-size all_to_all: ``send_counts[p]`` leading rows of ``input[p]`` go to rank p.
+
+    ``send_counts``: a ``[NR, 1]`` or ``[NR]`` integer tensor or window, a list of ints or integer
+    Scalars, or ``[NR, NR]`` (row r for rank r).  ``recv_counts``: an INT32 ``[NR, 1]`` window receives
+    the counts (sender p's count lands in cell ``[p, 0]``); given in any other form it is what this
+    rank expects, and a peer that sends another count is an error naming both ranks and counts.
+    """
     return context.current().collective("all_to_all_v", (input, target, signal),
                                         {"send_counts": send_counts, "recv_counts": recv_counts})

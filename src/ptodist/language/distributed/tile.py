@@ -7,10 +7,17 @@ from .types import AtomicType
 
 
 def remote_load(target, peer, offsets, shape, valid_shape=None):
-    """Read the region ``offsets``/``shape`` of rank ``peer``'s window ``target`` into a Tile."""
+    """Read the region ``offsets``/``shape`` of rank ``peer``'s window ``target`` into a Tile.
+
+    ``valid_shape`` as in ``pl.load``: the tile keeps ``shape``, only its valid part is read (and
+    bounds-checked), the padding is zero.
+    """
     return context.current().memory_op("pld.tile.remote_load", target, peer, list(offsets), list(shape), valid_shape)
 
 
 def remote_store(src_tile, target, peer, offsets, *, atomic=AtomicType.None_):
-    """Write (or with ``atomic=AtomicType.Add`` accumulate) a tile into rank ``peer``'s window."""
+    """Write (or with ``atomic=AtomicType.Add`` accumulate) a tile's valid part into rank ``peer``'s window.
+
+    A tile of lower rank than ``target`` fills its trailing dimensions (``offsets``: one per window dimension).
+    """
     context.current().memory_op("pld.tile.remote_store", src_tile, target, peer, list(offsets), atomic)

@@ -12,6 +12,8 @@ at most two are accepted at a time.
 from __future__ import annotations
 
 import math
+import sys
+import warnings
 import weakref
 
 import numpy as np
@@ -22,9 +24,11 @@ from ...config import RunConfig
 from ...errors import ConfigError, DispatchTypeError, DispatchValueError, UsageError
 from ...language import dtypes as dt
 from ...language.functions import Function, Kind
+from .callbacks import arity_error, calling_form
 from .engine import Engine, in_callback
 from .handles import (
     DeviceTensor,
+    RegistrationHandle,
     RunHandle,
     StackedDeviceTensor,
     as_dtype,
@@ -44,6 +48,59 @@ def _emergency_stop(engine: Engine) -> None:
     engine.release()
 
 
+def _caller_stacklevel() -> int:
+    """The stacklevel of the first frame outside ptodist (the user's prepare() call), for warnings."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("ptodist."):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _coalesce_callbacks(callbacks, overrides):
+    """Merge the deprecated ``sub_worker_overrides`` into ``callbacks`` (``callbacks`` wins a name both give)."""
+    if overrides is None:
+        return callbacks
+    warnings.warn("sub_worker_overrides is deprecated; use callbacks= instead.", DeprecationWarning,
+                  stacklevel=_caller_stacklevel())
+    if not isinstance(overrides, dict):
+        raise DispatchTypeError(f"prepare(sub_worker_overrides=...): expects a dict {{name: function}}, got "
+                                f"{type(overrides).__name__}. It is the deprecated name of callbacks=: pass "
+                                "callbacks={name: function} instead.")
+    if callbacks is not None and not isinstance(callbacks, dict):
+        return callbacks  # _check_callbacks reports it
+    return {**overrides, **(callbacks or {})}
+
+
+def _check_inherited(tensors) -> tuple:
+    """Check prepare(inherited_host_tensors=...): contiguous CPU host tensors (torch or numpy)."""
+    if tensors is None:
+        return ()
+    if isinstance(tensors, np.ndarray) or type(tensors).__module__.startswith("torch"):
+        tensors = [tensors]
+    try:
+        items = tuple(tensors)
+    except TypeError:
+        raise DispatchTypeError(f"prepare(inherited_host_tensors=...): expects a list of host tensors, got "
+                                f"{type(tensors).__name__}") from None
+    for i, t in enumerate(items):
+        if isinstance(t, np.ndarray):
+            if not t.flags.c_contiguous:
+                raise DispatchValueError(f"prepare(inherited_host_tensors=...): entry {i} (numpy {list(t.shape)} "
+                                         f"{t.dtype}) is not contiguous; list contiguous arrays (np.ascontiguousarray "
+                                         "makes a copy that you then keep and use)")
+            continue
+        if type(t).__module__.startswith("torch") and hasattr(t, "is_contiguous"):
+            if t.device.type != "cpu" or not t.is_contiguous():
+                raise DispatchValueError(f"prepare(inherited_host_tensors=...): entry {i} must be a contiguous CPU "
+                                         f"tensor; got device={t.device} shape={list(t.shape)} "
+                                         f"contiguous={t.is_contiguous()}. List a contiguous CPU tensor "
+                                         "(.contiguous().cpu() makes one that you then keep and use)")
+            continue
+        raise DispatchTypeError(f"prepare(inherited_host_tensors=...): entry {i} is a {type(t).__name__}; entries "
+                                "must be host tensors (torch tensors or numpy arrays)")
+    return items
+
+
 class DistributedWorker:
     """Rank processes started once and dispatched many times (``compiled.prepare()``).
 
@@ -55,7 +112,15 @@ class DistributedWorker:
         reset_persistent_windows: zero persistent windows before each dispatch (default: on
             when ``persistent``); ``True`` needs ``persistent=True``.
         callbacks: ``{name: fn}`` for the host orchestrators' sub-worker functions
-            (``pl.Role.SubWorker``); ``fn(*args)`` gets the call's arguments.
+            (``pl.Role.SubWorker``).  A callback that accepts one positional argument is called
+            as ``fn(args)`` with a :class:`MappedArgs` (``args.tensor(i)``, ``args.scalar(i)``), as
+            PyPTO does; one that cannot, as ``fn(*values)`` with the call's arguments.
+        sub_worker_overrides: deprecated alias of ``callbacks`` (a DeprecationWarning); merged
+            with it, ``callbacks`` winning on a name both give.
+        inherited_host_tensors: host tensors the caller declares visible to the ranks for the
+            worker's lifetime (PyPTO: uploads from them skip staging).  ptodist's uploads and
+            read-backs take any host tensor, so listing one changes no result; the worker keeps
+            a reference to each until ``release_inherited_host_tensor_refs()`` or ``close()``.
         startup_timeout_s: how long the ranks may take to start (default 60 s).
 
     Raises:
@@ -64,6 +129,7 @@ class DistributedWorker:
 
     def __init__(self, compiled, config: RunConfig | None = None, *, extra_compiled=(), persistent: bool = False,
                  reset_persistent_windows: bool | None = None, callbacks: dict | None = None,
+                 sub_worker_overrides: dict | None = None, inherited_host_tensors=None,
                  startup_timeout_s: float | None = None):
         from ..program import CompiledProgram
 
@@ -101,6 +167,8 @@ class DistributedWorker:
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
             raise ConfigError(f"prepare(startup_timeout_s={startup_timeout_s!r}): must be a positive, finite number "
                               "of seconds")
+        callbacks = _coalesce_callbacks(callbacks, sub_worker_overrides)
+        inherited = _check_inherited(inherited_host_tensors)
         checked = self._check_callbacks(programs, callbacks)
         backend = backends.for_config(cfg)
         cfg.announce_platform(backend.name)
@@ -114,6 +182,7 @@ class DistributedWorker:
                     objects[id(f.bound_self)] = f.bound_self
         group = backend.start(list(head.device_ids), objects, float(timeout))
         self._core = Engine(programs, cfg, persistent, reset, checked, group, backend.name)
+        self._inherited = inherited
         self._finalizer = weakref.finalize(self, _emergency_stop, self._core)
 
     @staticmethod
@@ -136,6 +205,9 @@ class DistributedWorker:
             if not callable(fn):
                 raise DispatchTypeError(f"prepare(callbacks=...): the callback for '{name}' must be callable, got "
                                         f"{type(fn).__name__}")
+            f = subs[name]
+            if calling_form(fn, len(f.params)) is None:
+                raise arity_error(name, f.location, fn, [p.name for p in f.params], "prepare(callbacks=...)")
         for name, f in subs.items():
             if name not in callbacks and is_abstract(f):
                 raise ConfigError(f"prepare(): sub-worker function '{name}' ({f.location}) has no body ('...'): it is "
@@ -217,6 +289,36 @@ class DistributedWorker:
         core.poke(watch=False)  # publish at once when the ranks are idle
         return handle
 
+    def register(self, compiled) -> RegistrationHandle:
+        """Return a callable handle for one of the worker's programs: ``handle(*args)`` is ``rt.run(compiled, *args)``.
+
+        The handle stops working (UsageError, a RuntimeError) after ``handle.unregister()`` or the
+        worker's ``close()``.
+        """
+        core = self._core
+        core.check_usable("register()")
+        if not any(c is compiled for c in core.programs):
+            from ..program import CompiledProgram
+
+            if not isinstance(compiled, CompiledProgram):
+                raise DispatchTypeError(f"DistributedWorker.register(): expects one of the worker's compiled "
+                                        f"programs, got {type(compiled).__name__}")
+            names = ", ".join(f"'{c.name}'" for c in core.programs)
+            raise DispatchValueError(f"DistributedWorker.register(): program '{compiled.name}' was not given to "
+                                     f"prepare(); this worker runs {names}. Prepare the worker with "
+                                     "extra_compiled=[...] to run it.")
+        return RegistrationHandle(self, compiled)
+
+    @property
+    def inherited_host_tensors(self) -> tuple:
+        """The host tensors given to ``prepare(inherited_host_tensors=...)`` and not yet released."""
+        return self._inherited
+
+    def release_inherited_host_tensor_refs(self) -> None:
+        """Drop the worker's references to ``inherited_host_tensors`` (resident tensors made from them stay valid)."""
+        self._core.check_usable("release_inherited_host_tensor_refs()")
+        self._inherited = ()
+
     # -- resident tensors -------------------------------------------------------------------------
     def alloc_tensor(self, shape, dtype, *, init=None) -> DeviceTensor:
         """Allocate a zero-filled tensor resident in the ranks; ``init`` (a host tensor) fills it once."""
@@ -249,20 +351,54 @@ class DistributedWorker:
                                      "free the whole StackedDeviceTensor with free_stacked_tensor()")
         self._free(tensor, "free_tensor()")
 
-    def alloc_stacked_tensor(self, host) -> StackedDeviceTensor:
-        """Upload ``host`` ([world, ...]) as a stacked tensor: shard i (``host[i]``) on rank i."""
+    def alloc_stacked_tensor(self, host, *, worker_ids=None) -> StackedDeviceTensor:
+        """Upload ``host`` ([B, ...]) as a stacked tensor: shard i (``host[i]``) on rank ``worker_ids[i]``.
+
+        ``worker_ids`` (default ``range(B)``) are distinct ranks in ``[0, world)``, one per shard;
+        the host orchestrator must give rank ``worker_ids[i]`` the shard ``x[i]``.
+        """
         core = self._core
         core.check_usable("alloc_stacked_tensor()")
         array = host_array(host, "alloc_stacked_tensor(host)")
         dtype = dt.from_numpy(array.dtype)
-        if array.ndim == 0 or array.shape[0] != core.world:
-            raise DispatchValueError(f"alloc_stacked_tensor(host): host has shape {list(array.shape)}; its first "
-                                     f"dimension must be the rank count ({core.world}): shard i goes to rank i")
-        t = StackedDeviceTensor(core, SharedFile(array.nbytes, "ptodist-tensor"), array.shape, dtype)
+        if worker_ids is None:
+            if array.ndim == 0 or array.shape[0] != core.world:
+                raise DispatchValueError(f"alloc_stacked_tensor(host): host has shape {list(array.shape)}; its "
+                                         f"first dimension must be the rank count ({core.world}): shard i goes to "
+                                         "rank i. To place fewer shards, or elsewhere, pass worker_ids=[...]: shard "
+                                         "i goes to rank worker_ids[i]")
+            ids = tuple(range(core.world))
+        else:
+            ids = self._check_worker_ids(array, worker_ids)
+        t = StackedDeviceTensor(core, SharedFile(array.nbytes, "ptodist-tensor"), array.shape, dtype, ids)
         t._array()[...] = array
         with core.state:
             core.residents[t._file.serial] = t
         return t
+
+    def _check_worker_ids(self, array: np.ndarray, worker_ids) -> tuple:
+        world = self._core.world
+        call = f"alloc_stacked_tensor(host, worker_ids={worker_ids!r})"
+        try:
+            ids = tuple(w.__index__() for w in worker_ids)
+        except (AttributeError, TypeError):
+            raise DispatchTypeError(f"{call}: worker_ids must be a sequence of ints (rank numbers), one per shard "
+                                    "of host") from None
+        if array.ndim == 0:
+            raise DispatchValueError(f"{call}: host is a 0-d tensor; its first dimension is the shard dimension")
+        if len(ids) != array.shape[0]:
+            raise DispatchValueError(f"{call}: worker_ids has {len(ids)} entries but host's first dimension is "
+                                     f"{array.shape[0]} (shape {list(array.shape)}); give one rank per shard: shard "
+                                     "i (host[i]) goes to rank worker_ids[i]")
+        seen = [w for i, w in enumerate(ids) if w in ids[:i]]
+        if seen:
+            raise DispatchValueError(f"{call}: worker_ids must be distinct (one shard per rank); rank {seen[0]} "
+                                     "appears more than once")
+        bad = [w for w in ids if not 0 <= w < world]
+        if bad:
+            raise DispatchValueError(f"{call}: worker id {bad[0]} is out of range [0, {world}): the worker has "
+                                     f"{world} ranks, one per device in device_ids {self._core.device_ids}")
+        return ids
 
     def free_stacked_tensor(self, stacked: StackedDeviceTensor) -> None:
         """Free every shard of a stacked tensor; freeing twice does nothing."""
@@ -354,6 +490,7 @@ class DistributedWorker:
                 core.wakeup.notify_all()
             core.drain()
         finally:
+            self._inherited = ()
             self._finalizer()
 
     def __enter__(self) -> DistributedWorker:

@@ -23,6 +23,7 @@ from ...errors import ConfigError, DispatchValueError, RankError, UsageError
 from ...language.scalar import Scalar
 from ...language.types import Direction
 from .binding import Arena, LocalBinding, SharedBinding, _Bound
+from .callbacks import call_callback, is_tensor_value
 from .handles import RunHandle, StackedDeviceTensor
 from .plans import Planner, _HostCall, _PlanEntry
 
@@ -333,7 +334,9 @@ class Engine:
         _tls.callback = d
         try:
             if fn is not None:
-                fn(*args)
+                names = [p.name for p in call.function.params]
+                tensors = [isinstance(a, HostTensorRef) or is_tensor_value(v) for a, v in zip(call.args, args)]
+                call_callback(fn, call.function.name, names, args, tensors)
             else:
                 call.function.invoke(*args)
         except BaseException as e:  # noqa: BLE001 - the dispatch fails with the callback's error

@@ -8,7 +8,7 @@ import time
 
 import numpy as np
 
-from ...errors import DispatchIndexError, DispatchTypeError, DispatchValueError
+from ...errors import DispatchIndexError, DispatchTypeError, DispatchValueError, UsageError
 from ...language import dtypes as dt
 
 
@@ -58,7 +58,7 @@ class StackedDeviceTensor:
     ``r`` its own shard as ``x[r]``.
     """
 
-    def __init__(self, core, file, shape: tuple, dtype: dt.DataType):
+    def __init__(self, core, file, shape: tuple, dtype: dt.DataType, worker_ids: tuple | None = None):
         self._core = core
         self._file = file
         self.shape = tuple(shape)
@@ -66,6 +66,18 @@ class StackedDeviceTensor:
         shard = tuple(shape[1:])
         step = int(np.prod(shard, dtype=np.int64)) * dtype.get_byte()
         self._shards = [DeviceTensor(core, file, i * step, shard, dtype, self, i) for i in range(shape[0])]
+        # worker_ids[i]: the rank that holds shard i (and whose dispatch must be given x[i])
+        self.worker_ids = tuple(range(shape[0])) if worker_ids is None else tuple(worker_ids)
+
+    @property
+    def full_shape(self) -> tuple:
+        """The whole stacked shape ``[B, ...]`` (PyPTO's name; the same as ``shape``)."""
+        return self.shape
+
+    @property
+    def shards(self) -> list:
+        """The shards in stack order: ``shards[i]`` is ``host[i]``, held by rank ``worker_ids[i]``."""
+        return list(self._shards)
 
     @property
     def nbytes(self) -> int:
@@ -223,3 +235,53 @@ def copy_out(dst, source: np.ndarray, t, call: str) -> None:
     array = host_array(dst, f"{call}: {role}", writable=True)
     check_same(t, array, call, role)
     np.copyto(array, source)
+
+
+class RegistrationHandle:
+    """A program of a worker, bound to it: ``handle(*args, config=None)`` is ``rt.run(compiled, *args)``.
+
+    Made by ``rt.register(compiled)``.  ``compiled`` is the program, ``closed`` whether the handle
+    can no longer dispatch (after ``unregister()``, leaving its ``with`` block, or the worker's
+    ``close()``); ``cid`` is 0, as in PyPTO's distributed worker, which has no per-program id.
+    """
+
+    cid = 0
+
+    def __init__(self, worker, compiled):
+        self._worker = worker
+        self._compiled = compiled
+        self._unregistered = False
+
+    @property
+    def compiled(self):
+        return self._compiled
+
+    @property
+    def closed(self) -> bool:
+        return self._unregistered or self._worker.closed
+
+    def __call__(self, *args, config=None):
+        """Dispatch the program on its worker and wait; returns what ``rt.run`` returns."""
+        if self._worker.closed:
+            raise UsageError(f"RegistrationHandle of '{self._compiled.name}': its DistributedWorker was closed "
+                             "(close(), or leaving its with block), so it can dispatch nothing more. Prepare a new "
+                             "worker with compiled.prepare() and register the program on it: rt.register(compiled).")
+        if self._unregistered:
+            raise UsageError(f"RegistrationHandle of '{self._compiled.name}' was unregistered (unregister(), or "
+                             "leaving its with block), so it can dispatch nothing more. Get a fresh handle with "
+                             "rt.register(compiled), or dispatch with rt.run(compiled, *args).")
+        return self._worker.run(self._compiled, *args, config=config)
+
+    def unregister(self) -> None:
+        """Make this handle unusable; the worker and its other handles are unaffected. Idempotent."""
+        self._unregistered = True
+
+    def __enter__(self) -> RegistrationHandle:
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.unregister()
+        return False
+
+    def __repr__(self) -> str:
+        return f"<RegistrationHandle of '{self._compiled.name}'{' (closed)' if self.closed else ''}>"

@@ -177,8 +177,12 @@ class Planner:
             if h is None or h.kind != "stacked":
                 continue
             name = compiled.host.params[i].name
+            ids = h.resident.worker_ids
+            placed = ids != tuple(range(len(ids)))
             for rank, idx, loc in entry.refs.get(i, ()):
-                if not idx or idx[0] != rank:
+                if placed:
+                    self._check_placed(compiled, name, ids, rank, idx, loc)
+                elif not idx or idx[0] != rank:
                     given = f"{name}[{', '.join(map(str, idx))}]" if idx else name
                     raise DispatchValueError(
                         f"{compiled.name}() parameter '{name}' is a StackedDeviceTensor: shard i lives on rank i, but "
@@ -197,6 +201,22 @@ class Planner:
                     raise DispatchValueError(
                         f"{call.function.name}() at {call.location}: a sub-worker callback gets a DeviceTensor "
                         f"whole ({name}), not a part of it ({a.name}); read parts with rt.copy_from.")
+
+    @staticmethod
+    def _check_placed(compiled, name: str, ids: tuple, rank: int, idx: tuple, loc) -> None:
+        """A stacked tensor placed with worker_ids: rank r must be given the shard i with ids[i] == r."""
+        if idx and isinstance(idx[0], int) and 0 <= idx[0] < len(ids) and ids[idx[0]] == rank:
+            return
+        given = f"{name}[{', '.join(map(str, idx))}]" if idx else name
+        where = f", which lives on rank {ids[idx[0]]}" if idx and isinstance(idx[0], int) and \
+            0 <= idx[0] < len(ids) else ""
+        own = [i for i, w in enumerate(ids) if w == rank]
+        want = f"{name}[{own[0]}]" if own else f"no shard (worker_ids {list(ids)} place none on rank {rank})"
+        raise DispatchValueError(
+            f"{compiled.name}() parameter '{name}' is a StackedDeviceTensor placed with worker_ids={list(ids)} "
+            f"(shard i lives on rank worker_ids[i]), but the dispatch to rank {rank} at {loc} is given {given}{where}. "
+            f"Rank {rank} holds {want}: give each rank the shard placed on it, or allocate the stacked tensor with "
+            "worker_ids matching the program's device= placement (alloc_stacked_tensor(host, worker_ids=[...])).")
 
     def check_layout(self, index: int, compiled, entry: _PlanEntry) -> None:
         before = self.layouts.get(index)
