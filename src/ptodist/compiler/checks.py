@@ -26,7 +26,7 @@ from ..language.functions import Function, Kind
 from ..language.scalar import Scalar
 from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve
 from ..source import enclosing_loop_line, param_lines
-from .plan import DispatchPlan, HostTensorRef, WindowView
+from .plan import DispatchPlan, HostTensorRef, WindowView, resolve_groups
 
 
 def param_location(fn: Function, name: str) -> str:
@@ -344,6 +344,7 @@ def check_coverage(plan: DispatchPlan, host: Function, commless: int = 0) -> Non
     so a program that makes fewer of them than there are chips leaves some idle on purpose: then only a
     plan that dispatched nothing at all is refused.
     """
+    resolve_groups(plan)  # idempotent: a worker's planner resolves the comm domains here
     commless = max(commless, plan.commless)
     missing = [r for r in range(plan.world) if not plan.tasks[r]]
     if not missing or (commless and len(missing) < plan.world):

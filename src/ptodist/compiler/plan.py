@@ -7,13 +7,13 @@ holds as ``dispatch_plan.json``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 import numpy as np
 
 from .. import context
-from ..errors import ProgramIndexError, ProgramTypeError
+from ..errors import ProgramIndexError, ProgramTypeError, ProgramValueError
 from ..language.dtypes import DataType
 from ..language.scalar import Scalar
 from ..language.types import Direction
@@ -24,16 +24,27 @@ WINDOW_ALIGN = 64
 
 @dataclass(eq=False)
 class WindowBuffer:
-    """A symmetric buffer: ``nbytes`` at ``offset`` in every rank's window heap."""
+    """A symmetric buffer: ``nbytes`` at ``offset`` in every rank's window heap.
+
+    Its comm domain (``ranks``) is the set of ranks the host dispatched it to, as PyPTO infers it
+    from the ``device=`` of every dispatch the buffer's windows are given to: group rank ``g`` is
+    ``ranks[g]`` (sorted).  ``None`` until the plan is resolved (:func:`resolve_groups`).
+    """
 
     id: int
     name: str
     nbytes: int
     offset: int
     location: str
+    dispatched: set = field(default_factory=set)  # ranks a dispatch gave one of its windows to
+    inherits: list = field(default_factory=list)  # data buffers of host collectives this one is the signal of
+    ranks: tuple | None = None                     # the resolved comm domain, sorted world ranks
 
     def describe(self) -> str:
         return f"window buffer '{self.name}' ({self.nbytes} bytes)"
+
+    def group_text(self) -> str:
+        return "{" + ", ".join(map(str, self.ranks or ())) + "}"
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,6 +144,7 @@ class BuiltinCall:
     args: tuple
     kwargs: dict
     loc: object  # source.Location of the host call
+    nranks: int = 0  # the size of its comm domain when it was planned (0: not recorded)
 
     def describe(self) -> str:
         return f"pld.tensor.{self.name}"
@@ -171,7 +183,8 @@ class DispatchPlan:
                 for t in self.host_tensors
             ],
             "windows": [
-                {"id": w.id, "name": w.name, "nbytes": w.nbytes, "offset": w.offset, "defined_at": w.location}
+                {"id": w.id, "name": w.name, "nbytes": w.nbytes, "offset": w.offset, "defined_at": w.location,
+                 "ranks": list(w.ranks) if w.ranks is not None else list(range(self.world))}
                 for w in self.windows
             ],
             "window_heap_bytes_per_rank": self.window_heap_bytes,
@@ -212,6 +225,86 @@ def _arg_json(a) -> dict:
     if isinstance(a, (int, float, bool, str)) or a is None:
         return {"kind": "constant", "value": a}
     return {"kind": "object", "repr": repr(a)}
+
+
+def resolve_groups(plan: DispatchPlan) -> None:
+    """Fix every window buffer's comm domain and keep each host collective on its domain's ranks only.
+
+    A buffer lives on the ranks its windows were dispatched to (``device=r``), merged with the domain of
+    the data window of every host collective it is the signal of; a buffer no dispatch reached lives on
+    every rank.  Idempotent.
+    """
+    world = plan.world
+
+    def ranks_of(buf: WindowBuffer, seen: frozenset = frozenset()) -> set:
+        got = set(buf.dispatched)
+        for data in buf.inherits:
+            if data is not buf and data.id not in seen:
+                got |= ranks_of(data, seen | {buf.id})
+        return got
+
+    for buf in plan.windows:
+        if buf.ranks is None:
+            got = ranks_of(buf)
+            buf.ranks = tuple(sorted(got)) if got else tuple(range(world))
+    checked: set = set()
+    for r in range(world):
+        kept = []
+        for t in plan.tasks[r]:
+            if isinstance(t.function, BuiltinCall):
+                b = t.function
+                group = builtin_group(b)
+                if id(b) not in checked:
+                    checked.add(id(b))
+                    _check_builtin_group(b, group)
+                if group is not None and r not in group:
+                    continue
+            kept.append(t)
+        plan.tasks[r] = kept
+
+
+def _check_builtin_group(b: BuiltinCall, group: tuple | None) -> None:
+    """A host collective runs over one comm domain: its target and signal windows must share it."""
+    if group is None:
+        return
+    data, *others = domain_args(b.name, b.args, b.kwargs)
+    for v in others:
+        if isinstance(v, WindowView) and v.buffer.ranks != group:
+            raise ProgramValueError(
+                f"{b.describe()} at {b.loc}: window buffer '{v.buffer.name}' lives on ranks {v.buffer.group_text()} "
+                f"but the collective runs over the comm domain of its data window buffer '{data.buffer.name}', "
+                f"ranks {_ranks_text(group)}: a collective's target and signal must be dispatched to the same "
+                "ranks. Allocate a separate signal buffer for each domain.")
+    if b.nranks and len(group) != b.nranks:
+        raise ProgramValueError(
+            f"{b.describe()} at {b.loc}: when it was called, window buffer '{data.buffer.name}' had been dispatched "
+            f"to {b.nranks} rank(s), but its comm domain is {_ranks_text(group)} ({len(group)} ranks): dispatch "
+            "its windows to every rank of the domain before the collective.")
+
+
+def _ranks_text(ranks) -> str:
+    return "{" + ", ".join(map(str, ranks)) + "}"
+
+
+# Which arguments of a collective live in its comm domain, the first one defining it (PyPTO: the data or
+# target window; the signal, and all_to_all_v's recv_counts, follow it).  The input of the push-based
+# collectives and all_to_all_v's send_counts are read on the calling rank only.
+_DOMAIN_ARGS = {"barrier": (0,), "allreduce": (0, 1), "broadcast": (0, 1), "reduce_scatter": (0, 1),
+                "allgather": (1, 2), "all_to_all": (1, 2), "all_to_all_v": (1, 2)}
+
+
+def domain_args(name: str, args, kwargs=None) -> list:
+    """The arguments of collective ``name`` that must share its comm domain, the defining one first."""
+    out = [args[i] for i in _DOMAIN_ARGS.get(name, (0,)) if i < len(args)]
+    if name == "all_to_all_v" and kwargs:
+        out.append(kwargs.get("recv_counts"))
+    return out
+
+
+def builtin_group(b: BuiltinCall) -> tuple | None:
+    """The ranks a host collective runs over: its data window's comm domain (barrier: its signal's)."""
+    data = domain_args(b.name, b.args)
+    return data[0].buffer.ranks if data and isinstance(data[0], WindowView) else None
 
 
 def split_segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPlan]:

@@ -43,6 +43,8 @@ from .plan import (
     TaskSpec,
     WindowBuffer,
     WindowView,
+    domain_args,
+    resolve_groups,
 )
 
 _ASSIGN = re.compile(r"^\s*([A-Za-z_][A-Za-z_0-9]*)\s*(?::[^=]*)?=")
@@ -212,6 +214,9 @@ class PlanningContext(context.Context):
             raise e
         values = fn.bind_arguments(args, kwargs)
         checks.check_dispatch_args(fn, values, loc, self.world)
+        for v in values:
+            if isinstance(v, WindowView):
+                v.buffer.dispatched.add(r)  # the buffer's comm domain: every rank it is dispatched to
         self.plan.tasks[r].append(TaskSpec(r, fn, values, str(loc), self._seq))
         self._seq += 1
         return checks.dispatch_result(fn, values, loc)
@@ -219,11 +224,14 @@ class PlanningContext(context.Context):
     def collective(self, name, args, kwargs):
         loc = user_location(3)
         args = list(args)
+        # The collective runs over its data window's comm domain (as far as the dispatches so far tell).
+        members = domain_args(name, args)
+        data = members[0] if members else None
+        n = self._group_size(data.buffer) if isinstance(data, WindowView) else self.world
         if name == "allreduce" and args[1] is None:
             self._reject_in_loop(loc)
             lanes = kwargs.get("core_num", 1) if isinstance(kwargs.get("core_num", 1), int) else 1
-            shape = (2 * (self.world - 1), self.world) if kwargs.get("mode") == "ring" \
-                else (self.world, max(lanes, 1))
+            shape = (2 * (n - 1), n) if kwargs.get("mode") == "ring" else (n, max(lanes, 1))
             buf = self._reserve(f"allreduce_signal@{loc.short if loc else '?'}", max(4 * shape[0] * shape[1], 4),
                                 str(loc))
             args[1] = WindowView(buf, shape, dt.INT32, str(loc))
@@ -231,14 +239,31 @@ class PlanningContext(context.Context):
             raise ProgramTypeError(f"pld.tensor.allgather at {loc}: in the host orchestrator the local data must be "
                                    "a window (each rank contributes its own copy), got "
                                    f"{checks.value_kind(args[0])}")
-        call = coll_spec.check(name, tuple(args), kwargs, self.world, str(loc), host=True)
+        call = coll_spec.check(name, tuple(args), kwargs, n, str(loc), host=True)
         if call.signal is not None:
             coll_spec.check_layout(self.layouts, call)
-        builtin = BuiltinCall(name, tuple(args), dict(kwargs), loc)
+        if isinstance(data, WindowView):
+            # PyPTO: a host collective's signal (and all_to_all_v's recv_counts) takes its data's comm domain.
+            for f in domain_args(name, args, kwargs)[1:]:
+                if isinstance(f, WindowView) and f.buffer is not data.buffer and data.buffer not in f.buffer.inherits:
+                    f.buffer.inherits.append(data.buffer)
+        builtin = BuiltinCall(name, tuple(args), dict(kwargs), loc, n)
         for r in range(self.world):
             self.plan.tasks[r].append(TaskSpec(r, builtin, list(args), str(loc), self._seq))
         self._seq += 1
         return call.signal if name == "barrier" else call.target
+
+    def _group_size(self, buf: WindowBuffer) -> int:
+        """How many ranks ``buf``'s comm domain has so far: the ranks dispatched its windows (the world when none)."""
+        got, todo, seen = set(), [buf], set()
+        while todo:
+            b = todo.pop()
+            if b.id in seen:
+                continue
+            seen.add(b.id)
+            got |= b.dispatched
+            todo.extend(b.inherits)
+        return len(got) or self.world
 
     def _reject_in_loop(self, loc) -> None:
         """A host allreduce without a signal synthesises one per call site: not allowed inside a loop.
@@ -321,6 +346,7 @@ def make_plan(host: Function, program: str, device_ids: list[int], host_specs: l
         proxies[spec.index] = HostTensorRef(spec)
     with context.using(ctx):
         host.invoke(*proxies)
+    resolve_groups(ctx.plan)
     checks.check_coverage(ctx.plan, host, ctx.commless)
     return ctx.plan
 

@@ -18,13 +18,14 @@ import numpy as np
 from .. import collectives, context
 from ..collectives import spec as coll_spec
 from ..compiler import checks
-from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView
+from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView, domain_args
 from ..errors import (
     KernelIndexError,
     KernelValueError,
     PeerRangeError,
     ProgramError,
     ProgramTypeError,
+    ProgramValueError,
     RankIdentityError,
 )
 from ..language import dtypes as dt
@@ -97,6 +98,7 @@ class RankContext(context.Context):
         self._locals: list[tuple[int, int, str]] = []  # (start, end, id) of pl.create_tensor memory
         self._block_idx = 0
         self._polled: dict = {}  # (array address, index) -> the value pl.read saw there last
+        self._dispatched_at: tuple | None = None  # (function, location) of the task whose arguments are being made
 
     def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
         """Run the next segment of this dispatch (after a sub-worker callback): ``plan``'s tasks over ``memory``.
@@ -126,7 +128,9 @@ class RankContext(context.Context):
                     self._run_builtin(task.function)
                     continue
                 fn: Function = task.function
+                self._dispatched_at = (fn.name, task.location)
                 args = [self._materialize(a, spec) for a, spec in zip(task.args, fn.params)]
+                self._dispatched_at = None
                 self.task = fn.name
                 self.status.set_running(self.rank, fn.name)
                 fn.invoke(*args)
@@ -138,20 +142,23 @@ class RankContext(context.Context):
         """Run a collective the host orchestrator called, as a task of this rank."""
         key = (b.name, str(b.loc), tuple(_arg_key(a) for a in b.args),
                tuple((k, _arg_key(v)) for k, v in b.kwargs.items()))
-        call = self._builtins.get(key)
-        if call is None:
+        entry = self._builtins.get(key)
+        if entry is None:
             args = tuple(self._materialize(a, None) for a in b.args)
             kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
-            call = coll_spec.check(b.name, args, kwargs, self.world, str(b.loc), host=True)
+            # It runs over its windows' comm domain: checked against, and run on, that group's ranks.
+            group = self._call_group(b.describe(), args, kwargs, b.name, b.loc)
+            call = coll_spec.check(b.name, args, kwargs, len(group), str(b.loc), host=True)
             coll_spec.check_layout(self.signal_layouts, call)
-            self._builtins[key] = call
+            entry = self._builtins[key] = (call, group)
+        call, group = entry
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), (b.loc.file, b.loc.line) if b.loc else None)
         with call_site(b.loc):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._run_collective(call, host=True),
+            self._task_body(b.describe(), lambda: self._run_collective(call, group, host=True),
                             kind="collective", where=str(b.loc), info=info)
 
     def _materialize(self, arg, spec):
@@ -169,6 +176,11 @@ class RankContext(context.Context):
             key = (buf.id, arg.shape, arg.dtype.name, name)
             w = self._windows.get(key)
             if w is None:
+                if buf.ranks is not None and self.rank not in buf.ranks:
+                    fname, where = self._dispatched_at or ("a task", "?")
+                    raise ProgramValueError(self._outside_group_text(
+                        f"{fname}(..., device={self.rank})", f"window '{name}' (buffer '{buf.name}')", buf.ranks,
+                        where))
                 # The accessor holds the memory, not the context (no reference cycle; see _OPS).
                 w = self._windows[key] = WindowTensor(name, buf, arg.shape, arg.dtype, self.rank, self.world,
                                                       functools.partial(_window_bytes, self.memory, buf.id))
@@ -274,28 +286,58 @@ class RankContext(context.Context):
             raise ProgramError(f"pld.tensor.allreduce at {loc}: inside a kernel the signal is required "
                                "(a [NR, 1] INT32 window for mesh, [2*(NR-1), NR] for ring); only the host "
                                "orchestrator may omit it.")
-        call = coll_spec.check(name, args, kwargs, self.world, str(loc), host=False)
+        group = self._call_group(f"pld.tensor.{name}", args, kwargs, name, loc)
+        call = coll_spec.check(name, args, kwargs, len(group), str(loc), host=False)
         coll_spec.check_layout(self.signal_layouts, call)
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{name}", 0), (loc.file, loc.line) if loc is not None else None)
         if self.events is None:
-            return self._run_collective(call, host=False)
+            return self._run_collective(call, group, host=False)
         # A slice around the collective, opened before the notifies, waits and RMA it is made of.
         t = call.target
         rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
                         signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
         try:
-            return self._run_collective(call, host=False)
+            return self._run_collective(call, group, host=False)
         finally:
             rec["end"] = now_ns()
 
-    def _run_collective(self, call, host: bool):
+    def _run_collective(self, call, group: tuple, host: bool):
         # Signal operations inside a collective are its own, not hand-rolled uses of the window.
+        # It runs over the comm domain of its windows: this rank's group rank among the group's ranks.
         self._in_collective += 1
         try:
-            return collectives.run(call, self.rank, self.world, host=host)
+            return collectives.run(call, group.index(self.rank), len(group), host=host)
         finally:
             self._in_collective -= 1
+
+    def _call_group(self, op: str, args, kwargs, name: str, loc) -> tuple:
+        """The comm domain a collective runs over: that of its target and signal windows, which must agree.
+
+        The input of allgather / all_to_all / all_to_all_v (and all_to_all_v's send_counts) is read on this rank
+        only, and need not share it.
+        """
+        windows = [a for a in domain_args(name, args, kwargs) if isinstance(a, WindowTensor)]
+        if not windows:
+            return tuple(range(self.world))
+        group = windows[0].group
+        for w in windows:
+            if w.group != group:
+                raise ProgramValueError(
+                    f"{op} at {loc}: {w.describe()} lives on ranks {w.group_text()} but "
+                    f"{windows[0].describe()} on ranks {windows[0].group_text()}: a collective runs over one comm "
+                    "domain, so its target and signal windows must be dispatched to the same ranks.")
+        if self.rank not in group:
+            raise ProgramValueError(self._outside_group_text(op, windows[0].describe(), group, loc))
+        return group
+
+    def _outside_group_text(self, op: str, what: str, group, loc=None) -> str:
+        """The message for a window used on a rank outside its comm domain."""
+        ranks = "{" + ", ".join(map(str, group)) + "}"
+        return (f"{op} at {loc if loc is not None else user_location(5)}: {what} belongs to the comm domain of ranks "
+                f"{ranks}, but rank {self.rank} is not in it. A window buffer lives on the ranks the host "
+                "dispatched its windows to (device=r); dispatch it to this rank too, or use a window of this "
+                "rank's domain.")
 
     def _hand_rolled(self, w: WindowTensor) -> None:
         """Remember a signal window used by the program's own notify/wait (not a collective's)."""
@@ -356,7 +398,12 @@ class RankContext(context.Context):
         if not isinstance(tensor, WindowTensor):
             raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(3)}: needs a pld.DistributedTensor "
                                    f"(a window), got {checks.value_kind(tensor)}")
-        return CommCtx(self.world, self.rank)
+        group = tensor.group
+        if self.rank not in group:
+            raise ProgramValueError(self._outside_group_text("pld.get_comm_ctx", tensor.describe(), group,
+                                                             user_location(3)))
+        # rank / nranks are relative to the window's comm domain (the ranks its buffer was dispatched to).
+        return CommCtx(len(group), group.index(self.rank))
 
     def comm_rank(self, comm):
         return Scalar(self._identity("pld.rank", comm).rank_index, dt.INT32)
@@ -467,7 +514,28 @@ class RankContext(context.Context):
                     "or pass clamp=True to narrow it to the edge.")
         return tuple(slice(o, o + s) for o, s in zip(offsets, shape))
 
-    def _peer(self, op: str, peer) -> int:
+    def _peer(self, op: str, peer, w: WindowTensor) -> int:
+        """The world rank of group rank ``peer`` of window ``w``'s comm domain (checked)."""
+        group = w.group
+        if len(group) == self.world:
+            return self._world_peer(op, peer)
+        p = as_int(peer, f"{op} peer")
+        if self.rank not in group:
+            raise ProgramValueError(self._outside_group_text(op, w.describe(), group))
+        if not 0 <= p < len(group):
+            n = len(group)
+            hint = (" A negative neighbour index: integer % truncates toward zero on the device, so (r - 1) % n is "
+                    "-1 for r = 0. Write (r - 1 + n) % n." if p < 0 else
+                    " Peers are group ranks of the window's comm domain (0 .. nranks-1), not world ranks.")
+            e = PeerRangeError(
+                f"{op} at {user_location(4)}: peer {p} is outside [0, {n}) of the comm domain of {w.describe()}, "
+                f"ranks {w.group_text()} (rank {self.rank} is group rank {group.index(self.rank)}, nranks {n}).{hint}")
+            e.fix = (f"Keep peers in [0, nranks) of the window's domain: read nranks with "
+                     f"pld.nranks(pld.get_comm_ctx({w.name})) and give group ranks, e.g. (r + 1) % n.")
+            raise e
+        return group[p]
+
+    def _world_peer(self, op: str, peer) -> int:
         p = as_int(peer, f"{op} peer")
         if not 0 <= p < self.world:
             hint = ""
@@ -646,7 +714,7 @@ class RankContext(context.Context):
 
     def _notify(self, op, target, peer, offsets, value, notify_op):
         w = self._window(op, target, "target")
-        p = self._peer(op, peer)
+        p = self._peer(op, peer, w)
         byte, cell = self._cell(op, w, offsets)
         v = self._int32(op, as_int(value, f"{op} value"), "value", w)
         self._hand_rolled(w)
@@ -743,7 +811,7 @@ class RankContext(context.Context):
 
     def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
         w = self._window(op, target, "target")
-        p = self._peer(op, peer)
+        p = self._peer(op, peer, w)
         self._mark_here(LAST_OP_CODES[op])
         self._progressed()
         start = now_ns() if self.events is not None else 0
@@ -758,7 +826,7 @@ class RankContext(context.Context):
 
     def _remote_store(self, op, tile, target, peer, offsets, atomic):
         w = self._window(op, target, "target")
-        p = self._peer(op, peer)
+        p = self._peer(op, peer, w)
         data = self._tile_data(op, tile, w)
         sl, data = self._store_region(op, w, offsets, data)
         self._mark_here(LAST_OP_CODES[op])
@@ -795,7 +863,7 @@ class RankContext(context.Context):
 
     def _put(self, op, dst, peer, src, *transfer):
         w = self._window(op, dst, "dst")
-        p = self._peer(op, peer)
+        p = self._peer(op, peer, w)
         s = self._tensor(op, src, "src")
         self._mark_here(LAST_OP_CODES[op])
         self._progressed()
@@ -807,7 +875,7 @@ class RankContext(context.Context):
 
     def _get(self, op, dst, peer, src, *transfer):
         w = self._window(op, src, "src")
-        p = self._peer(op, peer)
+        p = self._peer(op, peer, w)
         d = self._tensor(op, dst, "dst")
         self._writable(op, d)
         self._mark_here(LAST_OP_CODES[op])

@@ -12,22 +12,27 @@ def world_size():
 
 
 def get_comm_ctx(dist_tensor):
-    """Return the communication context of a window-bound tensor."""
+    """Return the communication context of a window-bound tensor: its comm domain.
+
+    A window buffer's comm domain is the set of ranks the host orchestrator dispatched its windows to
+    (``device=r``); ``rank`` / ``nranks`` of the context, and the peers of every RMA and signal operation
+    on the window, are group ranks of that domain (world rank ``ranks[g]`` is group rank ``g``).
+    """
     return context.current().get_comm_ctx(dist_tensor)
 
 
 def rank(ctx):
-    """Return this rank's index in ``ctx`` (kernels only), a ``Scalar(INT32)``."""
+    """Return this rank's index in ``ctx``'s comm domain (kernels only), a ``Scalar(INT32)``."""
     return context.current().comm_rank(ctx)
 
 
 def nranks(ctx):
-    """Return the number of ranks in ``ctx`` (kernels only), a ``Scalar(INT32)``."""
+    """Return the number of ranks in ``ctx``'s comm domain (kernels only), a ``Scalar(INT32)``."""
     return context.current().comm_nranks(ctx)
 
 
 def notify(target, peer, offsets, value, *, op):
-    """On rank ``peer``'s copy of signal window ``target``, add ``value`` to (or set) cell ``offsets``."""
+    """On group rank ``peer``'s copy of signal window ``target``, add ``value`` to (or set) cell ``offsets``."""
     context.current().memory_op("pld.system.notify", target, peer, offsets, value, op)
 
 

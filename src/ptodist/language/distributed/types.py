@@ -40,7 +40,7 @@ class CommCtxType(Enum):
 
 
 class CommCtx:
-    """The communication context of a window: its rank count and this rank's index."""
+    """The communication context of a window: its comm domain's rank count and this rank's index in it."""
 
     __slots__ = ("world", "rank_index")
 
