@@ -66,9 +66,6 @@ class PlanningContext(context.Context):
         self._seq = 0
         self._allocated: dict = {}  # window buffer id -> (shape or None, dtype or None): how the program sized it
         self.commless = 0  # dispatches made without device=: placed round-robin over the chips in submit order
-        # pl.create_tensor in the host: host intermediates the caller allocates (zeroed) per dispatch.  Only a
-        # one-shot call (make_plan) provides them; a worker's planner leaves this False.
-        self.intermediates_ok = False
         self._n_params = len(host.params)
 
     # -- host operations ------------------------------------------------------
@@ -289,11 +286,6 @@ class PlanningContext(context.Context):
     def _host_tensor(self, shape, dtype) -> HostTensorRef:
         """``pl.create_tensor`` in the host: a zeroed host intermediate that chip calls read and write."""
         loc = user_location(4)
-        if not self.intermediates_ok:
-            raise ProgramError(
-                f"pl.create_tensor at {loc}: a host intermediate (pl.create_tensor in the host orchestrator) is "
-                "supported in one-shot calls (compiled(...)), not yet on a DistributedWorker "
-                "(compiled.prepare()). Pass the tensor as a pl.Out parameter of the host orchestrator instead.")
         if not isinstance(dtype, DataType):
             raise ProgramTypeError(f"pl.create_tensor at {loc}: dtype= must be a pl dtype such as pl.FP32, "
                                    f"got {dtype!r}")
@@ -340,7 +332,6 @@ def make_plan(host: Function, program: str, device_ids: list[int], host_specs: l
               host_values: list) -> DispatchPlan:
     """Run ``host`` with planning stand-ins for its tensors and return the checked plan."""
     ctx = PlanningContext(program, device_ids, list(host_specs), host)
-    ctx.intermediates_ok = True
     proxies = list(host_values)
     for spec in host_specs:
         proxies[spec.index] = HostTensorRef(spec)

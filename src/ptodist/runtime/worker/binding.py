@@ -150,7 +150,8 @@ def _c_strides(shape: tuple) -> tuple:
 
 
 def _writable(d, i: int) -> bool:
-    return d.compiled.host.params[i].direction is not Direction.IN
+    params = d.compiled.host.params
+    return i >= len(params) or params[i].direction is not Direction.IN  # beyond the parameters: intermediates
 
 
 class LocalBinding:
@@ -184,6 +185,10 @@ class LocalBinding:
 
             return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype))
         return np.zeros(shape, dtype=p.ttype.dtype.np_dtype)
+
+    @staticmethod
+    def new_intermediate(shape, dtype):
+        return np.zeros(shape, dtype=dtype.np_dtype)
 
     @staticmethod
     def still_bound(arg: _Arg) -> bool:
@@ -378,6 +383,10 @@ class SharedBinding:
 
             return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype)).share_memory_()
         return shared_array(shape, p.ttype.dtype)
+
+    @staticmethod
+    def new_intermediate(shape, dtype):
+        return shared_array(shape, dtype)
 
     def still_bound(self, arg: _Arg) -> bool:
         return arg.map.token in self.by_token

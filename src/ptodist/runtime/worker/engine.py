@@ -134,10 +134,21 @@ class Engine:
             k = compiled.dispatch_number()
             request = dfx.request_for(cfg, lambda: compiled.output_dir, k) \
                 if cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats else None
+            if len(entry.plan.host_tensors) > len(hosts):  # pl.create_tensor in the host: fresh zeroed intermediates
+                hosts = hosts + self._intermediates(compiled, entry, len(hosts))
             d = _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key)
             d.residents = {h.resident._file.serial for h in hosts if h is not None and h.resident is not None}
             self.queue.append(d)
         return handle
+
+    def _intermediates(self, compiled, entry, first: int) -> list:
+        """The host intermediates of a dispatch (``pl.create_tensor`` in the host): zeroed, bound like arguments."""
+        out = []
+        for spec in sorted(entry.plan.host_tensors, key=lambda t: t.index):
+            if spec.index >= first:
+                value = self.binding.new_intermediate(spec.shape, spec.dtype)
+                out.append(self.binding.adapt(value, spec.name, compiled))
+        return out
 
     def check_ranks(self) -> None:
         """With nothing in flight: raise RankError when a rank died while the worker was idle."""
