@@ -368,3 +368,72 @@ def test_swimlane_alone_writes_deps_json_on_a_worker_and_one_shot(backend, tmp_p
     off = double.compile(config=cfg(2, backend, output_dir=str(tmp_path / "n")))
     off(torch.ones(2, 1, 4))
     assert ptodist.dfx.latest_run(tmp_path / "n") is None
+
+
+# -- a one-shot call of a program with sub-worker functions ---------------------------------------------------
+
+TALLIES: list = []
+
+
+def make_tallying():
+    @pl.program
+    class Tallying:
+        @pl.function(type=pl.FunctionType.InCore)
+        def kernel(self, x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+            return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+            return self.kernel(x, y)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker)
+        def tally(self, y: pl.Tensor[[NR, 1, 4], pl.FP32]):
+            TALLIES.append(float(np.asarray(y).sum()))
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.InOut[pl.Tensor[[NR, 1, 4], pl.FP32]], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], y[r], device=r)
+            self.tally(y)
+            for r in pl.range(pld.world_size()):
+                self.chip(y[r], x[r], device=r)
+
+    return Tallying
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("nr", [2, 4])
+def test_a_one_shot_call_runs_the_sub_worker_bodies_between_its_segments(backend, nr):
+    TALLIES.clear()
+    compiled = ir.compile(make_tallying(), distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    x = np.arange(nr * 4, dtype=np.float32).reshape(nr, 1, 4)  # plain numpy: the call makes shared copies on shm
+    x0 = x.copy()
+    y = np.zeros_like(x)
+    got = compiled(x, y, config=cfg(nr, backend))
+    assert TALLIES == [float((2 * x0).sum())]  # the body ran once, after the first segment
+    np.testing.assert_array_equal(y, 2 * x0)
+    np.testing.assert_array_equal(x, 4 * x0)  # the second segment wrote the caller's own tensor
+    assert got[0] is x and got[1] is y
+
+
+def test_a_one_shot_call_with_sub_workers_writes_back_into_plain_torch_tensors():
+    TALLIES.clear()
+    compiled = ir.compile(make_tallying(), distributed_config=DistributedConfig(device_ids=[0, 1]))
+    x, y = torch.arange(8, dtype=torch.float32).reshape(2, 1, 4), torch.zeros(2, 1, 4)  # not shared memory
+    x0 = x.clone()
+    compiled(x, y, config=cfg(2, "shm"))
+    assert not x.is_shared() and torch.equal(y, 2 * x0) and torch.equal(x, 4 * x0)
+    assert TALLIES == [float((2 * x0).sum())]
+
+
+def test_a_one_shot_call_refuses_a_callback_point_it_cannot_run():
+    compiled = ir.compile(make_inspecting(), distributed_config=DistributedConfig(device_ids=[0, 1]))
+    x = np.ones((2, 1, 4), np.float32)
+    with pytest.raises(ConfigError) as info:
+        compiled(x, np.zeros_like(x), config=cfg(2, "sim"))
+    # The first callback point the host reaches is named, with its definition's line.
+    line = next(i for i, text in enumerate(open(__file__), 1) if "def verify(self, f: pl.Tensor[[NR, 1, 4]" in text)
+    assert str(info.value) == (
+        f"{compiled.name}(...): sub-worker function 'verify' ({__file__}:{line}) has no body ('...'): it is a "
+        "callback point, and a one-shot call has no callback to run there. Give it a body, or run the program on a "
+        "worker with its callback: compiled.prepare(callbacks={'verify': fn}).")

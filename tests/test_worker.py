@@ -26,7 +26,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, DistributedWorker, HangError, RankError, RunConfig, ir, shared_array
 from ptodist.backends import shm
-from ptodist.errors import ConfigError, DispatchTypeError, DispatchValueError, ProgramError
+from ptodist.errors import ConfigError, DispatchTypeError, DispatchValueError
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install -e '.[torch]'): the worker's tests "
                             "pass torch tensors, as its users do")
@@ -940,12 +940,6 @@ def _line(fn, text: str) -> int:
 
     lines, start = inspect.getsourcelines(fn.fn)
     return start + next(i for i, line in enumerate(lines) if text in line)
-
-
-def test_one_shot_calls_still_refuse_sub_worker_calls(no_leaks):
-    compiled = ir.compile(make_inspecting(), distributed_config=DistributedConfig(device_ids=[0, 1]))
-    with pytest.raises(ProgramError, match="is a sub-worker function"):
-        compiled(torch.ones(2, 1, 4), torch.zeros(2, 1, 4))
 
 
 # -- diagnostics ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from .. import backends, dfx
 from ..compiler import checks, planner
 from ..compiler.plan import DispatchPlan, HostTensorSpec
 from ..config import RunConfig, keep_outputs_setting
-from ..errors import DispatchError, DispatchTypeError, DispatchValueError, ShapeError
+from ..errors import ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
 from ..language import dtypes as dt
 from ..language.functions import EntryFunction, Function, Kind, Program
 from ..language.scalar import Scalar
@@ -129,6 +129,8 @@ class CompiledProgram:
         self.extra_functions = list(extra_functions)
         self._plans: dict = {}
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
+        self._sub_workers: bool | None = None  # whether the host reaches a sub-worker function (then calls go
+        #                                         through a DistributedWorker used once)
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
         self._parent: CompiledProgram | None = None  # an orchestration of a multi-orchestration L2 program
         self._orchestrations: dict[str, CompiledProgram] = {}  # name -> its program (multi-orchestration L2)
@@ -146,7 +148,7 @@ class CompiledProgram:
             prog = cls(target, target.name, config)
         else:
             raise DispatchTypeError(f"compile() takes a @pl.program class or a @pl.jit.host function, got {target!r}")
-        if example_args:
+        if example_args and not prog._calls_sub_workers():  # a worker plans those (with its callbacks)
             prog._plan_for(example_args)
         return prog
 
@@ -382,6 +384,8 @@ class CompiledProgram:
                 list(config.distributed_config.device_ids) != self.device_ids:
             raise DispatchValueError(f"{self.name}: called with device_ids {config.distributed_config.device_ids} but "
                                      f"compiled for {self.device_ids}; compile again for other devices")
+        if self._calls_sub_workers():
+            return self._call_on_a_worker(args, config)
         backend = backends.for_config(cfg)
         cfg.announce_platform(backend.name)
         note_dispatch(self, backend.name)
@@ -402,6 +406,43 @@ class CompiledProgram:
             return None
         return outs[0] if len(outs) == 1 else tuple(outs)
 
+    def _calls_sub_workers(self) -> bool:
+        if self._sub_workers is None:
+            self._sub_workers = any(f.kind is Kind.SUBWORKER
+                                    for f in checks.reachable_functions(self.host, self.extra_functions))
+        return self._sub_workers
+
+    def _call_on_a_worker(self, args: tuple, config: RunConfig | None):
+        """A one-shot call of a program with sub-worker functions: a DistributedWorker used once.
+
+        The sub-worker functions run between the segments of the dispatch, in this process, as on a
+        worker.  On shm the worker's ranks see host tensors only in shared memory: the arguments travel
+        as shared copies, and what the ranks wrote is copied back into the caller's tensors.
+        """
+        from .worker.plans import is_abstract
+
+        for f in checks.reachable_functions(self.host, self.extra_functions):
+            if f.kind is Kind.SUBWORKER and is_abstract(f):
+                raise ConfigError(
+                    f"{self.name}(...): sub-worker function '{f.name}' ({f.location}) has no body ('...'): it is a "
+                    "callback point, and a one-shot call has no callback to run there. Give it a body, or run the "
+                    f"program on a worker with its callback: compiled.prepare(callbacks={{'{f.name}': fn}}).")
+        shared = backends.name_for(config or self.config) == "shm"
+        copies, passed = [], []
+        for a in args:
+            c = _shared_copy(a) if shared else a
+            copies.append(c)
+            if c is not a:
+                passed.append((a, c))
+        with self.prepare(config) as rt:
+            result = rt(*copies)
+        originals = {id(c): a for a, c in passed}
+        for a, c in passed:
+            _copy_back(a, c)
+        if isinstance(result, tuple):
+            return tuple(originals.get(id(r), r) for r in result)
+        return originals.get(id(result), result)
+
     def prepare(self, config: RunConfig | None = None, *, extra_compiled=(), persistent: bool = False,
                 reset_persistent_windows: bool | None = None, callbacks: dict | None = None,
                 sub_worker_overrides: dict | None = None, inherited_host_tensors=None,
@@ -418,6 +459,32 @@ class CompiledProgram:
                                  reset_persistent_windows=reset_persistent_windows, callbacks=callbacks,
                                  sub_worker_overrides=sub_worker_overrides,
                                  inherited_host_tensors=inherited_host_tensors, startup_timeout_s=startup_timeout_s)
+
+
+def _shared_copy(value):
+    """A copy of a CPU host tensor in shared memory (a shm worker's ranks see only that); other values as they are."""
+    if isinstance(value, np.ndarray) and value.size:
+        from .worker import shared_array
+
+        out = shared_array(value.shape, value.dtype)
+        out[...] = value
+        return out
+    if type(value).__module__.startswith("torch") and hasattr(value, "share_memory_") and value.numel() and \
+            value.device.type == "cpu" and not value.is_shared():
+        return value.detach().clone().share_memory_()
+    return value
+
+
+def _copy_back(original, copy) -> None:
+    """After a call through a worker: what the ranks wrote into ``copy`` goes back into the caller's tensor."""
+    if isinstance(original, np.ndarray):
+        if original.flags.writeable:
+            np.copyto(original, copy)
+    else:
+        import torch
+
+        with torch.no_grad():
+            original.copy_(copy)
 
 
 def _scalar_key(v):
