@@ -1,5 +1,6 @@
 """Upstream-style examples (class-form programs, ``ir.compile``, ``main(argv)``): they run at P = 2 and 4 on
-shm and sim, print OK, and pass ``ptodist check`` with no findings.
+shm and sim, print OK, pass ``ptodist check`` with no findings, and run with every DFX flag on (the MoE
+example, examples/moe_dispatch_combine.py, too).
 
 * examples/tp_gemm_allreduce.py: tensor-parallel GEMM, ring and mesh allreduce, in the kernel or from the host,
   on a [5, 7] output (35 elements: no P divides it).
@@ -87,3 +88,24 @@ def test_the_worker_example_keeps_two_dispatches_in_flight_and_calls_back_every_
     assert module.main(["-d", "0,1,2", "--steps", "4"]) == 0
     assert "OK" in capsys.readouterr().out.split()
     assert seen == [(s, 1, 1) for s in range(4)], seen
+
+
+# -- every example also runs with every diagnostic output on ---------------------------------------------------
+
+@pytest.mark.parametrize("stem, extra", [(GEMM, ["--mode", "ring", "--where", "host"]), (WORKER, []),
+                                         ("moe_dispatch_combine", [])], ids=lambda v: v if isinstance(v, str) else "")
+def test_example_runs_with_every_diagnostic_output_on(capsys, monkeypatch, tmp_path, stem, extra):
+    from ptodist import RunConfig
+
+    init = RunConfig.__init__
+
+    def all_on(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.enable_chip_swimlane = self.enable_dep_gen = self.enable_scope_stats = True
+        self.output_dir = str(tmp_path / "out")
+
+    monkeypatch.setattr(RunConfig, "__init__", all_on)
+    run_example(capsys, stem, "-d", devices(2), *extra)
+    written = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"chip_swimlane_records.json", "deps.json", "scope_stats.jsonl"} <= written, sorted(written)
+    assert any(name.startswith("merged_swimlane_") for name in written), sorted(written)

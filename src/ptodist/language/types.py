@@ -6,6 +6,7 @@ the values a function is given (kind, dtype, shape with dynamic binding).
 
 from __future__ import annotations
 
+import abc
 import inspect
 import threading
 from dataclasses import dataclass
@@ -42,7 +43,7 @@ def _operand(x):
     return None
 
 
-class _Dim:
+class _Dim(abc.ABC):
     """What a ``pl.dynamic`` dimension and arithmetic on it have in common.
 
     Arithmetic (``+ - * // %`` with ints and other dims) builds a :class:`DynExpr`; using one where Python
@@ -94,12 +95,13 @@ class _Dim:
     def __int__(self) -> int:
         return value_of(self)
 
+    @abc.abstractmethod
     def names(self) -> list[str]:
-        raise NotImplementedError
+        """The dynamic names the dimension is made of."""
 
+    @abc.abstractmethod
     def evaluate(self, env: dict) -> int:
         """The value with ``env`` (name -> int); KeyError(name) for a name ``env`` lacks."""
-        raise NotImplementedError
 
 
 class DynDim(_Dim):
