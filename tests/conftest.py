@@ -163,3 +163,29 @@ def on_every_rank(kernel):
     host.__name__ = host.__qualname__ = f"{kernel.name}_host"
     rank_fn = pl.jit(per_rank)
     return pl.jit.host(host)
+
+
+def run_in_rank(body, *arrays, backend: str = "sim"):
+    """Run ``body(*tensors)`` inside a kernel on one rank; return the arrays (written back: every one is InOut).
+
+    ``arrays`` are numpy arrays; inside ``body`` they are the rank's tensors, so ``pl.tensor.*`` ops and
+    ``pl.load``/``pl.store`` work on them as in any program.
+    """
+    import numpy as np
+
+    from ptodist import RunConfig
+
+    names = [f"a{i}" for i in range(len(arrays))]
+    params = ", ".join(f"{n}: pl.InOut[pl.Tensor]" for n in names)
+    args = ", ".join(names)
+    scope = {"pl": pl, "body": body}
+    exec(f"def kernel({params}):\n    body({args})\n"
+         f"def orch({params}):\n    kernel({args})\n"
+         f"def host({params}):\n    orch({args}, device=0)\n", scope)
+    kernel = pl.jit.incore(scope["kernel"])
+    scope["kernel"] = kernel
+    scope["orch"] = pl.jit(scope["orch"])
+    host = pl.jit.host(scope["host"])
+    tensors = [np.array(a, copy=True) for a in arrays]
+    host.compile(*tensors, config=RunConfig(backend=backend))(*tensors)
+    return tensors

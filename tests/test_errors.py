@@ -205,10 +205,12 @@ def test_casting_a_scalar_needs_a_target_dtype():
 
 def test_arithmetic_needs_tiles_or_scalars():
     raises(TileTypeError, TypeError,
-           "pl.add takes Tiles or scalars, got str and int; load tensors into tiles with pl.load first",
+           "pl.add takes tensors, tiles or scalars, got str and int: pass tensors (pl.tensor level), tiles "
+           "(pl.tile level; pl.load a region of a tensor into a tile), or numbers",
            pl.add, "x", 1)
     raises(TileTypeError, TypeError,
-           "pl.maximum takes Tiles or scalars, got ndarray and ndarray; load tensors into tiles with pl.load first",
+           "pl.maximum takes tensors, tiles or scalars, got ndarray and ndarray: pass tensors (pl.tensor level), "
+           "tiles (pl.tile level; pl.load a region of a tensor into a tile), or numbers",
            pl.maximum, np.zeros(2), np.zeros(2))
 
 
@@ -248,23 +250,27 @@ def test_tiles_that_do_not_broadcast():
 
 
 def test_unary_math_takes_a_tile():
-    raises(TileTypeError, TypeError, "pl.exp takes a Tile, got float", pl.exp, 3.0)
-    raises(TileTypeError, TypeError, "pl.abs takes a Tile, got int", pl.abs, -1)
+    levels = ": pass tensors (pl.tensor level), tiles (pl.tile level; pl.load a region of a tensor into a tile)"
+    raises(TileTypeError, TypeError, "pl.exp takes tensors or tiles, got float" + levels, pl.exp, 3.0)
+    raises(TileTypeError, TypeError, "pl.abs takes tensors or tiles, got int" + levels, pl.abs, -1)
+    raises(TileTypeError, TypeError, "pl.tile.exp takes a Tile, got float", pl.tile.exp, 3.0)
 
 
 def test_casting_a_tile_needs_a_target_dtype_a_tile_and_a_known_mode():
     t = _tile([1.5, 2.5])
     raises(TileTypeError, TypeError, "pl.cast needs target_type=<pl dtype>, got None", pl.cast, t)
-    raises(TileTypeError, TypeError, "pl.cast takes a Tile, got str", pl.cast, "x", pl.INT32)
+    raises(TileTypeError, TypeError, "pl.cast takes tensors or tiles, got str and DataType: pass tensors "
+           "(pl.tensor level), tiles (pl.tile level; pl.load a region of a tensor into a tile)",
+           pl.cast, "x", pl.INT32)
     raises(TileValueError, ValueError, "pl.cast mode='sideways': use one of round, rint, floor, ceil, trunc, none",
            pl.cast, t, pl.INT32, mode="sideways")
 
 
 def test_row_reductions_take_a_tile_of_at_least_one_dimension():
-    raises(TileTypeError, TypeError, "pl.row_sum takes a Tile of at least one dimension, got float",
-           pl.row_sum, 3.0)
+    raises(TileTypeError, TypeError, "pl.tile.row_sum takes a Tile of at least one dimension, got float",
+           pl.tile.row_sum, 3.0)
     raises(TileTypeError, TypeError,
-           "pl.row_max takes a Tile of at least one dimension, got Tile(shape=[], dtype=FP32)",
+           "pl.tile.row_max takes a Tile of at least one dimension, got Tile(shape=[], dtype=FP32)",
            pl.row_max, Tile(np.float32(1.0)))
 
 

@@ -453,9 +453,10 @@ def test_broadcast_failure_names_both_shapes():
         pl.add(pl.full([2, 3], 0.0, pl.FP32), pl.full([2, 2], 0.0, pl.FP32))
 
 
-def test_arithmetic_on_tensors_says_to_load_first():
-    with pytest.raises(TypeError, match="pl.add takes Tiles or scalars, got str and int; load tensors into tiles "
-                                        "with pl.load first"):
+def test_arithmetic_on_something_else_names_the_levels():
+    with pytest.raises(TypeError, match=r"pl.add takes tensors, tiles or scalars, got str and int: pass tensors "
+                                        r"\(pl.tensor level\), tiles \(pl.tile level; pl.load a region of a tensor "
+                                        r"into a tile\), or numbers"):
         pl.add("x", 1)
 
 

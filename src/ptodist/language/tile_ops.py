@@ -145,7 +145,7 @@ def minimum(a, b) -> Tile:
 
 def _unary(x: Tile, fn, name: str) -> Tile:
     if not isinstance(x, Tile):
-        raise TileTypeError(f"pl.{name} takes a Tile, got {type(x).__name__}")
+        raise TileTypeError(f"pl.tile.{name} takes a Tile, got {type(x).__name__}")
     return Tile(np.asarray(fn(x.data)), x.dtype)
 
 
@@ -193,7 +193,7 @@ def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, d
     if not isinstance(target, DataType):
         raise TileTypeError(f"pl.cast needs target_type=<pl dtype>, got {target!r}")
     if not isinstance(x, Tile):
-        raise TileTypeError(f"pl.cast takes a Tile, got {type(x).__name__}")
+        raise TileTypeError(f"pl.tile.cast takes a Tile, got {type(x).__name__}")
     rounding = _ROUNDING.get(mode or "none")
     if rounding is None:
         raise TileValueError(f"pl.cast mode={mode!r}: use one of {', '.join(_ROUNDING)}")
@@ -206,7 +206,7 @@ def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, d
 def _reduce(x: Tile, fn, name: str) -> Tile:
     if not isinstance(x, Tile) or x.data.ndim < 1:
         got = repr(x) if isinstance(x, Tile) else type(x).__name__
-        raise TileTypeError(f"pl.{name} takes a Tile of at least one dimension, got {got}")
+        raise TileTypeError(f"pl.tile.{name} takes a Tile of at least one dimension, got {got}")
     return Tile(fn(x.data, axis=-1, keepdims=True).astype(x.dtype.np_dtype), x.dtype)
 
 

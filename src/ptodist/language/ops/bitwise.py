@@ -1,0 +1,3 @@
+"""bitwise."""
+
+from __future__ import annotations

@@ -1,0 +1,3 @@
+"""expand."""
+
+from __future__ import annotations

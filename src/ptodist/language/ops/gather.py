@@ -1,0 +1,3 @@
+"""gather."""
+
+from __future__ import annotations

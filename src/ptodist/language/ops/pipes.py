@@ -1,0 +1,3 @@
+"""pipes."""
+
+from __future__ import annotations
