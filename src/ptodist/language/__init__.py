@@ -67,10 +67,11 @@ def cast(input, target_type: DataType | None = None, mode: str = "round", *, dty
     return _top["cast"](input, target, mode=mode)
 
 
-__all__ = sorted({
+__all__ = [
     "BF16", "BOOL", "FP8E4M3FN", "FP8E8M0", "FP16", "FP32", "INDEX", "INT8", "INT16", "INT32", "INT64", "UINT8",
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
-    "unroll", "yield_", *_top,
-})
+    "unroll", "yield_",
+]
+__all__ += sorted(set(_top) - set(__all__))

@@ -18,12 +18,11 @@ The generated op table in ``docs/language.md`` is read from :data:`REGISTRY`.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from ...errors import TileTypeError
 from .. import dtypes as dt
-from ..dtypes import DataType
 from ..scalar import Scalar
 from ..tile_ops import Tile
 
