@@ -15,7 +15,7 @@ from enum import Enum
 
 from .. import context
 from ..errors import DeclarationError, ProgramError
-from ..source import is_internal
+from ..source import is_internal, user_location
 from .types import ParamSpec, push_scope, spec_from_annotation
 
 
@@ -146,17 +146,25 @@ class Function:
 
     # -- calls ----------------------------------------------------------------
     def __call__(self, *args, device=None, config=None, **kwargs):
-        if config is not None:
-            if self.kind is not Kind.HOST:
-                raise ProgramError(f"config= is accepted only by a host orchestrator; '{self.name}' "
-                                   f"({self.location}) is not one (its kind: {self.kind.value})")
-            return self.compile(*args, config=config)(*args)
-        if self.kind is Kind.INLINE:
+        outside = context.current().kind == "python"
+        if self.kind is Kind.INLINE and config is None:
             return self.invoke(*args, **kwargs)
-        if self.kind is Kind.HOST and context.current().kind == "python":
-            # Plain Python calling a host orchestrator: compile for the default config and run once.
-            return self.compile(*args)(*args)
+        if config is not None and not outside:
+            raise ProgramError(f"{self.name}(..., config=...) at {_caller()}: config= is for a call from plain "
+                               "Python (it compiles and runs the program); inside a program call the function "
+                               "without it.")
+        if outside and self.kind is Kind.HOST:
+            # Plain Python calling a host orchestrator: compile (for config, else the default) and run once.
+            return self.compile(*args, config=config)(*args)
+        if outside and self.kind in (Kind.ORCHESTRATION, Kind.KERNEL):
+            # A single-device (L2) program called directly: it runs on one device, chip 0.
+            return self.single_device(*args, config=config, **kwargs)
         return context.current().call_function(self, args, kwargs, device)
+
+    def single_device(self, *args, config=None, **kwargs):
+        """Compile this per-device function (or kernel) as a one-device program and run it once."""
+        values = self.bind_arguments(args, kwargs)
+        return EntryFunction(self).compile(*values, config=config)(*values)
 
     def compile(self, *args, config=None):
         """Compile this host orchestrator for ``config`` (args, if given, fix the shapes)."""
@@ -355,6 +363,10 @@ class EntryFunction(Function):
     def __init__(self, orchestration: Function):
         super().__init__(orchestration.fn, Kind.HOST, orchestration.bound_self, orchestration.options,
                          orchestration.scope)
+        if orchestration.kind is Kind.KERNEL:
+            # A kernel called directly: the chip's orchestration is the one call of it.
+            orchestration = Function(_calls(orchestration), Kind.ORCHESTRATION, None, {}, orchestration.scope)
+            orchestration._params = self.params
         self.orchestration = orchestration
         self._params = orchestration.params
 
@@ -366,3 +378,19 @@ class EntryFunction(Function):
 
     def __repr__(self) -> str:
         return f"<ptodist L2 entry of orchestration '{self.name}'>"
+
+
+def _calls(kernel: Function):
+    """A plain function with ``kernel``'s signature that calls it (a one-kernel orchestration body)."""
+
+    @functools.wraps(kernel.fn)
+    def orchestration(*args, **kwargs):
+        return kernel(*args, **kwargs)
+
+    if kernel.bound_self is not None:  # the signature without `self`
+        orchestration.__signature__ = inspect.signature(functools.partial(kernel.fn, kernel.bound_self))
+    return orchestration
+
+
+def _caller() -> str:
+    return str(user_location(3))

@@ -1,0 +1,58 @@
+"""Single-device (L2) programs: ``@pl.jit`` functions and kernels called directly from Python."""
+
+from __future__ import annotations
+
+import pytest
+
+import ptodist.language as pl
+from ptodist import RunConfig
+from ptodist.errors import RankError
+
+
+@pl.jit
+def tile_add(a: pl.Tensor, b: pl.Tensor, c: pl.Out[pl.Tensor]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        pl.store(pl.add(pl.load(a, [0, 0], [64, 32]), pl.load(b, [0, 0], [64, 32])), [0, 0], c)
+    return c
+
+
+@pl.jit.incore
+def exp_kernel(a: pl.Tensor, c: pl.Out[pl.Tensor]):
+    pl.store(pl.exp(pl.load(a, [0, 0], [64, 32])), [0, 0], c)
+
+
+@pl.jit
+def scale(x: pl.Tensor, out: pl.Out[pl.Tensor], factor: pl.Scalar[pl.FP32]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        out[:] = pl.mul(x, factor)
+    return out
+
+
+def test_a_jit_function_called_with_a_run_config_runs_on_one_device(torch):
+    a, b, c = torch.rand(64, 32), torch.rand(64, 32), torch.zeros(64, 32)
+    assert tile_add(a, b, c, config=RunConfig()) is c
+    torch.testing.assert_close(c, a + b)
+
+
+def test_a_jit_function_called_without_config_uses_the_default(torch):
+    a, b, c = torch.rand(64, 32), torch.rand(64, 32), torch.zeros(64, 32)
+    tile_add(a, b, c)
+    torch.testing.assert_close(c, a + b)
+
+
+def test_a_kernel_called_directly_runs_as_a_one_kernel_program(torch, backend):
+    a, c = torch.rand(64, 32), torch.zeros(64, 32)
+    exp_kernel(a, c, config=RunConfig(backend=backend))
+    torch.testing.assert_close(c, torch.exp(a))
+
+
+def test_config_inside_a_program_is_refused():
+    @pl.jit
+    def outer(a: pl.Tensor, c: pl.Out[pl.Tensor]):
+        exp_kernel(a, c, config=RunConfig())
+
+    import numpy as np
+
+    with pytest.raises(RankError, match=r"failed in task 'outer': ProgramError: exp_kernel\(..., config=...\) at "
+                                        r".*test_single_device.py:\d+: config= is for a call from plain Python"):
+        outer(np.zeros((64, 32), np.float32), np.zeros((64, 32), np.float32), config=RunConfig(backend="sim"))
