@@ -79,7 +79,8 @@ def ring_body(x, y, z, win, sig, me, n):
     pl.store(t, [0, 0], win)  # writes the valid [1, 1] part only: it fits the [1, 1] window
     barrier(sig, me, n)
     got = pld.tile.remote_load(win, (me + 1) % n, [0, 0], [8, 1], valid_shape=[1, 1])
-    pl.store(pl.mul(got, 2.0), [0, 0], y)  # tile math gives a full tile: the zero padding shows
+    pl.store(pl.mul(pl.fillpad(got, pl.PadValue.zero), 2.0), [0, 0], y)  # fillpad: all valid, the zeros show
+    pl.store(pl.mul(got, 2.0), [4, 0], y)  # tile math keeps the valid region: one element written
     pl.store(got, [3, 0], z)  # only the valid element is written; [3, 0] + [8, 1] would not fit
 
 
@@ -91,7 +92,7 @@ def test_valid_shape_reads_only_the_valid_part_and_pads_with_zeros(backend, nr):
     run(padded_ring_program(ring_body), nr, backend, x, y, z)
     for r in range(nr):
         want_y = np.zeros((8, 1), np.float32)
-        want_y[0, 0] = 2 * x[(r + 1) % nr, 0, 0]
+        want_y[0, 0] = want_y[4, 0] = 2 * x[(r + 1) % nr, 0, 0]
         np.testing.assert_array_equal(y[r], want_y)
         want_z = np.full((8, 1), -1.0, np.float32)
         want_z[3, 0] = x[(r + 1) % nr, 0, 0]

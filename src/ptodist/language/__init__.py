@@ -17,9 +17,11 @@ from .control import (
     get_block_idx,
     get_block_num,
     manual_scope,
+    no_dep,
     parallel,
     range,
     spmd,
+    spmd_submit,
     submit,
     unroll,
     yield_,
@@ -40,7 +42,11 @@ from .dtypes import (
     DataType,
 )
 from .functions import FunctionType, Level, Program, Role, function, jit, program
+from .ops.creation import Array
+from .ops.expand import PadValue
+from .ops.pipes import AUTO
 from .scalar import Scalar
+from .spaces import Mem, MemorySpace
 from .tile_ops import Tile
 from .types import DistributedTensor as _DistributedTensor  # noqa: F401  (pld exports it)
 from .types import InOut, Out, Tensor, dynamic
@@ -51,6 +57,7 @@ Tuple = tuple
 # The op catalog: pl.tile, pl.tensor, pl.array, pl.system and the pl.* names (dispatchers and re-exports).
 _spaces, _top = _ops.namespaces(__name__)
 tile, tensor, array, system = _spaces["tile"], _spaces["tensor"], _spaces["array"], _spaces["system"]
+system.AUTO = AUTO
 globals().update(_top)
 max = _top["maximum"]
 min = _top["minimum"]
@@ -72,6 +79,6 @@ __all__ = [
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
-    "unroll", "yield_",
+    "unroll", "yield_", "no_dep", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
 ]
 __all__ += sorted(set(_top) - set(__all__))

@@ -6,13 +6,15 @@ context (``RankContext`` in ``runtime/rank.py`` gives it its meaning).
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import context
-from ..errors import OperationTypeError
+from ..errors import OperationTypeError, TileTypeError, TileValueError
 from . import dtypes as dt
 from .dtypes import DataType
 from .scalar import Scalar
+from .spaces import MemorySpace, as_space, check_load_target
 from .tile_ops import Tile
-from .tile_ops import full as _tile_full
 from .tile_ops import slice_ as _tile_slice
 
 
@@ -22,13 +24,31 @@ def load(tensor, offsets, shapes=None, valid_shape=None, target_memory=None, cla
 
     With ``valid_shape`` the tile keeps its full shape but only its leading ``valid_shape`` part is read
     (and bounds-checked against ``tensor``); the padding is zero. ``clamp=True`` narrows the valid part
-    to the tensor's edge instead of raising.
+    to the tensor's edge instead of raising. ``target_memory`` is ``pl.MemorySpace.Vec`` (the default) or
+    ``pl.MemorySpace.Mat``; ``transpose=True`` (into Mat only) swaps the two axes of a 2-D region:
+    ``offsets``/``shapes`` stay in the tensor's coordinates and the tile comes out ``[shapes[1], shapes[0]]``.
     """
     shapes = shapes if shapes is not None else shape
     if shapes is None:
         raise OperationTypeError("pl.load needs the tile shape: pl.load(tensor, offsets, shapes)")
-    return context.current().memory_op("pl.load", tensor, list(offsets), list(shapes),
+    space = None if target_memory is None else as_space(target_memory, "pl.load")
+    if space is not None:
+        check_load_target(space)
+    if transpose:
+        if space is not MemorySpace.Mat:
+            raise TileTypeError("pl.load: transpose=True loads into Mat only (the transposing copy is DDR -> L1); "
+                                "add target_memory=pl.MemorySpace.Mat, or load as is and call pl.transpose")
+        if len(list(shapes)) != 2:
+            raise TileValueError(f"pl.load: transpose=True needs a 2-D region, got shape {list(shapes)}")
+    tile = context.current().memory_op("pl.load", tensor, list(offsets), list(shapes),
                                        valid_shape if valid_shape is not None else valid_shapes, bool(clamp))
+    if not isinstance(tile, Tile):
+        return tile
+    if transpose:
+        valid = tuple(reversed(tile.valid_shape))
+        tile = Tile(np.ascontiguousarray(tile.data.T), tile.dtype, valid if valid != tile.data.shape[::-1] else None)
+    tile.space = space
+    return tile
 
 
 def store(tile, offsets, output_tensor, shapes=None, *, atomic=None):
@@ -52,18 +72,6 @@ def write(tensor, offset, value) -> None:
 def create_tensor(shape, dtype: DataType = dt.FP32, manual_dep: bool = False):
     """Allocate a zeroed tensor private to the running rank."""
     return context.current().memory_op("pl.create_tensor", [int(d) for d in shape], dtype)
-
-
-def full(shape, dtype=None, value=None):
-    """Return a tile of ``shape`` filled with ``value`` (``pl.full(shape, dtype=..., value=...)``).
-
-    The order ``pl.full(shape, value, dtype)`` is accepted too.
-    """
-    if not isinstance(dtype, DataType) and isinstance(value, DataType):
-        dtype, value = value, dtype
-    if value is None:
-        value = 0
-    return _tile_full(shape, value, dtype or dt.FP32)
 
 
 def slice(x, shape, offset, valid_shape=None, **_options):

@@ -9,8 +9,56 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..errors import KernelIndexError, KernelValueError
 from ..language.dtypes import DataType
+from ..language.memory_ops import load, store
+from ..language.tile_ops import Tile
 from ..language.types import DynDim, DynExpr
+
+
+def _text(i) -> str:
+    if isinstance(i, slice):
+        return f"{'' if i.start is None else i.start}:{'' if i.stop is None else i.stop}"
+    return str(i)
+
+
+def _bound(t, v, what: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not hasattr(v, "__index__"):
+        raise KernelIndexError(f"{t.describe()}: subscript {what} must be an integer, got {v!r}")
+    return v.__index__()
+
+
+def _subscript(t, idx) -> tuple:
+    """``idx`` with Scalars made ints, checked against ``t``'s shape: slices stay inside it, steps are 1."""
+    idx = idx if isinstance(idx, tuple) else (idx,)
+    shape = t.array.shape
+    if idx.count(Ellipsis) == 1:  # `...` stands for every dimension the other subscripts leave out
+        at = idx.index(Ellipsis)
+        idx = idx[:at] + (slice(None),) * (len(shape) - len(idx) + 1) + idx[at + 1:]
+    if len(idx) > len(shape):
+        raise KernelIndexError(f"{t.describe()}: {len(idx)} subscripts for {len(shape)} dimensions")
+    out = []
+    for i, (s, d) in enumerate(zip(idx, shape)):
+        if isinstance(s, slice):
+            start, stop, step = _bound(t, s.start, "start"), _bound(t, s.stop, "stop"), _bound(t, s.step, "step")
+            if step not in (None, 1):
+                raise KernelIndexError(f"{t.describe()}: subscript {_text(s)}:{step} in dimension {i} has step "
+                                       f"{step}; regions are contiguous (step 1); copy strided data with pl.load")
+            lo = 0 if start is None else start + d if start < 0 else start
+            hi = d if stop is None else stop + d if stop < 0 else stop
+            if not 0 <= lo <= hi <= d:
+                raise KernelIndexError(f"{t.describe()}: subscript [{_text(s)}] in dimension {i} is outside [0, {d}]; "
+                                       f"a region must lie inside the tensor (0 <= start <= stop <= {d})")
+            out.append(slice(lo, hi))
+        else:
+            j = _bound(t, s, "index")
+            if not -d <= j < d:
+                raise KernelIndexError(f"{t.describe()}: index {j} in dimension {i} is outside [0, {d}); give an "
+                                       f"index in that range")
+            out.append(j % d)
+    return tuple(out)
 
 
 def unit_dims_reshape(declared: tuple, actual: tuple) -> tuple | None:
@@ -56,16 +104,51 @@ class RankTensor:
         return f"tensor '{self.name}' {self.shape} {self.dtype.name}"
 
     def __getitem__(self, idx) -> RankTensor:
-        idx = idx if isinstance(idx, tuple) else (idx,)
-        idx = tuple(i.__index__() if hasattr(i, "__index__") else i for i in idx)
-        return RankTensor(f"{self.name}[{', '.join(map(str, idx))}]", self.array[idx], self.dtype, self.writable,
+        """A view of a region: integers drop their dimension, ``a:b`` slices keep it (``A[0:16, :]``)."""
+        idx = _subscript(self, idx)
+        return RankTensor(f"{self.name}[{', '.join(map(_text, idx))}]", self.array[idx], self.dtype, self.writable,
                           self.readonly_why)
+
+    def __setitem__(self, idx, value) -> None:
+        """Copy a tile or a tensor into a region (``out[0:H, 0:W] = src``), through the running context.
+
+        The source is read whole with ``pl.load`` (a tensor) and written with ``pl.store`` at the region, so the
+        checker and the traces see both accesses and a read-only destination is refused as a store would be.
+        """
+        region = self[idx]
+        if isinstance(value, RankTensor):
+            value = load(value, [0] * len(value.shape), list(value.shape))
+        if not isinstance(value, Tile):
+            raise KernelValueError(
+                f"{self.describe()}[{', '.join(map(_text, _subscript(self, idx)))}] = ...: the value must be a tile "
+                f"or a tensor, got {type(value).__name__}; build a tile first (pl.full(shape, value, dtype))")
+        shape = list(region.shape)
+        if value.shape != shape:
+            core = [d for d in value.shape if d != 1]
+            if core != [d for d in shape if d != 1]:
+                raise KernelValueError(
+                    f"{region.describe()} = a {value.shape} {value.dtype.name} value: the shapes differ; the value "
+                    f"must have the region's shape {shape} (dimensions of size 1 aside)")
+            valid = value.valid_shape if tuple(value.valid_shape) == tuple(value.shape) else None
+            if valid is None:
+                value = Tile(value.data.reshape(shape), value.dtype)
+            else:
+                vcore = [v for v, d in zip(valid, value.shape) if d != 1]
+                full = iter(vcore)
+                value = Tile(value.data.reshape(shape), value.dtype, [next(full) if d != 1 else 1 for d in shape])
+        store(value, [0] * len(shape), region)
 
     def reshaped(self, shape) -> RankTensor:
         """This tensor viewed with ``shape`` (same elements, same order; writes go through)."""
         view = self.array.view()
         view.shape = tuple(shape)  # raises rather than copy: a copy would lose the writes
         return RankTensor(self.name, view, self.dtype, self.writable, self.readonly_why)
+
+    def reinterpreted(self, dtype: DataType, shape) -> RankTensor:
+        """This tensor's bytes viewed as ``dtype`` with ``shape`` (writes go through); the tensor is contiguous."""
+        view = self.array.view(dtype.np_dtype)
+        view.shape = tuple(shape)
+        return RankTensor(self.name, view, dtype, self.writable, self.readonly_why)
 
     def bind_dynamic(self, dim, dyn) -> None:
         """Accepted for compatibility: dims bind from the actual shapes anyway."""
@@ -94,6 +177,12 @@ class WindowTensor(RankTensor):
     def reshaped(self, shape) -> WindowTensor:
         """This window viewed with ``shape`` (the same elements of the same buffer, on every rank)."""
         w = WindowTensor(self.name, self.buffer, tuple(shape), self.dtype, self.rank, self.world, self._peer_bytes)
+        w.writable, w.readonly_why = self.writable, self.readonly_why
+        return w
+
+    def reinterpreted(self, dtype: DataType, shape) -> WindowTensor:
+        """This window's bytes viewed as ``dtype`` with ``shape`` (the same buffer, on every rank)."""
+        w = WindowTensor(self.name, self.buffer, tuple(shape), dtype, self.rank, self.world, self._peer_bytes)
         w.writable, w.readonly_why = self.writable, self.readonly_why
         return w
 
