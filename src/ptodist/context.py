@@ -49,8 +49,29 @@ class Context:
     def call_function(self, fn, args, kwargs, device):
         self.unavailable(f"{fn.name}()", _HOST)
 
-    def submit(self, fn, args, kwargs, deps):
+    def submit(self, fn, args, kwargs, deps, blocks=0):
         self.unavailable("pl.submit()", "inside a per-device orchestration function")
+
+    # Regions (pl.at / pl.spmd blocks) and task scopes. Plain Python runs a region's block as it stands.
+    def region(self, region, body, args):
+        from .language.regions import RegionResult
+
+        return RegionResult(None, body(*args))
+
+    def region_begin(self, region):
+        return None
+
+    def region_end(self, region, tid, failed: bool) -> None:
+        pass
+
+    def scope_begin(self, manual: bool) -> None:
+        pass
+
+    def scope_end(self, manual: bool) -> None:
+        pass
+
+    def exclude_from_deps(self, tensor) -> None:
+        pass
 
     def spmd(self, n):
         self.unavailable("pl.spmd()", "inside a per-device orchestration function")

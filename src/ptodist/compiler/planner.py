@@ -30,8 +30,9 @@ from ..errors import (
 from ..language import dtypes as dt
 from ..language.dtypes import DataType
 from ..language.functions import Function, Kind
+from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
-from ..language.types import Direction
+from ..language.types import Direction, ParamSpec, TensorType
 from ..source import is_internal, user_location
 from . import checks
 from .plan import (
@@ -66,6 +67,7 @@ class PlanningContext(context.Context):
         self._seq = 0
         self._allocated: dict = {}  # window buffer id -> (shape or None, dtype or None): how the program sized it
         self.commless = 0  # dispatches made without device=: placed round-robin over the chips in submit order
+        self.chip_regions = 0  # `with pl.at(level=pl.Level.CHIP)` blocks outlined so far (names their functions)
         self._n_params = len(host.params)
 
     # -- host operations ------------------------------------------------------
@@ -166,6 +168,28 @@ class PlanningContext(context.Context):
                 f"Allocate the buffer with the shape and dtype of its largest view: {fits}.")
 
     # -- dispatch ---------------------------------------------------------------
+    def region(self, region, body, args):
+        """``with pl.at(level=pl.Level.CHIP):`` in the host: the block is outlined into a chip task, dispatched
+        like a chip call without ``device=`` (round-robin over the chips, in submit order)."""
+        loc = user_location(3)
+        level = getattr(region.level, "name", region.level)
+        if region.kind != "at" or level != "CHIP":
+            what = f"pl.spmd({region.blocks})" if region.kind == "spmd" else f"pl.at(level={level})"
+            raise ProgramError(
+                f"{what} at {loc}: in the host orchestrator a region is chip work, `with pl.at(level="
+                "pl.Level.CHIP):`; core-level work (CORE_GROUP, pl.spmd) belongs inside it or inside a chip "
+                "function (@pl.jit) the host calls.")
+        if region.deps:
+            raise ProgramError(f"pl.at(level=pl.Level.CHIP, deps=...) at {loc}: the host orders chip tasks by "
+                               "submission (and the data they share); drop deps= here, or put the dependent work "
+                               "in one chip region")
+        body.__name__ = body.__qualname__ = region.name_hint or f"{self.host.name}_chip_{self.chip_regions}"
+        self.chip_regions += 1
+        fn = Function(body, Kind.ORCHESTRATION, None, {}, {})
+        fn._params = [_region_param(name, v) for name, v in zip(body.__code__.co_varnames, args)]
+        self.call_function(fn, args, {}, None)
+        return RegionResult(None, None, str(loc))
+
     def call_function(self, fn: Function, args, kwargs, device):
         loc = user_location(3)
         if fn.kind is Kind.ORCHESTRATION:
@@ -360,3 +384,15 @@ def _enclosing_loop(code, lineno: int) -> int | None:
             if found is None or node.lineno > found:
                 found = node.lineno
     return None if found is None else first + found - 1
+
+
+def _region_param(name: str, value) -> ParamSpec:
+    """The parameter an outlined chip region takes for one enclosing local it reads: tensors are InOut (a region
+    may write what it was given), scalars scalars, anything else as it is."""
+    if isinstance(value, WindowView):
+        return ParamSpec(name, "tensor", Direction.INOUT, TensorType(None, None, True))
+    if isinstance(value, HostTensorRef):
+        return ParamSpec(name, "tensor", Direction.INOUT, TensorType(None, None, False))
+    if isinstance(value, (int, float, Scalar)) and not isinstance(value, bool):
+        return ParamSpec(name, "scalar", Direction.IN, None)
+    return ParamSpec(name, "any", Direction.IN, None)

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from .. import context
 from ..errors import OperationTypeError, OperationValueError
 from . import dtypes as dt
+from .regions import Region
 from .scalar import Scalar, as_int
 
 _loops = threading.local()
@@ -117,32 +118,85 @@ def cond(*args, **kwargs):
     return None
 
 
-@contextmanager
-def at(level=None, role=None, **_options):
-    """``with pl.at(level=..., role=...)``: run the block inline at that level."""
-    yield
+def at(level=None, role=None, *, deps=None, name_hint: str | None = None, optimizations=None, **options) -> Region:
+    """``with pl.at(level=..., role=...) [as tid]:``: the block is one task (a kernel at ``CORE_GROUP``, a chip
+    task at ``CHIP`` in the host orchestrator), submitted after the tasks in ``deps``; ``as tid`` names it."""
+    return Region("at", level, role, _task_ids(deps, "pl.at"), name_hint, options=options)
 
 
 @contextmanager
 def manual_scope():
     """``with pl.manual_scope()``: tasks in the block order only by explicit ``deps=``."""
-    yield
+    ctx = context.current()
+    ctx.scope_begin(manual=True)
+    try:
+        yield
+    finally:
+        ctx.scope_end(manual=True)
 
 
 @contextmanager
 def auto_scope():
-    """``with pl.auto_scope()``: tasks order by the regions they touch (the default)."""
-    yield
+    """``with pl.auto_scope()``: tasks order by the tensors they touch, plus ``deps=`` (the default)."""
+    ctx = context.current()
+    ctx.scope_begin(manual=False)
+    try:
+        yield
+    finally:
+        ctx.scope_end(manual=False)
 
 
 def submit(fn, *args, deps=(), **kwargs):
-    """Launch ``fn`` as a task after the tasks in ``deps``; return ``(result, task_id)``."""
-    return context.current().submit(fn, args, kwargs, list(deps or ()))
+    """Launch kernel ``fn`` as a task after the tasks in ``deps``; return ``(*results, task_id)``."""
+    return context.current().submit(fn, args, kwargs, _task_ids(deps, "pl.submit"))
 
 
-def spmd(n, *, name=None):
-    """``with pl.spmd(n)``: blocks ``0..n-1``; the body runs once per block index."""
-    return context.current().spmd(as_int(n, "pl.spmd block count"))
+def spmd_submit(fn, *args, core_num=None, deps=(), sync_start: bool = False, **kwargs):
+    """Launch kernel ``fn`` as one task of ``core_num`` blocks (``pl.get_block_idx()`` tells each its index)."""
+    if core_num is None:
+        raise OperationTypeError("pl.spmd_submit needs core_num=<block count> (a keyword: the positional "
+                                 "arguments are the kernel's)")
+    n = as_int(core_num, "pl.spmd_submit core_num")
+    return context.current().submit(fn, args, kwargs, _task_ids(deps, "pl.spmd_submit"), blocks=n)
+
+
+class SpmdRegion(Region):
+    """``pl.spmd(n)``: ``for i in pl.spmd(n)`` iterates block indices; ``with pl.spmd(n) [as tid]`` is one task of
+    n blocks (each kernel call in it runs once per block)."""
+
+    def __iter__(self):
+        if self.deps:
+            raise OperationValueError("pl.spmd() does not accept 'deps=' here: only `with pl.spmd(n, deps=[...]) "
+                                      "as tid:` names a task that can wait; bind the region with `as tid`")
+        return iter(context.current().spmd(self.blocks))
+
+
+def spmd(n, *, name=None, name_hint=None, deps=None, predicate=None, **options) -> SpmdRegion:
+    """``pl.spmd(n)``: blocks ``0..n-1`` (see :class:`SpmdRegion`)."""
+    return SpmdRegion("spmd", None, None, _task_ids(deps, "pl.spmd"), name_hint or name,
+                      as_int(n, "pl.spmd block count"), options)
+
+
+def no_dep(tensor):
+    """``pl.no_dep(t)``: leave argument ``t`` of the task being submitted out of its dependency tracking."""
+    context.current().exclude_from_deps(tensor)
+    return tensor
+
+
+def _task_ids(deps, op: str) -> list:
+    """``deps=``: task ids, or arrays of them (``pl.array`` of ``pl.TASK_ID``), flattened."""
+    out = []
+    for d in deps or ():
+        items = list(d) if hasattr(d, "__iter__") and not isinstance(d, (str, bytes)) else [d]
+        for x in items:
+            if x is None:
+                continue
+            try:
+                out.append(x.__index__())
+            except (AttributeError, TypeError):
+                raise OperationTypeError(f"{op}: deps= entries must be task ids (from `as tid` or pl.submit), "
+                                         f"got {x!r}") from None
+    return out
 
 
 def get_block_idx():

@@ -16,6 +16,7 @@ from enum import Enum
 from .. import context
 from ..errors import DeclarationError, ProgramError
 from ..source import is_internal, user_location
+from .regions import outlined
 from .types import ParamSpec, push_scope, spec_from_annotation
 
 
@@ -40,6 +41,7 @@ class FunctionType(Enum):
     Inline = "Inline"
     AIC = "AIC"
     AIV = "AIV"
+    Group = "Group"
 
 
 class Kind(Enum):
@@ -67,6 +69,7 @@ class Function:
         functools.update_wrapper(self, fn)
         self._params: list[ParamSpec] | None = None
         self._bound_params: list[ParamSpec] | None = None  # the specs every method-bound copy shares
+        self._runnable = None  # fn with its regions outlined, made at the first run
 
     # -- identity -----------------------------------------------------------
     @property
@@ -123,9 +126,13 @@ class Function:
             stack.pop()
 
     def _run(self, *args, **kwargs):
+        fn = self._runnable
+        if fn is None:
+            # Control-plane functions run with their pl.at / pl.spmd regions outlined into tasks.
+            fn = self._runnable = self.fn if self.kind is Kind.KERNEL else outlined(self.fn)
         if self.bound_self is not None:
-            return self.fn(self.bound_self, *args, **kwargs)
-        return self.fn(*args, **kwargs)
+            return fn(self.bound_self, *args, **kwargs)
+        return fn(*args, **kwargs)
 
     def bind_arguments(self, args: tuple, kwargs: dict) -> list:
         """Return the arguments in parameter order (keywords resolved), or raise a clear TypeError."""
@@ -288,7 +295,7 @@ def function(fn=None, *, type: FunctionType | None = None, level: Level | None =
         kind = Kind.SUBWORKER
     elif level is Level.HOST:
         kind = Kind.HOST
-    elif type in (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV):
+    elif type in (FunctionType.InCore, FunctionType.AIC, FunctionType.AIV, FunctionType.Group):
         kind = Kind.KERNEL
     elif type is FunctionType.Orchestration or level is Level.CHIP:
         kind = Kind.ORCHESTRATION

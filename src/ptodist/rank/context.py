@@ -32,12 +32,15 @@ from ..language import dtypes as dt
 from ..language.control import loop_indices
 from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
 from ..language.functions import Function, Kind
+from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction
 from ..source import call_site, is_internal, user_frame, user_location
+from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES
+from .tasks import Task, TaskGraph, buffer_key
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
 try:
@@ -99,6 +102,11 @@ class RankContext(context.Context):
         self._block_idx = 0
         self._polled: dict = {}  # (array address, index) -> the value pl.read saw there last
         self._dispatched_at: tuple | None = None  # (function, location) of the task whose arguments are being made
+        # The dependency graph of the tasks this rank's orchestration submits (pl.at regions, pl.submit).
+        self.graph = TaskGraph(self)
+        self._manual = 0  # depth of pl.manual_scope blocks
+        self._no_dep: set[int] = set()  # ids of the arguments pl.no_dep excluded from the next task's tracking
+        self._left_conditions: list = []  # the deferred waits the last lazily run task left pending
 
     def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
         """Run the next segment of this dispatch (after a sub-worker callback): ``plan``'s tasks over ``memory``.
@@ -134,6 +142,7 @@ class RankContext(context.Context):
                 self.task = fn.name
                 self.status.set_running(self.rank, fn.name)
                 fn.invoke(*args)
+                self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
                 self.task = None
         if self.events is not None:
             self.events.scope("end", "dispatch", self.plan.program, self.events.dispatch)
@@ -199,13 +208,17 @@ class RankContext(context.Context):
             raise ProgramError(f"{fn.name}(..., device=...) at {user_location(3)}: device= is only for the host "
                                "orchestrator's dispatch; inside a rank call the function without it.")
         if fn.kind is Kind.KERNEL:
+            if pipes.collecting(fn):  # an AIC/AIV function called by a group function: runs with its peers
+                return pipes.defer_half(fn, args, kwargs)
+            if not self._kernel_depth and not self.graph.idle and not self._manual:
+                self.graph.wait_overlapping(self._buffers((*args, *kwargs.values())))
             return self._run_kernel(fn, args, kwargs)
         if fn.kind is Kind.SUBWORKER:
             raise ProgramError(f"{fn.name}() at {user_location(3)}: '{fn.name}' is a sub-worker function "
                                "(pl.Role.SubWorker), a host-side callback; it cannot run inside a rank.")
         return fn.invoke(*args, **kwargs)
 
-    def _run_kernel(self, fn: Function, args, kwargs, deps=()):
+    def _run_kernel(self, fn: Function, args, kwargs, deps=(), tid: int | None = None, lazy: bool = False):
         loc = user_location(4)
         values = fn.bind_arguments(args, kwargs)
         if id(fn.fn) not in self._checked:
@@ -223,27 +236,35 @@ class RankContext(context.Context):
             values[i] = self._scalar_for(spec, v)
         info = [self._tensor_info(spec.name, spec.direction.value, v) for spec, v in zip(fn.params, values)
                 if isinstance(v, RankTensor)] if self.events is not None else None
-        blocks = self._spmd_blocks or 1
-        result = None
-        for b in range(blocks):
+        outer = self._block_idx
+        result, left = None, []
+        for i, b in enumerate(range(self._spmd_blocks) if self._spmd_blocks else (outer,)):
             self._block_idx = b
-            result = self._task_body(fn.name, lambda: fn.invoke(*values), where=str(loc), info=info, deps=deps)
-        self._block_idx = 0
+            result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=str(loc), info=info, deps=deps,
+                                     tid=tid if i == 0 else None, lazy=lazy)
+            left += self._left_conditions
+        self._block_idx = outer
+        self._left_conditions = left
         return result
 
-    def _task_body(self, name: str, body, kind: str = "task", where: str = "", info=None, deps=()):
+    def _task_body(self, name: str, body, kind: str = "task", where: str = "", info=None, deps=(),
+                   tid: int | None = None, lazy: bool = False):
+        """Run ``body`` as task ``tid`` (a new id when None).  Its deferred waits are waited for at its end, or,
+        when ``lazy`` (a task of the graph), left in ``_left_conditions`` for the graph to complete it by."""
         outer_task, outer_deferred, outer_id = self.task, self._deferred, self._task_id
-        self.task, self._deferred, self._task_id = name, [], self._tasks_started
+        self.task, self._deferred, self._task_id = name, [], self._new_tid() if tid is None else tid
         self._kernel_depth += 1
-        self._tasks_started += 1
         self.status.set_running(self.rank, name)
         rec = self.events.task_begin(self._task_id, name, kind, where, self._block_idx, info or [], deps) \
             if self.events is not None else None
         outer_rec, self._task_rec = self._task_rec, rec
         try:
             result = body()
-            for cond in self._deferred:
-                self._block_until(*cond)
+            if lazy:
+                self._left_conditions = list(self._deferred)
+            else:
+                for cond in self._deferred:
+                    self._block_until(*cond)
             return result
         except BaseException:
             self.failed_task = self.failed_task or name
@@ -282,6 +303,8 @@ class RankContext(context.Context):
 
     def collective(self, name, args, kwargs):
         loc = user_location(3)
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_for()  # a collective of the orchestration runs after the tasks submitted before it
         if name == "allreduce" and args[1] is None:
             raise ProgramError(f"pld.tensor.allreduce at {loc}: inside a kernel the signal is required "
                                "(a [NR, 1] INT32 window for mesh, [2*(NR-1), NR] for ring); only the host "
@@ -344,19 +367,135 @@ class RankContext(context.Context):
         if not self._in_collective and w.buffer.id not in self.hand_signals:
             self.hand_signals[w.buffer.id] = (tuple(w.shape), str(user_location(4)))
 
-    def submit(self, fn, args, kwargs, deps):
+    def _new_tid(self) -> int:
+        tid = self._tasks_started
+        self._tasks_started += 1
+        return tid
+
+    def _check_deps(self, op: str, deps) -> None:
         for d in deps:
             if not isinstance(d, int) or not 0 <= d < self._tasks_started:
-                raise ProgramError(f"pl.submit at {user_location(3)}: deps= must hold task ids returned by earlier "
-                                   f"pl.submit calls, got {d!r}")
+                raise ProgramError(f"{op} at {user_location(4)}: deps= must hold task ids of earlier tasks (from "
+                                   f"`with pl.at(...) as tid` or pl.submit), got {d!r}")
+
+    @staticmethod
+    def _tensors(values):
+        for v in values:
+            if isinstance(v, RankTensor):
+                yield v
+            elif isinstance(v, (list, tuple)):
+                yield from RankContext._tensors(v)
+
+    def _buffers(self, values) -> frozenset:
+        return frozenset(buffer_key(t) for t in self._tensors(values) if id(t) not in self._no_dep)
+
+    def _submit_task(self, tid: int, name: str, run, deps, values) -> bool:
+        """Hand a task to the graph (it runs now unless it must wait); True when it ran at once."""
+        task = Task(tid, name, run, list(deps), self._buffers(values), self._manual > 0)
+        self._no_dep.clear()
+        return self.graph.submit(task)
+
+    def submit(self, fn, args, kwargs, deps, blocks=0):
+        op = "pl.spmd_submit" if blocks else "pl.submit"
+        self._check_deps(op, deps)
         if not isinstance(fn, Function) or fn.kind is not Kind.KERNEL:
-            raise ProgramTypeError(f"pl.submit at {user_location(3)}: the first argument must be a kernel "
+            raise ProgramTypeError(f"{op} at {user_location(3)}: the first argument must be a kernel "
                                    f"(@pl.jit.incore), got {fn!r}")
-        tid = self._tasks_started
-        result = self._run_kernel(fn, args, kwargs, deps)
+        if self._kernel_depth:
+            raise ProgramError(f"{op} at {user_location(3)}: tasks are submitted by the orchestration, not from "
+                               "inside a kernel; call the kernel directly here")
+        tid, out = self._new_tid(), {}
+
+        def run():
+            saved, self._spmd_blocks = self._spmd_blocks, blocks
+            try:
+                out["result"] = self._run_kernel(fn, args, kwargs, deps, tid=tid, lazy=True)
+            finally:
+                self._spmd_blocks = saved
+            return self._left_conditions
+
+        if self._submit_task(tid, fn.name, run, deps, (*args, *kwargs.values())):
+            result = out["result"]
+        else:  # it runs later: what it returns is its outputs, the tensors it was given to write
+            outs = [v for spec, v in zip(fn.params, fn.bind_arguments(args, kwargs))
+                    if spec.kind == "tensor" and spec.direction is not Direction.IN]
+            result = None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
         if isinstance(result, tuple):
             return (*result, tid)
         return result, tid
+
+    # -- regions and scopes -------------------------------------------------------------
+    def region(self, region, body, args):
+        if self._kernel_depth:  # a region inside a task is part of that task
+            return RegionResult(None, body(*args))
+        level = getattr(region.level, "name", region.level)
+        if level == "HOST":
+            raise ProgramError(f"pl.at(level=pl.Level.HOST) at {user_location(3)}: a rank runs chip and core work; "
+                               "the host level is the host orchestrator's (@pl.jit.host)")
+        self._check_deps(f"pl.{region.kind}", region.deps)
+        tid, out = self._new_tid(), {}
+        where = user_location(3)
+        name = region.name_hint or f"{self.task or 'region'}@{where.line if where is not None else '?'}"
+
+        def run():
+            saved, self._spmd_blocks = self._spmd_blocks, 0
+            try:
+                if region.kind == "spmd":
+                    out["values"] = self._task_body(name, lambda: self._blocks(region.blocks, body, args),
+                                                    where=str(where), deps=region.deps, tid=tid, lazy=True)
+                else:
+                    out["values"] = self._task_body(name, lambda: body(*args), where=str(where), deps=region.deps,
+                                                    tid=tid, lazy=True)
+            finally:
+                self._spmd_blocks = saved
+            return self._left_conditions
+
+        ran = self._submit_task(tid, name, run, region.deps, args)
+        return RegionResult(tid, out.get("values") if ran else None, str(where))
+
+    def _blocks(self, n: int, body, args):
+        values = None
+        for b in range(n):
+            self._block_idx = b
+            values = body(*args)
+        self._block_idx = 0
+        return values
+
+    def region_begin(self, region):
+        # A region run in place (its function's source was not available to outline it): its deps first.
+        self._check_deps(f"pl.{region.kind}", region.deps)
+        self.graph.wait_for(region.deps)
+        if region.kind == "spmd":
+            self._spmd_blocks = region.blocks
+        return self._new_tid()
+
+    def region_end(self, region, tid, failed: bool) -> None:
+        if region.kind == "spmd":
+            self._spmd_blocks = 0
+
+    def scope_begin(self, manual: bool) -> None:
+        if manual and self._manual:
+            raise ProgramError(f"pl.manual_scope() at {user_location(4)}: a manual scope may not nest inside "
+                               "another; flatten them into one")
+        self._manual += manual
+
+    def scope_end(self, manual: bool) -> None:
+        self._manual -= manual
+
+    def exclude_from_deps(self, tensor) -> None:
+        self._no_dep.add(id(tensor))
+
+    def condition_holds(self, cond) -> bool:
+        """Poll a deferred wait without blocking; once it holds it is recorded like a wait that returned."""
+        w, byte, _idx, expected, cmp, _loc = cond
+        if not self.memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, 0.0)[0]:
+            return False
+        self._block_until(*cond)
+        return True
+
+    def block_until_first(self, conds) -> None:
+        # The oldest pending condition: tasks complete in submission order as far as this rank can tell.
+        self._block_until(*conds[0])
 
     def spmd(self, n: int):
         return _Spmd(self, n)
@@ -422,6 +561,9 @@ class RankContext(context.Context):
 
     # -- memory operations ----------------------------------------------------------
     def memory_op(self, name, *args):
+        if not self._kernel_depth and not self.graph.idle:
+            # The orchestration touching memory that unfinished tasks use waits for them first.
+            self.graph.wait_overlapping(self._buffers(args))
         return self._OPS[name](self, name, *args)
 
     def _progressed(self) -> None:

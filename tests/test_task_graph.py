@@ -1,0 +1,256 @@
+"""Tasks inside a rank form a dependency graph: ``pl.at`` / ``pl.spmd`` regions with ``as tid`` and ``deps=``,
+``pl.submit`` / ``pl.spmd_submit``, ``pl.manual_scope``, and ``pld.system.defer_wait`` completing a task late."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import NR, source_line
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig
+from ptodist.errors import HangError, ProgramError, RankError
+
+SIZE = 8
+
+
+def cfg(nr: int, backend: str, **kw) -> RunConfig:
+    return RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=backend, **kw)
+
+
+# ---------------------------------------------------------------------------
+# Single device: explicit edges between regions
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def two_stage(x: pl.Tensor, scratch: pl.Out[pl.Tensor], out: pl.Out[pl.Tensor], ids: pl.Out[pl.Tensor]):
+    with pl.at(level=pl.Level.CORE_GROUP) as first:
+        scratch[:] = pl.add(x, x)
+    with pl.at(level=pl.Level.CORE_GROUP, deps=[first]) as second:
+        out[:] = pl.add(scratch, scratch)
+    pl.write(ids, [0, 0], first)
+    pl.write(ids, [0, 1], second)
+    return scratch, out
+
+
+def test_regions_named_by_as_run_in_dependency_order(backend):
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    scratch, out, ids = np.zeros_like(x), np.zeros_like(x), np.full((1, 2), -1, np.int32)
+    two_stage(x, scratch, out, ids, config=RunConfig(backend=backend))
+    np.testing.assert_array_equal(scratch, 2 * x)
+    np.testing.assert_array_equal(out, 4 * x)
+    assert ids.tolist() == [[0, 1]]  # task ids, in submission order
+
+
+@pl.jit
+def blocks(x: pl.Tensor, out: pl.Out[pl.Tensor]):
+    with pl.spmd(4) as stage:
+        b = pl.get_block_idx()
+        out[b * 2:b * 2 + 2, :] = pl.mul(pl.load(x, [b * 2, 0], [2, 8]), pl.cast(b + 1, pl.FP32))
+    with pl.at(level=pl.Level.CORE_GROUP, deps=[stage]):
+        total = pl.row_sum(pl.load(out, [0, 0], [8, 8]))
+        pl.store(total, [0, 0], out[:, 0:1])
+    return out
+
+
+def test_an_spmd_region_runs_once_per_block_as_one_task(backend):
+    x = np.ones((8, 8), np.float32)
+    out = np.zeros_like(x)
+    blocks(x, out, config=RunConfig(backend=backend))
+    want = np.repeat(np.arange(1, 5, dtype=np.float32), 2)[:, None] * np.ones((8, 8), np.float32)
+    want[:, 0] = want.sum(axis=1)
+    np.testing.assert_array_equal(out, want)
+
+
+@pl.jit
+def carries(x: pl.Tensor, out: pl.Out[pl.Tensor]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        t = pl.load(x, [0, 0], [4, 8])
+        doubled = pl.add(t, t)
+    pl.store(doubled, [0, 0], out)
+    return out
+
+
+def test_names_a_region_assigns_are_bound_after_it():
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    out = np.zeros_like(x)
+    carries(x, out, config=RunConfig(backend="sim"))
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+@pl.jit
+def bad_deps(x: pl.Tensor, out: pl.Out[pl.Tensor]):
+    with pl.at(level=pl.Level.CORE_GROUP, deps=[7]):
+        out[:] = pl.add(x, x)
+    return out
+
+
+def test_deps_must_name_earlier_tasks():
+    x = np.zeros((4, 8), np.float32)
+    line = source_line(bad_deps, "deps=[7]")
+    with pytest.raises(RankError, match=rf"pl.at at .*test_task_graph.py:{line}: deps= must hold task ids of earlier "
+                                        r"tasks \(from `with pl.at\(...\) as tid` or pl.submit\), got 7"):
+        bad_deps(x, np.zeros_like(x), config=RunConfig(backend="sim"))
+
+
+# ---------------------------------------------------------------------------
+# pl.submit / pl.spmd_submit in a @pl.program
+# ---------------------------------------------------------------------------
+
+
+@pl.program
+class Pipeline:
+    @pl.function(type=pl.FunctionType.InCore)
+    def stage1(self, x: pl.Tensor, scratch: pl.Out[pl.Tensor]):
+        b = pl.get_block_idx()
+        pl.store(pl.add(pl.load(x, [b, 0], [1, 8]), 1.0), [b, 0], scratch)
+        return scratch
+
+    @pl.function(type=pl.FunctionType.InCore)
+    def stage2(self, scratch: pl.Tensor, out: pl.Out[pl.Tensor]):
+        pl.store(pl.mul(pl.load(scratch, [0, 0], [4, 8]), 3.0), [0, 0], out)
+        return out
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def main(self, x: pl.Tensor, scratch: pl.Out[pl.Tensor], out: pl.Out[pl.Tensor]):
+        with pl.manual_scope():
+            scratch, tid = pl.spmd_submit(self.stage1, x, scratch, core_num=4)
+            out, _ = pl.submit(self.stage2, scratch, out, deps=[tid])
+        return out
+
+
+def test_submit_and_spmd_submit_in_a_manual_scope(backend):
+    from ptodist import ir
+
+    x = np.arange(32, dtype=np.float32).reshape(4, 8)
+    scratch, out = np.zeros_like(x), np.zeros_like(x)
+    compiled = ir.compile(Pipeline, platform="a2a3sim")
+    compiled(x, scratch, out, config=RunConfig(backend=backend))
+    np.testing.assert_array_equal(out, 3 * (x + 1))
+
+
+# ---------------------------------------------------------------------------
+# Deferred completion: a waiter submitted before its publisher
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def ring_exchange(data: pl.InOut[pld.DistributedTensor[[NR, SIZE], pl.FP32]],
+                  sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]],
+                  x: pl.Tensor[[1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    with pl.manual_scope():
+        # The waiter comes first in program order; its task completes only once the left neighbour notified.
+        with pl.at(level=pl.Level.CORE_GROUP) as arrived:
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            left = (me + n - 1) % n
+            pld.system.defer_wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[arrived]):
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            left = (me + n - 1) % n
+            pl.store(pl.load(data, [left, 0], [1, SIZE]), [0, 0], got)
+        # The publisher: this rank's row into the right neighbour's window, then its signal.
+        with pl.at(level=pl.Level.CORE_GROUP):
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            right = (me + 1) % n
+            pld.tile.remote_store(pl.load(x, [0, 0], [1, SIZE]), data, right, [me, 0])
+            pld.system.notify(sig, right, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    return got
+
+
+@pl.jit.host
+def ring_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    data_buf = pld.alloc_window_buffer([NR, SIZE], dtype=pl.FP32)
+    sig_buf = pld.alloc_window_buffer([NR, 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        ring_exchange(pld.window(data_buf, [NR, SIZE], dtype=pl.FP32), pld.window(sig_buf, [NR, 1], dtype=pl.INT32),
+                      x[r], got[r], device=r)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_a_waiter_submitted_before_its_publisher_completes_when_notified(nr, backend):
+    x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
+    got = np.zeros_like(x)
+    ring_host.compile(x, got, config=cfg(nr, backend))(x, got)
+    np.testing.assert_array_equal(got, np.roll(x, 1, axis=0))
+
+
+@pl.jit
+def never_published(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]], out: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP) as arrived:
+            pld.system.defer_wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[arrived]):
+            out[:] = pl.full([1, SIZE], 1.0, pl.FP32)
+    return out
+
+
+@pl.jit.host
+def never_host(out: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    sig_buf = pld.alloc_window_buffer([NR, 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        never_published(pld.window(sig_buf, [NR, 1], dtype=pl.INT32), out[r], device=r)
+
+
+def test_a_deferred_wait_nobody_satisfies_is_a_hang_at_its_line(backend):
+    out = np.zeros((2, 1, SIZE), np.float32)
+    line = source_line(never_published, "defer_wait")
+    with pytest.raises(HangError, match=rf"test_task_graph.py:{line}"):
+        never_host.compile(out, config=cfg(2, backend, hang_timeout_s=2.0))(out)
+
+
+# ---------------------------------------------------------------------------
+# Chip regions in the host orchestrator: each block is outlined into a chip task
+# ---------------------------------------------------------------------------
+
+M = 16
+
+
+@pl.program
+class L3Inline:
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host_orch(self, a: pl.Tensor[[M, M], pl.FP32], b: pl.Tensor[[M, M], pl.FP32],
+                  sum_buf: pl.Out[pl.Tensor[[M, M], pl.FP32]], sub_buf: pl.Out[pl.Tensor[[M, M], pl.FP32]]):
+        with pl.at(level=pl.Level.CHIP, role=pl.Role.Orchestrator):
+            with pl.at(level=pl.Level.CORE_GROUP):
+                out = pl.add(a, b)
+                out_sum = pl.assemble(sum_buf, out, [0, 0])
+        with pl.at(level=pl.Level.CHIP, role=pl.Role.Orchestrator):
+            with pl.at(level=pl.Level.CORE_GROUP):
+                out = pl.sub(a, b)
+                pl.assemble(sub_buf, out, [0, 0])
+        return out_sum
+
+
+def test_chip_regions_in_the_host_become_chip_tasks_round_robin(backend):
+    from ptodist import ir
+
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((M, M), np.float32), rng.standard_normal((M, M), np.float32)
+    s, d = np.zeros_like(a), np.zeros_like(a)
+    compiled = ir.compile(L3Inline, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=[0, 1]))
+    compiled(a, b, s, d, config=cfg(2, backend))
+    np.testing.assert_allclose(s, a + b)
+    np.testing.assert_allclose(d, a - b)
+    plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
+    assert [[t["function"] for t in r["tasks"]] for r in plan["ranks"]] == [["host_orch_chip_0"], ["host_orch_chip_1"]]
+
+
+@pl.jit.host
+def core_region_in_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        pl.add(x, x)
+
+
+def test_a_core_region_in_the_host_says_where_it_belongs():
+    x = np.zeros((2, 1, SIZE), np.float32)
+    line = source_line(core_region_in_host, "pl.at(level=pl.Level.CORE_GROUP)")
+    with pytest.raises(ProgramError, match=rf"pl.at\(level=CORE_GROUP\) at .*test_task_graph.py:{line}: in the host "
+                                           r"orchestrator a region is chip work, `with pl.at\(level=pl.Level.CHIP\):`"):
+        core_region_in_host.compile(x, config=cfg(2, "sim"))
