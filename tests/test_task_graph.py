@@ -254,3 +254,47 @@ def test_a_core_region_in_the_host_says_where_it_belongs():
     with pytest.raises(ProgramError, match=rf"pl.at\(level=CORE_GROUP\) at .*test_task_graph.py:{line}: in the host "
                                            r"orchestrator a region is chip work, `with pl.at\(level=pl.Level.CHIP\):`"):
         core_region_in_host.compile(x, config=cfg(2, "sim"))
+
+
+# ---------------------------------------------------------------------------
+# Selective dump: pl.dump_tag and dumps= mark tensors; RunConfig(enable_dump_args=...) writes them
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def dumped(q: pl.Tensor, k: pl.Tensor, out: pl.Out[pl.Tensor]):
+    pl.dump_tag(q)  # every later task taking q dumps it
+    with pl.at(level=pl.Level.CORE_GROUP, dumps=[k]) as first:  # this task also dumps k
+        out[:] = pl.add(q, k)
+    with pl.at(level=pl.Level.CORE_GROUP, deps=[first]):
+        out[:] = pl.mul(out, 2.0)
+    return out
+
+
+@pytest.mark.parametrize("mode", [0, 1, 2])
+def test_dump_tag_and_dumps_write_the_marked_tensors(mode, backend, tmp_path):
+    from ptodist import dfx
+
+    q, k = np.full((2, 4), 1.0, np.float32), np.full((2, 4), 2.0, np.float32)
+    out = np.zeros_like(q)
+    dumped(q, k, out, config=RunConfig(backend=backend, enable_dump_args=mode, output_dir=str(tmp_path)))
+    np.testing.assert_array_equal(out, 6.0)
+    run = dfx.latest_run(tmp_path)
+    files = sorted(p.name for p in run.glob("rank0/d*/dump/*.npy")) if run is not None else []
+    if mode == 0:
+        assert files == []
+        return
+    want = ["task0_dumped@79_k.npy", "task0_dumped@79_q.npy"] if mode == 1 else \
+        ["task0_dumped@79_k.npy", "task0_dumped@79_out.npy", "task0_dumped@79_q.npy", "task1_dumped@81_out.npy"]
+    line = source_line(dumped, "dumps=[k]")
+    assert files == [f.replace("@79", f"@{line}").replace("@81", f"@{line + 2}") for f in want]
+    got = {p.name: np.load(p) for p in run.glob("rank0/d*/dump/*.npy")}
+    np.testing.assert_array_equal(got[f"task0_dumped@{line}_k.npy"], k)
+
+
+def test_enable_dump_args_takes_0_1_or_2():
+    from ptodist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"RunConfig\(enable_dump_args=3\): must be 0 \(off\), 1 \(the tensors marked "
+                                          r"with pl.dump_tag / dumps=\) or 2 \(every task's tensors\)"):
+        RunConfig(enable_dump_args=3)

@@ -100,6 +100,7 @@ class RunConfig:
     distributed_config: DistributedConfig | None = None
     enable_chip_swimlane: bool = False
     enable_scope_stats: bool = False
+    enable_dump_args: int = 0  # 1: dump the tensors pl.dump_tag / dumps= mark, 2: every task's tensors
     enable_dep_gen: bool = False
     enable_profiling: bool = False
     rtol: float = 1e-5
@@ -129,6 +130,9 @@ class RunConfig:
                               f"got {type(self.distributed_config).__name__}")
         if self.backend is not None and self.backend not in BACKENDS:
             raise ConfigError(f"RunConfig(backend={self.backend!r}): available backends are {', '.join(BACKENDS)}")
+        if self.enable_dump_args not in (0, 1, 2, False, True):
+            raise ConfigError(f"RunConfig(enable_dump_args={self.enable_dump_args!r}): must be 0 (off), 1 (the "
+                              "tensors marked with pl.dump_tag / dumps=) or 2 (every task's tensors)")
         t = self.hang_timeout_s
         if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not t > 0):
             raise ConfigError(f"RunConfig(hang_timeout_s={self.hang_timeout_s!r}): must be a positive number of "

@@ -49,7 +49,7 @@ class Context:
     def call_function(self, fn, args, kwargs, device):
         self.unavailable(f"{fn.name}()", _HOST)
 
-    def submit(self, fn, args, kwargs, deps, blocks=0):
+    def submit(self, fn, args, kwargs, deps, blocks=0, dumps=()):
         self.unavailable("pl.submit()", "inside a per-device orchestration function")
 
     # Regions (pl.at / pl.spmd blocks) and task scopes. Plain Python runs a region's block as it stands.
@@ -72,6 +72,9 @@ class Context:
 
     def exclude_from_deps(self, tensor) -> None:
         pass
+
+    def dump_tag(self, tensor) -> None:
+        pass  # only a rank's tasks are dumped
 
     def spmd(self, n):
         self.unavailable("pl.spmd()", "inside a per-device orchestration function")

@@ -1379,7 +1379,8 @@ class _MpiRun:
         ctx, log = self.kept.get("ctx"), self.kept.get("log")
         try:
             if ctx is None:
-                log = EventLog(rank, plan.device_ids[rank], self.dfx.dispatch) if self.dfx is not None else None
+                log = EventLog(rank, plan.device_ids[rank], self.dfx.dispatch, dump_args=self.dfx.dump_args) \
+                    if self.dfx is not None else None
                 ctx = RankContext(plan, rank, memory, views, events=log)
             else:
                 ctx.next_segment(plan, memory, views)

@@ -991,7 +991,7 @@ def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | 
                     state.views = {d: view}
             hosts.append(view)
         dfx = command.dfx
-        log = EventLog(rank, plan.device_ids[rank], dfx.dispatch) if dfx is not None else None
+        log = EventLog(rank, plan.device_ids[rank], dfx.dispatch, dump_args=dfx.dump_args) if dfx is not None else None
         state.dispatch = (command.number, RankContext(plan, rank, memory, hosts, events=log), log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
     if dispatch_id != command.number:

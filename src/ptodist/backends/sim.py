@@ -452,7 +452,7 @@ class _SimRun:
             log = None
             if self.checking or self.dfx is not None:
                 log = EventLog(rank, self.plan.device_ids[rank], self.dfx.dispatch if self.dfx is not None else 0,
-                               clock=self.clock)
+                               clock=self.clock, dump_args=self.dfx.dump_args if self.dfx is not None else 0)
             self.logs[rank] = log
             ctx = self.dispatch.contexts[rank] = _SimRank(self.plan, rank, memory, self.views, events=log,
                                                           sched=self.sched)

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 BUILD_TIME_SWITCHES = ("SIMPLER_HOST_STRACE", "SIMPLER_DFX")
 DFX_DIR = "dfx_outputs"
 RUN_DIR = re.compile(r"run_\d{8}_\d{6}_\d{6}_\d+(_\d+)?$")  # run_<YYYYmmdd_HHMMSS_ffffff>_<pid>[_<n>]
@@ -45,6 +47,7 @@ class DfxRequest:
     deps: bool
     scope_stats: bool
     device_markers: bool = True  # SIMPLER_DEVICE_STRACE_ENABLE=0 turns off per-operation slices
+    dump_args: int = 0  # tensor dumps: 1 the marked tensors (pl.dump_tag, dumps=), 2 every task's tensors
 
     def rank_dir(self, rank: int) -> Path:
         return self.root / f"rank{rank}" / f"d{self.dispatch}"
@@ -59,14 +62,15 @@ def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=Non
     ``.output_dir`` from (``lambda: compiled.output_dir``); failing that, the run is this process's.
     """
     notice_build_time_switches()
-    if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats):
+    if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats
+            or config.enable_dump_args):
         return None
     base = Path(output_dir()) / DFX_DIR
     return DfxRequest(_run_dir(base, owner if owner is not None else _owner_of(output_dir), config), dispatch,
                       bool(config.enable_chip_swimlane),
                       # as in PyPTO, the swimlane co-enables dep_gen: a dispatch's trace comes with its task graph
                       bool(config.enable_dep_gen or config.enable_chip_swimlane), bool(config.enable_scope_stats),
-                      os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0")
+                      os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0", int(config.enable_dump_args))
 
 
 def runs(path) -> list[Path]:
@@ -171,6 +175,11 @@ def write_rank_outputs(log, request: DfxRequest) -> None:
         deps.write(log, out)
     if request.scope_stats:
         scope_stats.write(log, out)
+    if log.dumps:
+        dump = out / "dump"
+        dump.mkdir(exist_ok=True)
+        for d in log.dumps:  # the tensors as the task left them: task<id>_<task>_<argument>.npy
+            np.save(dump / f"task{d['task_id']}_{d['task']}_{d['arg']}.npy", d["array"])
 
 
 def finish_run(request: DfxRequest, world: int, device_ids: list[int],

@@ -14,6 +14,7 @@ from .control import (
     at,
     auto_scope,
     cond,
+    dump_tag,
     get_block_idx,
     get_block_num,
     manual_scope,
@@ -79,6 +80,6 @@ __all__ = [
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
-    "unroll", "yield_", "no_dep", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
+    "unroll", "yield_", "no_dep", "dump_tag", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
 ]
 __all__ += sorted(set(_top) - set(__all__))

@@ -146,18 +146,24 @@ def auto_scope():
         ctx.scope_end(manual=False)
 
 
-def submit(fn, *args, deps=(), **kwargs):
-    """Launch kernel ``fn`` as a task after the tasks in ``deps``; return ``(*results, task_id)``."""
-    return context.current().submit(fn, args, kwargs, _task_ids(deps, "pl.submit"))
+def submit(fn, *args, deps=(), dumps=(), allow_early_resolve: bool = False, timing_slot=None, **kwargs):
+    """Launch kernel ``fn`` as a task after the tasks in ``deps``; return ``(*results, task_id)``.
+
+    ``dumps=[t, ...]`` marks tensors of this one task for the selective dump (``RunConfig(enable_dump_args=1)``);
+    ``allow_early_resolve`` and ``timing_slot`` are scheduling and device-timing hints a CPU has no use for.
+    """
+    return context.current().submit(fn, args, kwargs, _task_ids(deps, "pl.submit"), dumps=list(dumps or ()))
 
 
-def spmd_submit(fn, *args, core_num=None, deps=(), sync_start: bool = False, **kwargs):
+def spmd_submit(fn, *args, core_num=None, deps=(), sync_start: bool = False, dumps=(),
+                allow_early_resolve: bool = False, timing_slot=None, **kwargs):
     """Launch kernel ``fn`` as one task of ``core_num`` blocks (``pl.get_block_idx()`` tells each its index)."""
     if core_num is None:
         raise OperationTypeError("pl.spmd_submit needs core_num=<block count> (a keyword: the positional "
                                  "arguments are the kernel's)")
     n = as_int(core_num, "pl.spmd_submit core_num")
-    return context.current().submit(fn, args, kwargs, _task_ids(deps, "pl.spmd_submit"), blocks=n)
+    return context.current().submit(fn, args, kwargs, _task_ids(deps, "pl.spmd_submit"), blocks=n,
+                                    dumps=list(dumps or ()))
 
 
 class SpmdRegion(Region):
@@ -175,6 +181,13 @@ def spmd(n, *, name=None, name_hint=None, deps=None, predicate=None, **options) 
     """``pl.spmd(n)``: blocks ``0..n-1`` (see :class:`SpmdRegion`)."""
     return SpmdRegion("spmd", None, None, _task_ids(deps, "pl.spmd"), name_hint or name,
                       as_int(n, "pl.spmd block count"), options)
+
+
+def dump_tag(tensor):
+    """``pl.dump_tag(t)``: mark ``t`` for the selective dump in every later task that takes it
+    (``RunConfig(enable_dump_args=1)`` writes those tensors as the tasks leave them); returns ``t``."""
+    context.current().dump_tag(tensor)
+    return tensor
 
 
 def no_dep(tensor):

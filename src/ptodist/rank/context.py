@@ -40,7 +40,7 @@ from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES
-from .tasks import Task, TaskGraph, buffer_key
+from .tasks import Task, TaskGraph, buffer_key, overlap
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
 try:
@@ -107,6 +107,7 @@ class RankContext(context.Context):
         self._manual = 0  # depth of pl.manual_scope blocks
         self._no_dep: set[int] = set()  # ids of the arguments pl.no_dep excluded from the next task's tracking
         self._left_conditions: list = []  # the deferred waits the last lazily run task left pending
+        self._dump_keys: set = set()  # the memory pl.dump_tag marked for the selective dump
 
     def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
         """Run the next segment of this dispatch (after a sub-worker callback): ``plan``'s tasks over ``memory``.
@@ -218,7 +219,8 @@ class RankContext(context.Context):
                                "(pl.Role.SubWorker), a host-side callback; it cannot run inside a rank.")
         return fn.invoke(*args, **kwargs)
 
-    def _run_kernel(self, fn: Function, args, kwargs, deps=(), tid: int | None = None, lazy: bool = False):
+    def _run_kernel(self, fn: Function, args, kwargs, deps=(), tid: int | None = None, lazy: bool = False,
+                    dumps=()):
         loc = user_location(4)
         values = fn.bind_arguments(args, kwargs)
         if id(fn.fn) not in self._checked:
@@ -241,14 +243,15 @@ class RankContext(context.Context):
         for i, b in enumerate(range(self._spmd_blocks) if self._spmd_blocks else (outer,)):
             self._block_idx = b
             result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=str(loc), info=info, deps=deps,
-                                     tid=tid if i == 0 else None, lazy=lazy)
+                                     tid=tid if i == 0 else None, lazy=lazy,
+                                     tensors=list(zip((p.name for p in fn.params), values)), dumps=dumps)
             left += self._left_conditions
         self._block_idx = outer
         self._left_conditions = left
         return result
 
     def _task_body(self, name: str, body, kind: str = "task", where: str = "", info=None, deps=(),
-                   tid: int | None = None, lazy: bool = False):
+                   tid: int | None = None, lazy: bool = False, tensors=(), dumps=()):
         """Run ``body`` as task ``tid`` (a new id when None).  Its deferred waits are waited for at its end, or,
         when ``lazy`` (a task of the graph), left in ``_left_conditions`` for the graph to complete it by."""
         outer_task, outer_deferred, outer_id = self.task, self._deferred, self._task_id
@@ -260,6 +263,8 @@ class RankContext(context.Context):
         outer_rec, self._task_rec = self._task_rec, rec
         try:
             result = body()
+            if self.events is not None and self.events.dump_args:
+                self._dump(name, tensors, dumps)
             if lazy:
                 self._left_conditions = list(self._deferred)
             else:
@@ -395,7 +400,7 @@ class RankContext(context.Context):
         self._no_dep.clear()
         return self.graph.submit(task)
 
-    def submit(self, fn, args, kwargs, deps, blocks=0):
+    def submit(self, fn, args, kwargs, deps, blocks=0, dumps=()):
         op = "pl.spmd_submit" if blocks else "pl.submit"
         self._check_deps(op, deps)
         if not isinstance(fn, Function) or fn.kind is not Kind.KERNEL:
@@ -409,7 +414,7 @@ class RankContext(context.Context):
         def run():
             saved, self._spmd_blocks = self._spmd_blocks, blocks
             try:
-                out["result"] = self._run_kernel(fn, args, kwargs, deps, tid=tid, lazy=True)
+                out["result"] = self._run_kernel(fn, args, kwargs, deps, tid=tid, lazy=True, dumps=dumps)
             finally:
                 self._spmd_blocks = saved
             return self._left_conditions
@@ -440,16 +445,17 @@ class RankContext(context.Context):
         def run():
             saved, self._spmd_blocks = self._spmd_blocks, 0
             try:
-                if region.kind == "spmd":
-                    out["values"] = self._task_body(name, lambda: self._blocks(region.blocks, body, args),
-                                                    where=str(where), deps=region.deps, tid=tid, lazy=True)
-                else:
-                    out["values"] = self._task_body(name, lambda: body(*args), where=str(where), deps=region.deps,
-                                                    tid=tid, lazy=True)
+                run_body = (lambda: self._blocks(region.blocks, body, args)) if region.kind == "spmd" else \
+                    (lambda: body(*args))
+                out["values"] = self._task_body(name, run_body, where=str(where), deps=region.deps, tid=tid,
+                                                lazy=True, tensors=list(zip(body.__code__.co_varnames, args)),
+                                                dumps=region.options.get("dumps", ()))
             finally:
                 self._spmd_blocks = saved
             return self._left_conditions
 
+        for t in region.options.get("no_dep_args", ()):
+            self.exclude_from_deps(t)
         ran = self._submit_task(tid, name, run, region.deps, args)
         return RegionResult(tid, out.get("values") if ran else None, str(where))
 
@@ -484,6 +490,17 @@ class RankContext(context.Context):
 
     def exclude_from_deps(self, tensor) -> None:
         self._no_dep.add(id(tensor))
+
+    def dump_tag(self, tensor) -> None:
+        self._dump_keys.add(buffer_key(self._tensor("pl.dump_tag", tensor)))
+
+    def _dump(self, task: str, tensors, dumps) -> None:
+        """Copy the task's tensors the dump asks for (all of them under enable_dump_args=2) into the event log."""
+        marked = self._dump_keys | {buffer_key(t) for t in self._tensors(dumps)}
+        for arg, t in tensors:
+            if isinstance(t, RankTensor) and (self.events.dump_args == 2 or overlap(marked, [buffer_key(t)])):
+                self.events.dumps.append({"task_id": self._task_id, "task": task, "arg": arg,
+                                          "array": np.array(t.array, copy=True)})
 
     def condition_holds(self, cond) -> bool:
         """Poll a deferred wait without blocking; once it holds it is recorded like a wait that returned."""

@@ -24,8 +24,10 @@ now_ns = time.monotonic_ns
 class EventLog:
     """Records of tasks, communication operations and scopes, in the order they happened."""
 
-    def __init__(self, rank: int, device_id: int, dispatch: int, *, clock=None):
+    def __init__(self, rank: int, device_id: int, dispatch: int, *, clock=None, dump_args: int = 0):
         self.rank = rank
+        self.dump_args = dump_args  # RunConfig.enable_dump_args: which tasks' tensors to copy into `dumps`
+        self.dumps: list[dict] = []  # {task_id, task, arg, array}: tensors as a task left them
         self._clock = clock              # an iterator of global sequence numbers, or None
         self.record_accesses = clock is not None  # the checker's log: window reads and writes too
         self.accesses: list[dict] = []   # those reads and writes; not slices, so kept apart from records

@@ -21,6 +21,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+try:
+    from numpy.lib.array_utils import byte_bounds
+except ImportError:  # numpy < 2
+    byte_bounds = np.byte_bounds
+
 
 @dataclass
 class Task:
@@ -28,20 +33,19 @@ class Task:
     name: str
     run: object  # () -> conditions still pending after the body ran (a list)
     deps: list
-    buffers: frozenset  # identities of the memory the task's arguments live in
+    buffers: frozenset  # the byte ranges (low, high) of the task's tensor arguments
     manual: bool
     conditions: list = field(default_factory=list)
 
 
-def buffer_key(t) -> object:
-    """The identity of the memory a rank tensor lives in (a window buffer, or the root numpy array)."""
-    buf = getattr(t, "buffer", None)
-    if buf is not None:
-        return ("window", buf.id)
-    a = t.array
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return ("array", id(a))
+def buffer_key(t) -> tuple[int, int]:
+    """The bytes a rank tensor covers, ``(low, high)`` addresses (host tensors share one mapping: by address)."""
+    return byte_bounds(t.array)
+
+
+def overlap(a, b) -> bool:
+    """Whether two sets of ``(low, high)`` byte ranges share a byte."""
+    return any(lo < h and l2 < hi for lo, hi in a for l2, h in b)
 
 
 class TaskGraph:
@@ -75,7 +79,7 @@ class TaskGraph:
         if task.manual:
             return False
         others = [*earlier, *self.incomplete.values()]
-        return any(o.buffers & task.buffers for o in others if o.tid != task.tid)
+        return any(overlap(o.buffers, task.buffers) for o in others if o.tid != task.tid)
 
     def submit(self, task: Task) -> bool:
         """Run ``task`` now if nothing it depends on is unfinished, else queue it; True when it ran."""
@@ -127,7 +131,7 @@ class TaskGraph:
     def wait_overlapping(self, buffers: frozenset) -> None:
         """Block until no unfinished task touches ``buffers`` (before a plain call or read that touches them)."""
         def tids():
-            return [t.tid for t in (*self.waiting, *self.incomplete.values()) if t.buffers & buffers]
+            return [t.tid for t in (*self.waiting, *self.incomplete.values()) if overlap(t.buffers, buffers)]
 
         pending = tids()
         if pending:
