@@ -426,3 +426,29 @@ def test_atomic_remote_store_of_a_2d_tile_into_a_3d_window(backend, nr):
     y = np.zeros((nr, 2, 4), np.float32)
     run(accumulate_program(nr, 4), nr, backend, y)
     np.testing.assert_array_equal(y, np.full((nr, 2, 4), sum(range(1, nr + 1)), np.float32))
+
+
+def test_a_lower_rank_tile_loads_from_the_trailing_dimensions_of_a_tensor():
+    from conftest import run_in_rank
+
+    def body(x, y, z):
+        pl.store(pl.load(x, [1, 0, 0], [2, 4]), [0, 0], y)  # x[1, 0:2, 0:4]
+        pl.store(pl.load(x, [2, 1, 1], [2, 4], valid_shape=[1, 3]), [0, 0], z)  # x[2, 1:2, 1:4], zero padding
+
+    x = np.arange(24, dtype=np.float32).reshape(3, 2, 4)
+    _, y, z = run_in_rank(body, x, np.zeros((2, 4), np.float32), np.full((2, 4), -1.0, np.float32))
+    np.testing.assert_array_equal(y, x[1])
+    want = np.full((2, 4), -1.0, np.float32)
+    want[0, :3] = x[2, 1, 1:4]
+    np.testing.assert_array_equal(z, want)
+
+
+def test_a_lower_rank_tile_past_the_tensor_is_out_of_bounds():
+    from conftest import run_in_rank
+
+    def body(x):
+        pl.load(x, [2, 1, 0], [2, 4])
+
+    with pytest.raises(RankError, match=r"out of bounds on tensor 'a0' \[3, 2, 4\] FP32: offsets \[2, 1, 0\] with shape "
+                                        r"\[1, 2, 4\] reach \[1, 3\) in dimension 1, whose bounds are \[0, 2\)"):
+        run_in_rank(body, np.zeros((3, 2, 4), np.float32))

@@ -742,11 +742,21 @@ class RankContext(context.Context):
 
     def _load(self, op, tensor, offsets, shapes, valid_shape, clamp=False):
         t = self._tensor(op, tensor)
+        # A tile of lower rank than the tensor (one offset per tensor dimension) reads its trailing dimensions:
+        # a [R, C] tile at [i, j, 0] of an [N, M, C] tensor is t[i, j:j+R, :C], as a store of it writes.
+        lead = len(t.shape) - len(shapes) if isinstance(offsets, (list, tuple)) and \
+            len(offsets) == len(t.shape) > len(shapes) else 0
+        if lead:
+            shapes = [1] * lead + list(shapes)
+            valid_shape = None if valid_shape is None else [1] * lead + list(valid_shape)
         shape, valid = self._valid_extent(op, shapes, valid_shape, t, offsets, clamp)
         region = t.array[self._region(op, t, offsets, valid, shape if valid != shape else None)]
         if self._trace:
             self._touch(op, t, region, False)
-        return Tile(self._padded(region, shape), t.dtype, valid if valid != shape else None)
+        data = self._padded(region, shape)
+        if lead:
+            data, shape, valid = data.reshape(shape[lead:]), shape[lead:], valid[lead:]
+        return Tile(data, t.dtype, valid if valid != shape else None)
 
     def _tile_data(self, op: str, tile, t: RankTensor) -> np.ndarray:
         if isinstance(tile, RankTensor):
