@@ -12,9 +12,7 @@ import importlib.util
 import sys
 
 # PyPTO module paths whose ptodist home has another name.
-_RENAMED = {
-    "pypto.runtime.runner": "ptodist.config",
-}
+_RENAMED: dict[str, str] = {}
 
 
 def target_of(fullname: str) -> str:

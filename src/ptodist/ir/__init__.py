@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from ..config import DistributedConfig
 from ..runtime.program import CompiledProgram, compile
+from .pass_manager import OptimizationStrategy, PassManager
 
 DistributedCompiledProgram = CompiledProgram
 
-__all__ = ["CompiledProgram", "DistributedCompiledProgram", "DistributedConfig", "compile"]
+__all__ = ["CompiledProgram", "DistributedCompiledProgram", "DistributedConfig", "OptimizationStrategy", "PassManager",
+           "compile"]

@@ -174,15 +174,23 @@ class Function:
         return EntryFunction(self).compile(*values, config=config)(*values)
 
     def compile(self, *args, config=None):
-        """Compile this host orchestrator for ``config`` (args, if given, fix the shapes)."""
+        """Compile this function for ``config`` (args, if given, fix the shapes): a host orchestrator as it is, a
+        per-device function or a kernel as a one-device program."""
         from ..runtime.program import CompiledProgram
 
+        if self.kind in (Kind.ORCHESTRATION, Kind.KERNEL):
+            return EntryFunction(self).compile(*args, config=config)
         if self.kind is not Kind.HOST:
             raise ProgramError(
                 f"'{self.name}' ({self.location}) is not a host orchestrator (its kind: {self.kind.value}); "
                 "compile the host orchestrator (the @pl.jit.host function that dispatches it with device=r)"
             )
         return CompiledProgram.build(self, config=config, example_args=args)
+
+    def lower(self, *args, config=None):
+        """The program compiled for ``args`` with its dispatch planned, not run: print it to inspect the plan
+        (ptodist's form of upstream's lowered IR); ``ir.compile`` and ``pypto.runtime.run`` accept it."""
+        return self.compile(*args, config=config).lower(*args)
 
 
 @functools.lru_cache(maxsize=1024)

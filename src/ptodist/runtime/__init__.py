@@ -3,7 +3,16 @@
 from __future__ import annotations
 
 from ..config import DistributedConfig, RunConfig
-from .worker import DeviceTensor, DistributedWorker, RunHandle, StackedDeviceTensor, shared_array
+from .chip_worker import BenchmarkStats, ChipRegistrationHandle, ChipWorker, benchmark, run
+from .worker import (
+           DeviceTensor,
+           DistributedWorker,
+           RegistrationHandle,
+           RunHandle,
+           StackedDeviceTensor,
+           shared_array,
+)
 
-__all__ = ["DeviceTensor", "DistributedConfig", "DistributedWorker", "RunConfig", "RunHandle", "StackedDeviceTensor",
-           "shared_array"]
+__all__ = ["BenchmarkStats", "ChipRegistrationHandle", "ChipWorker", "DeviceTensor", "DistributedConfig",
+           "DistributedWorker", "RegistrationHandle", "RunConfig", "RunHandle", "StackedDeviceTensor", "benchmark",
+           "run", "shared_array"]

@@ -375,10 +375,29 @@ class CompiledProgram:
         path = self.output_dir / "dispatch_plan.json"
         path.write_text(json.dumps(plan_json, indent=2) + "\n")
 
+    def lower(self, *args) -> CompiledProgram:
+        """Plan the dispatch for ``args`` without running it; ``str()`` then shows that plan (``fn.lower``)."""
+        self._plan_for(args)
+        return self
+
+    def __str__(self) -> str:
+        """The program's dispatch plans (the tasks each rank runs, windows, host tensors), as JSON."""
+        plans = [p.to_json() for p in self._plans.values()]
+        head = f"# ptodist program '{self.name}' for devices {self.device_ids}: "
+        if not plans:
+            return head + "no dispatch planned yet (call it, or lower(*args))"
+        return head + f"{len(plans)} dispatch plan(s)\n" + "\n".join(json.dumps(p, indent=2) for p in plans)
+
     # -- running ------------------------------------------------------------------
     def __call__(self, *args, config: RunConfig | None = None):
         """Run once on every rank; return the outputs (created ones in the inputs-only form)."""
         self._refuse_multi(f"{self.name}(...)")
+        if self.world == 1:  # inside `with ChipWorker(...)`: upstream's compiled(...) dispatches on that worker
+            from .chip_worker import ChipWorker
+
+            worker = ChipWorker.current(platform=(config or self.config).platform, device_id=self.device_ids[0])
+            if worker is not None:
+                return worker.run(self, *args, config=config)
         cfg = config or self.config
         if config is not None and config.distributed_config is not None and \
                 list(config.distributed_config.device_ids) != self.device_ids:
@@ -499,12 +518,77 @@ def _zeros(shape: list[int], dtype: dt.DataType, like_torch: bool):
     return np.zeros(shape, dtype=dtype.np_dtype)
 
 
-def compile(program, platform: str = "a2a3sim", distributed_config=None, *, output_dir=None, config=None,
+# ir.compile keywords PyPTO documents that steer its pass pipeline, codegen or ptoas: accepted, and ignored, because
+# ptodist runs the program's Python functions as written (docs/running.md lists them).
+IGNORED_COMPILE_OPTIONS = ("skip_ptoas", "verification_level", "memory_planner", "diagnostic_phase",
+                           "disabled_diagnostics", "profiling", "enable_pypto_l0c_double_buffer", "emit_source_loc",
+                           "dump_ptoas_passes", "runtime")
+# The ones ptodist uses (platform, distributed_config, output_dir, config) or records in the RunConfig.
+COMPILE_OPTIONS = ("output_dir", "strategy", "dump_passes", "backend_type", "platform", "distributed_config",
+                   "block_dim", "analyze_auto_scopes_for_deps", "config")
+
+
+def compile(program, *, output_dir=None, strategy=None, dump_passes=None, backend_type=None, platform=None,
+            distributed_config=None, block_dim=None, analyze_auto_scopes_for_deps=None, config=None,
             **options) -> CompiledProgram:
-    """Compile a ``@pl.program`` (or host function) for ``platform`` and ``distributed_config``."""
-    cfg = config or RunConfig(platform=platform, distributed_config=distributed_config,
-                              output_dir=str(output_dir) if output_dir else None)
+    """Compile a ``@pl.program``, host function or CompiledProgram for a platform, devices and output directory.
+
+    ``config`` (ptodist's) gives the whole RunConfig; the other keywords given override its fields.
+    ``platform`` defaults to the simulator of ``backend_type`` (``a2a3sim``; ``a5sim`` for Ascend950);
+    a given platform decides the recorded ``backend_type``, as in PyPTO.  ``strategy``, ``dump_passes``,
+    ``block_dim`` and ``analyze_auto_scopes_for_deps`` are recorded in the RunConfig and change
+    nothing; the keywords in ``IGNORED_COMPILE_OPTIONS`` are accepted and ignored.  A CompiledProgram
+    (``fn.lower(...)``, an earlier ``ir.compile``) comes back as it is when nothing changes, else
+    compiled again for the new configuration.
+    """
+    from dataclasses import replace
+
+    from ..backend import PLATFORMS, BackendType, backend_type_for_platform
+    from ..errors import ApiTypeError
+    from ..ir.pass_manager import OptimizationStrategy
+
+    unknown = [k for k in options if k not in IGNORED_COMPILE_OPTIONS]
+    if unknown:
+        accepted = ", ".join(COMPILE_OPTIONS + IGNORED_COMPILE_OPTIONS)
+        raise ApiTypeError(f"compile() got an unexpected keyword argument '{unknown[0]}'; it accepts {accepted} "
+                           f"(ptodist ignores {', '.join(IGNORED_COMPILE_OPTIONS)})")
+    if strategy is not None and not isinstance(strategy, OptimizationStrategy):
+        raise ApiTypeError(f"compile(strategy={strategy!r}): expects an OptimizationStrategy "
+                           f"({', '.join('OptimizationStrategy.' + s.name for s in OptimizationStrategy)})")
+    if backend_type is not None and not isinstance(backend_type, BackendType):
+        raise ApiTypeError(f"compile(backend_type={backend_type!r}): expects a BackendType "
+                           f"({', '.join('BackendType.' + b.name for b in BackendType)})")
+    if config is not None and not isinstance(config, RunConfig):
+        raise ApiTypeError(f"compile(config=...): expects a RunConfig, got {type(config).__name__}")
+    base = config if config is not None else program.config if isinstance(program, CompiledProgram) else None
+    if platform is None and base is None:
+        platform = PLATFORMS[backend_type or BackendType.Ascend910B][0]
+    fields = {"platform": platform, "distributed_config": distributed_config,
+              "output_dir": str(output_dir) if output_dir is not None else None, "strategy": strategy,
+              "dump_passes": dump_passes, "block_dim": block_dim,
+              "analyze_auto_scopes_for_deps": analyze_auto_scopes_for_deps}
+    given = {k: v for k, v in fields.items() if v is not None}
+    cfg = replace(base, **given) if base is not None else RunConfig(**given)
+    # The platform decides the generation, as in PyPTO; a config's own record stands when nothing overrides it.
+    if platform is not None or backend_type is not None or cfg.backend_type is None:
+        cfg.backend_type = backend_type_for_platform(cfg.platform)
+    if isinstance(program, CompiledProgram):
+        before = program.config
+        if before.backend_type is None:
+            before = replace(before, backend_type=backend_type_for_platform(before.platform))
+        return program if cfg == before else _recompiled(program, cfg)
     return CompiledProgram.build(program, cfg)
+
+
+def _recompiled(compiled: CompiledProgram, cfg: RunConfig) -> CompiledProgram:
+    """``compiled``'s functions compiled again for ``cfg`` (plans are made again at the first call)."""
+    new = CompiledProgram(compiled.host, compiled.name, cfg, compiled.extra_functions)
+    for name, sub in compiled._orchestrations.items():
+        again = CompiledProgram(sub.host, name, cfg, sub.extra_functions)
+        again._output_dir = None
+        again._parent = new
+        new._orchestrations[name] = again
+    return new
 
 
 # -- default output directories: the newest few per program ------------------------------------
