@@ -298,3 +298,23 @@ def test_enable_dump_args_takes_0_1_or_2():
     with pytest.raises(ConfigError, match=r"RunConfig\(enable_dump_args=3\): must be 0 \(off\), 1 \(the tensors marked "
                                           r"with pl.dump_tag / dumps=\) or 2 \(every task's tensors\)"):
         RunConfig(enable_dump_args=3)
+
+
+@pl.jit
+def rebinds(x: pl.Tensor, out: pl.Out[pl.Tensor], n: pl.Scalar[pl.INT32]):
+    k = 1
+    with pl.at(level=pl.Level.CORE_GROUP):
+        out = pl.assemble(out, pl.add(pl.load(x, [0, 0], [4, 8]), 1.0), [0, 0])  # reads the enclosing `out` first
+        k += n  # reads the enclosing `k` first
+    with pl.at(level=pl.Level.CORE_GROUP):
+        out[0:1, 0:1] = pl.full([1, 1], pl.FP32, float(k))
+    return out
+
+
+def test_a_region_may_rebind_names_it_reads():
+    x = np.zeros((4, 8), np.float32)
+    out = np.zeros_like(x)
+    rebinds(x, out, 4, config=RunConfig(backend="sim"))
+    want = np.ones_like(x)
+    want[0, 0] = 5.0
+    np.testing.assert_array_equal(out, want)

@@ -9,6 +9,7 @@ the meaning of memory operations lives in the rank context
 from __future__ import annotations
 
 from ..errors import OperationTypeError
+from . import mixed as _mixed
 from . import ops as _ops
 from .control import (
     at,
@@ -43,6 +44,7 @@ from .dtypes import (
     DataType,
 )
 from .functions import FunctionType, Level, Program, Role, function, jit, program
+from .mixed import KernelType, SplitMode, SyncAllMode, cluster, cross_core_slot, split, split_aiv
 from .ops.creation import Array
 from .ops.expand import PadValue
 from .ops.pipes import AUTO
@@ -59,6 +61,8 @@ Tuple = tuple
 _spaces, _top = _ops.namespaces(__name__)
 tile, tensor, array, system = _spaces["tile"], _spaces["tensor"], _spaces["array"], _spaces["system"]
 system.AUTO = AUTO
+system.syncall, system.cacheinvalid, system.fence = _mixed.syncall, _mixed.cacheinvalid, _mixed.fence
+system.KernelType, system.SyncAllMode = KernelType, SyncAllMode
 globals().update(_top)
 max = _top["maximum"]
 min = _top["minimum"]
@@ -81,5 +85,6 @@ __all__ = [
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
     "unroll", "yield_", "no_dep", "dump_tag", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
+    "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
 ]
 __all__ += sorted(set(_top) - set(__all__))

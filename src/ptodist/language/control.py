@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from .. import context
 from ..errors import OperationTypeError, OperationValueError
 from . import dtypes as dt
+from . import mixed
 from .regions import Region
 from .scalar import Scalar, as_int
 
@@ -121,6 +122,7 @@ def cond(*args, **kwargs):
 def at(level=None, role=None, *, deps=None, name_hint: str | None = None, optimizations=None, **options) -> Region:
     """``with pl.at(level=..., role=...) [as tid]:``: the block is one task (a kernel at ``CORE_GROUP``, a chip
     task at ``CHIP`` in the host orchestrator), submitted after the tasks in ``deps``; ``as tid`` names it."""
+    options = {**options, **mixed.region_options(optimizations, "pl.at")}
     return Region("at", level, role, _task_ids(deps, "pl.at"), name_hint, options=options)
 
 
@@ -179,6 +181,7 @@ class SpmdRegion(Region):
 
 def spmd(n, *, name=None, name_hint=None, deps=None, predicate=None, **options) -> SpmdRegion:
     """``pl.spmd(n)``: blocks ``0..n-1`` (see :class:`SpmdRegion`)."""
+    options.update(mixed.region_options(options.pop("optimizations", None), "pl.spmd"))
     return SpmdRegion("spmd", None, None, _task_ids(deps, "pl.spmd"), name_hint or name,
                       as_int(n, "pl.spmd block count"), options)
 

@@ -13,17 +13,26 @@ joined by a cross-core pipe.  On the CPU the arithmetic needs no such split, so:
 - Upstream's static rules for a function that opens a region (cube ops stay out of regions, vector ops stay
   in them, every crossing is named, all crossings agree on split vs no-split) are checked on the source
   when the first region of a function runs.
-- ``pl.system.syncall`` is a barrier across the running core group's halves.
+- ``pl.system.syncall`` is a barrier across the running core group's halves (AIC and AIV functions run as
+  threads by :mod:`ptodist.rank.pipes`).  Outside a core group everything before the call has already run
+  in program order, so it holds at once; inside a region (whose lanes run one after the other) it cannot be
+  met and is an error.
+- ``with pl.cluster():`` co-schedules the AIC and AIV functions called in the block: they run together as
+  one core group (one task) when the block ends, as the halves of a ``pl.FunctionType.Group`` function do.
+  Other calls in the block (SPMD or mixed InCore kernels) run as they are made: on the CPU every kernel
+  already has a whole "cluster" to itself.
 """
 
 from __future__ import annotations
 
 import ast
 import enum
+import functools
 import linecache
 import os
 import sys
 import threading
+import types
 import warnings
 from dataclasses import dataclass
 
@@ -146,12 +155,17 @@ def current_options() -> dict:
     return st[-1] if st else {}
 
 
+def _own_options(region) -> dict:
+    return {k: region.options[k] for k in ("split", "slot_num") if region.options.get(k) is not None}
+
+
 def enter_region(region) -> None:
-    """Make ``region``'s options the running ones (until :func:`exit_region`)."""
+    """Make ``region``'s options the running ones (until :func:`exit_region`); a region without any runs
+    as part of the enclosing one, with its options."""
     st = getattr(_scopes, "stack", None)
     if st is None:
         st = _scopes.stack = []
-    st.append({k: region.options[k] for k in ("split", "slot_num") if region.options.get(k) is not None})
+    st.append(_own_options(region) or (st[-1] if st else {}))
 
 
 def exit_region() -> None:
@@ -159,24 +173,37 @@ def exit_region() -> None:
     _scopes.stack.pop()
 
 
-def scoped(region, body):
-    """``body`` run with ``region``'s options as the running ones (whenever the region's task runs)."""
+class _Scoped:
+    """A region's outlined body that runs with the region's options as the running ones.
 
-    def run(*args):
-        enter_region(region)
+    It passes for the body itself (name, code, signature): the contexts read the parameter names of the
+    body they are given.
+    """
+
+    def __init__(self, region, body):
+        functools.update_wrapper(self, body)
+        self.__code__ = body.__code__
+        self._region, self._body = region, body
+
+    def __call__(self, *args, **kwargs):
+        enter_region(self._region)
         try:
-            return body(*args)
+            return self._body(*args, **kwargs)
         finally:
             exit_region()
 
-    return run
+
+def scoped(region, body):
+    """``body``, run with ``region``'s options as the running ones whenever the region's task runs (``body``
+    itself when the region has none)."""
+    return _Scoped(region, body) if _own_options(region) else body
 
 
-def run_as_task(name: str, fn):
-    """Run ``fn()`` as one task of the running rank (in place inside a task); return its result."""
+def run_as_task(name: str, fn, args=()):
+    """Run ``fn()`` as one task of the running rank that touches ``args`` (in place inside a task)."""
     from .regions import Region
 
-    return context.current().region(Region("at", None, None, (), name), lambda: fn(), ()).values
+    return context.current().region(Region("at", None, None, (), name), lambda *_: fn(), tuple(args)).values
 
 
 def cluster():
@@ -198,8 +225,8 @@ class _SplitAiv:
         return self._lanes()
 
     def _lanes(self):
-        frame, self._frame = self._frame, None
-        where = f"{frame.f_code.co_filename}:{frame.f_lineno}"
+        frame, self._frame = self._frame, None  # held no longer than needed: it pins the caller's locals
+        where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
         outer = _pipes.current_half()
         if outer is not None:
             inside = "another pl.split_aiv region" if getattr(outer.group, "sequential", False) else \
@@ -207,7 +234,8 @@ class _SplitAiv:
             raise ProgramError(f"pl.split_aiv at {where}: opened inside {inside} ({outer.label}), which already "
                                "runs on one lane; open regions only in the function (or pl.at(level="
                                "pl.Level.CORE_GROUP) block) that also holds the cube work")
-        _check_function(frame, self.mode)
+        if frame is not None:
+            _check_function(frame, self.mode)
         del frame
         group = _pipes.LaneGroup(f"split_aiv@{os.path.basename(where)}", int(self.mode), self.n,
                                  current_options().get("slot_num"))
@@ -291,6 +319,7 @@ _CUBE_FAMILY = "Linear algebra"
 _VECTOR_FAMILIES = {"Elementwise arithmetic", "Math", "Activations", "Broadcast and expand", "Reductions"}
 _trees: dict = {}
 _checked: set = set()
+_passed: set = set()  # (code, line, mode) of regions whose function passed: a region in a loop is checked once
 _lock = threading.Lock()
 
 
@@ -315,7 +344,7 @@ def _tree(filename: str):
 
 
 def _is_language(mod) -> bool:
-    return getattr(mod, "__name__", None) in ("ptodist.language", "pypto.language")
+    return getattr(mod, "__name__", None) in ("ptodist.language", "pypto.language", __name__)
 
 
 def _op_of(call, names) -> str | None:
@@ -365,12 +394,16 @@ def _mode_name(loop, names, running: tuple) -> str | None:
 def _check_function(frame, mode: SplitMode) -> None:
     """Raise what upstream's verifier would for the function (or pl.at block) running this region."""
     filename, line = frame.f_code.co_filename, frame.f_lineno
+    fast = (frame.f_code, line, mode)
+    if fast in _passed:
+        return
     got = _tree(filename)
     if got is None or got[0] is None:
         return  # no source (exec'd code): nothing to check against
     tree, parents = got
     names = dict(frame.f_builtins) if isinstance(frame.f_builtins, dict) else {}
     names.update(frame.f_globals)
+    names.update((k, v) for k, v in frame.f_locals.items() if isinstance(v, types.ModuleType))  # a local import
     loop = next((n for n in ast.walk(tree) if _is_split_loop(n, names)
                  and n.iter.lineno <= line <= (n.iter.end_lineno or n.iter.lineno)), None)
     if loop is None:
@@ -382,10 +415,10 @@ def _check_function(frame, mode: SplitMode) -> None:
     if scope is None:
         scope = tree
     key = (filename, getattr(scope, "lineno", 0), getattr(scope, "col_offset", 0), loop.lineno, mode.name)
-    if key in _checked:
-        return
-    _Rules(filename, scope, parents, names, (loop, mode)).check()
-    _checked.add(key)
+    if key not in _checked:
+        _Rules(filename, scope, parents, names, (loop, mode)).check()
+        _checked.add(key)
+    _passed.add(fast)
 
 
 class _Rules:
@@ -454,7 +487,11 @@ class _Rules:
             if made not in self.cube:
                 continue
             call = self.parents.get(n)
-            if isinstance(call, ast.Call) and self.op(call) == "aiv_shard" and call.args and call.args[0] is n:
+            if isinstance(call, ast.keyword):  # pl.aiv_shard(x=mm)
+                call = self.parents.get(call) if call.arg == "x" else None
+            elif not (isinstance(call, ast.Call) and call.args and call.args[0] is n):
+                call = None
+            if call is not None and self.op(call) == "aiv_shard":
                 continue
             raise ProgramError(
                 f"'{n.id}' is produced on the cube (AIC) lane by pl.{made} at {self.at(store)} and read on the vector "

@@ -47,14 +47,22 @@ class Region:
 
     def run(self, body, *args) -> RegionResult:
         """Run (or submit) the outlined ``body(*args)``; generated code calls this."""
-        return context.current().region(self, body, args)
+        from .mixed import scoped
+
+        return context.current().region(self, scoped(self, body), args)
 
     # A region that was not outlined runs inline: still one task of the running rank.
     def __enter__(self):
+        from .mixed import enter_region
+
         self._inline = context.current().region_begin(self)
+        enter_region(self)
         return self._inline
 
     def __exit__(self, *exc):
+        from .mixed import exit_region
+
+        exit_region()
         context.current().region_end(self, self._inline, exc[0] is not None)
         return False
 
@@ -220,9 +228,20 @@ class _Outliner:
         # What the block reads and writes is read off its source as written (before inner regions are outlined).
         region = ast.Module(body=s.body, type_ignores=[])
         loads, stores, first_store = [], set(), {}
+        # An assignment binds its targets after its value is read (`out = f(out)` reads the outer `out`).
+        bound_at, augmented = {}, set()
+        for st in ast.walk(region):
+            if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and st.value is not None:
+                for t in st.targets if isinstance(st, ast.Assign) else [st.target]:
+                    for n in ast.walk(t):
+                        bound_at[id(n)] = (st.value.end_lineno, st.value.end_col_offset)
+                if isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name):
+                    augmented.add(id(st.target))  # `x += 1` reads x first
         for node in ast.walk(region):
             if isinstance(node, ast.Name):
-                pos = (node.lineno, node.col_offset)
+                pos = bound_at.get(id(node), (node.lineno, node.col_offset))
+                if id(node) in augmented and node.id in self.outer:
+                    loads.append(((node.lineno, node.col_offset), node.id))
                 if isinstance(node.ctx, ast.Store):
                     stores.add(node.id)
                     first_store[node.id] = min(first_store.get(node.id, pos), pos)

@@ -304,8 +304,9 @@ class _Cluster:
             return False
         name = "+".join(w[0].name for w in work.values())
         split = next((_attr_split(w[0]) for w in work.values() if _attr_split(w[0]) is not None), None)
+        touched = [v for w in work.values() for v in w[1]]  # the task's arguments: its dependencies
         mixed.run_as_task(f"cluster:{name}",
-                          lambda: CoreGroup(name, work.get("AIC"), work.get("AIV"), split=split).run())
+                          lambda: CoreGroup(name, work.get("AIC"), work.get("AIV"), split=split).run(), touched)
         return False
 
 

@@ -9,6 +9,10 @@ slot (blocking while every slot is full), a pop takes the oldest filled slot (bl
 and the slot stays taken until the consumer releases it with ``tfree``.  ``split`` divides a cube tile
 between the two lanes (1/3: by rows, 2/4: by columns; 3/4 for an odd extent); 0 sends it whole to
 each lane, and on the way back takes lane 0's tile.
+
+The lanes of a ``pl.split_aiv`` region (:mod:`ptodist.language.mixed`) are halves of a :class:`LaneGroup`
+instead: they run one after the other, and meet only at ``pl.aic_gather``.  :func:`barrier` is what
+``pl.system.syncall`` waits in.
 """
 
 from __future__ import annotations
