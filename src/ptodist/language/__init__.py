@@ -12,6 +12,7 @@ from ..errors import OperationTypeError
 from . import mixed as _mixed
 from . import ops as _ops
 from .control import (
+    ScopeMode,
     at,
     auto_scope,
     cond,
@@ -22,6 +23,7 @@ from .control import (
     no_dep,
     parallel,
     range,
+    scope,
     spmd,
     spmd_submit,
     submit,
@@ -84,7 +86,7 @@ __all__ = [
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
-    "unroll", "yield_", "no_dep", "dump_tag", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
+    "unroll", "yield_", "no_dep", "dump_tag", "scope", "ScopeMode", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
 ]
 __all__ += sorted(set(_top) - set(__all__))

@@ -16,6 +16,7 @@ from __future__ import annotations
 import builtins
 import threading
 from contextlib import contextmanager
+from enum import Enum
 
 from .. import context
 from ..errors import OperationTypeError, OperationValueError
@@ -126,26 +127,35 @@ def at(level=None, role=None, *, deps=None, name_hint: str | None = None, optimi
     return Region("at", level, role, _task_ids(deps, "pl.at"), name_hint, options=options)
 
 
+class ScopeMode(Enum):
+    """``pl.scope(mode=...)``: AUTO orders tasks by the tensors they touch (and ``deps=``); MANUAL by ``deps=`` only."""
+
+    AUTO = "AUTO"
+    MANUAL = "MANUAL"
+
+
 @contextmanager
+def scope(mode: ScopeMode = ScopeMode.AUTO):
+    """``with pl.scope(mode=pl.ScopeMode.MANUAL):``: a runtime scope; a manual one may not nest in another."""
+    if not isinstance(mode, ScopeMode):
+        raise OperationTypeError(f"pl.scope(mode={mode!r}): mode must be pl.ScopeMode.AUTO or pl.ScopeMode.MANUAL")
+    manual = mode is ScopeMode.MANUAL
+    ctx = context.current()
+    ctx.scope_begin(manual=manual)
+    try:
+        yield
+    finally:
+        ctx.scope_end(manual=manual)
+
+
 def manual_scope():
     """``with pl.manual_scope()``: tasks in the block order only by explicit ``deps=``."""
-    ctx = context.current()
-    ctx.scope_begin(manual=True)
-    try:
-        yield
-    finally:
-        ctx.scope_end(manual=True)
+    return scope(ScopeMode.MANUAL)
 
 
-@contextmanager
 def auto_scope():
     """``with pl.auto_scope()``: tasks order by the tensors they touch, plus ``deps=`` (the default)."""
-    ctx = context.current()
-    ctx.scope_begin(manual=False)
-    try:
-        yield
-    finally:
-        ctx.scope_end(manual=False)
+    return scope(ScopeMode.AUTO)
 
 
 def submit(fn, *args, deps=(), dumps=(), allow_early_resolve: bool = False, timing_slot=None, **kwargs):
