@@ -32,7 +32,8 @@ allreduce/broadcast: the buffer; allgather: the gathered output (each rank
 contributes size/P); reduce_scatter: the input (each rank keeps size/P);
 all_to_all: the send buffer (= receive buffer).  algbw = size / time;
 busbw = algbw x 2(P-1)/P (allreduce), (P-1)/P (allgather, reduce_scatter,
-all_to_all), 1 (broadcast).  All buffers hold FP32 zeros.
+all_to_all), 1 (broadcast).  All buffers hold FP32 zeros, written before timing
+(MPI's too: an unwritten numpy buffer reads the kernel's zero page, not memory).
 
 Run: ``python benchmarks/collectives.py [--quick] [--ops allreduce,...] [--sizes 4K,1M]
 [--ps 2,4] [--repeat 5] [--out FILE]``
@@ -118,21 +119,32 @@ def _gloo_call(dist, torch, op: str, n: int, p: int):
 
 
 def _mpi_call(MPI, np, comm, op: str, n: int, p: int):
-    """Return a zero-argument function doing one call of ``op`` with mpi4py."""
+    """Return a zero-argument function doing one call of ``op`` with mpi4py.
+
+    The buffers are written once (with zeros) before use: a large ``np.zeros`` is untouched memory
+    that reads from the kernel's shared zero page, always in cache, so a send buffer never written
+    would be read at no memory cost, unlike every other contender's data (torch's zeros are written;
+    ptodist's windows are shared memory, whose pages are real once touched).
+    """
+    def buf(k: int):
+        b = np.empty(k, np.float32)
+        b.fill(0.0)
+        return b
+
     if op == "allreduce":
-        send, recv = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        send, recv = buf(n), buf(n)
         return lambda: comm.Allreduce(send, recv, op=MPI.SUM)
     if op == "broadcast":
-        buf = np.zeros(n, np.float32)
-        return lambda: comm.Bcast(buf, root=0)
+        data = buf(n)
+        return lambda: comm.Bcast(data, root=0)
     if op == "allgather":
-        send, recv = np.zeros(n // p, np.float32), np.zeros(n, np.float32)
+        send, recv = buf(n // p), buf(n)
         return lambda: comm.Allgather(send, recv)
     if op == "reduce_scatter":
-        send, recv = np.zeros(n, np.float32), np.zeros(n // p, np.float32)
+        send, recv = buf(n), buf(n // p)
         return lambda: comm.Reduce_scatter_block(send, recv, op=MPI.SUM)
     if op == "all_to_all":
-        send, recv = np.zeros(n, np.float32), np.zeros(n, np.float32)
+        send, recv = buf(n), buf(n)
         return lambda: comm.Alltoall(send, recv)
     raise ValueError(op)
 

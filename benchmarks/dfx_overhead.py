@@ -180,8 +180,8 @@ class Backend:
 
 def hook_cost_ns(number: int = 2_000_000) -> float:
     """ns for one op's disabled hooks: the two tests as rank/context.py writes them, minus the same loop without them."""
-    from ptodist.rank.events import now_ns
     from ptodist.rank.context import RankContext
+    from ptodist.rank.events import now_ns
 
     ctx = RankContext.__new__(RankContext)
     ctx.__dict__.update({f"attr{i}": i for i in range(30)})  # an instance dict the size of a real one

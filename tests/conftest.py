@@ -35,7 +35,12 @@ NR = pl.dynamic("NR")
 def _isolated_output(tmp_path, monkeypatch):
     # Plans and DFX outputs go under the test's tmp dir, never into the checkout.
     monkeypatch.setenv("PTODIST_OUTPUT_ROOT", str(tmp_path / "build_output"))
+    # Rank groups kept alive for another test's one-shot calls are not this test's children.
+    from ptodist.backends.shm import close_kept_groups
+
+    close_kept_groups()
     yield
+    close_kept_groups()
 
 
 # -- optional dependencies, backends ------------------------------------------------------------

@@ -238,7 +238,7 @@ def _cfg(backend: str, **kw) -> RunConfig:
 def test_a_bug_in_ptodist_inside_a_rank_is_a_ptodist_internal_error(backend, monkeypatch):
     import ptodist.rank.context as rank_mod
 
-    monkeypatch.setattr(rank_mod, "as_int", None)  # a bug planted in ptodist: its peer check calls None
+    monkeypatch.setattr(rank_mod, "_index", None)  # a bug planted in ptodist: its peer check calls None
     with pytest.raises(RankError) as info:
         _signal_program(_notify_next)(np.zeros((2, 1, SIZE), np.float32), config=_cfg(backend))
     e = info.value
@@ -305,12 +305,12 @@ import ptodist.language.distributed as pld
 import ptodist.rank.context
 from ptodist import DistributedConfig, RunConfig
 
-ptodist.rank.context.as_int = None  # a bug planted in ptodist
+ptodist.rank.context._index = None  # a bug planted in ptodist (it converts a Scalar peer)
 
 
 @pl.jit.incore
 def kernel(sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
-    pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    pld.system.notify(sig, pl.const(0, pl.INT32), [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
 
 
 @pl.jit
@@ -337,7 +337,7 @@ def test_ptodist_run_exits_3_for_a_bug_in_ptodist(tmp_path, capsys, monkeypatch)
     monkeypatch.setattr(sys, "path", list(sys.path))
     import ptodist.rank.context as rank_mod
 
-    monkeypatch.setattr(rank_mod, "as_int", rank_mod.as_int)  # undone after the test
+    monkeypatch.setattr(rank_mod, "_index", rank_mod._index)  # undone after the test
     rc = cli.main(["run", "--report-json", str(tmp_path / "r.json"), str(script)])
     err = capsys.readouterr().err
     assert rc == 3, err

@@ -38,7 +38,7 @@ FILE = __file__
 
 @pytest.fixture(autouse=True)
 def no_rank_may_start(monkeypatch):
-    def refuse(self, plan, host_arrays, config, dfx=None):
+    def refuse(self, plan, host_arrays, config, dfx=None, **kwargs):
         raise AssertionError("the backend was asked to start ranks: the check must fire before that")
 
     monkeypatch.setattr(ShmBackend, "run", refuse)
@@ -733,16 +733,24 @@ def test_memory_op_on_the_host_is_an_error():
         loads_on_host(zeros(2, 1, 8), config=cfg(0, 1))
 
 
-def test_compiling_a_non_host_function_is_refused():
+def test_a_per_device_function_or_kernel_compiles_as_a_one_device_program():
+    # Upstream's `fn.compile(*args)` of a @pl.jit function: a program whose entry is that function.
+    compiled = copy_rank.compile(config=cfg(0))
+    assert compiled.name == "copy_rank" and compiled.device_ids == [0]
+    with pytest.raises(AssertionError, match="the backend was asked to start ranks"):
+        good_kernel(zeros(1, 8), zeros(1, 8), 0, config=cfg(0))  # planned: only the run is refused
+
+
+def test_compiling_an_inline_function_is_refused():
+    @pl.jit.inline
+    def helper(x: pl.Tensor[[1, 8], pl.FP32]):
+        pass
+
     with pytest.raises(ProgramError) as info:
-        copy_rank.compile(config=cfg(0, 1))
+        helper.compile(config=cfg(0))
     assert str(info.value) == (
-        f"'copy_rank' ({FILE}:{copy_rank.line}) is not a host orchestrator (its kind: orchestration); compile the "
+        f"'helper' ({FILE}:{helper.line}) is not a host orchestrator (its kind: inline); compile the "
         "host orchestrator (the @pl.jit.host function that dispatches it with device=r)")
-    with pytest.raises(ProgramError) as info:
-        good_kernel(zeros(1, 8), zeros(1, 8), 0, config=cfg(0))
-    assert str(info.value) == (f"config= is accepted only by a host orchestrator; 'good_kernel' "
-                               f"({FILE}:{good_kernel.line}) is not one (its kind: kernel)")
 
 
 def test_class_program_needs_exactly_one_host():

@@ -240,7 +240,10 @@ class Backend(Protocol):
         and write its diagnostic outputs, and the driver to merge them.
 
         Raises RankError when a rank fails and HangError when the ranks stop
-        making progress; on any ending no rank is left running.
+        making progress; on any ending no rank is left running.  (The shm backend also
+        takes ``owner=``, the calling CompiledProgram: it keeps that program's idle rank
+        processes for its next call, since forking a large driver costs tens of ms; they
+        are stopped after an error, an interrupt, a short idle time, the owner's end or exit.)
         """
 
 

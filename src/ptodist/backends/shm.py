@@ -99,6 +99,9 @@ class ShmMemory:
         self.sleepers_addr = self.base + layout.sleepers
         self.heap = heap
         self._heap_base = heap.arena.ctypes.data
+        # Each buffer's address on each rank, [buffer_id][rank]: a cell's address is two lookups and an add
+        # (a notify or wait computes one every time).
+        self._at = [[self._heap_base + heap.base + r * heap.stride + off for r in range(world)] for off in heap.offsets]
         self.status = status
         # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they yield the core
         # for a while (the notifier may be waiting for it), then sleep.
@@ -115,16 +118,16 @@ class ShmMemory:
         return self.heap.arena[off:off + self.heap.sizes[buffer_id]]
 
     def _addr(self, buffer_id: int, rank: int, offset: int) -> int:
-        return self._heap_base + self._buffer_off(buffer_id, rank) + offset
+        return self._at[buffer_id][rank] + offset
 
     def cell_add(self, buffer_id, rank, offset, value):
-        return _atomics.fetch_add(self._addr(buffer_id, rank, offset), self.sleepers_addr, value)
+        return _atomics.fetch_add(self._at[buffer_id][rank] + offset, self.sleepers_addr, value)
 
     def cell_set(self, buffer_id, rank, offset, value):
-        return _atomics.exchange(self._addr(buffer_id, rank, offset), self.sleepers_addr, value)
+        return _atomics.exchange(self._at[buffer_id][rank] + offset, self.sleepers_addr, value)
 
     def cell_load(self, buffer_id, rank, offset):
-        return _atomics.load(self._addr(buffer_id, rank, offset))
+        return _atomics.load(self._at[buffer_id][rank] + offset)
 
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
         return _atomics.wait(self._addr(buffer_id, self.rank, offset), self.sleepers_addr, int(ge), expected,
@@ -216,12 +219,15 @@ class ShmBackend:
             raise
         return group
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
-        """A one-shot call: a rank group used once, forked with its command already published.
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, owner=None) -> None:
+        """A one-shot call: a rank group forked with its command already published, or, for ``owner``, reused.
 
         The host tensors and the window heaps lie in one anonymous shared mapping made before the
         fork, so the ranks inherit it (no descriptor travels); the host tensors are copied in, and the
-        outputs out once every rank succeeded.
+        outputs out once every rank succeeded.  Forking a torch-sized driver costs tens of
+        milliseconds, so with ``owner`` (the CompiledProgram making the call) the group and its
+        mapping are kept for that owner's next call (``_KEPT``): closed after an error or an
+        interrupt, after ``KEPT_IDLE_S`` idle, when the owner is collected, and at exit.
         """
         host_bytes = sum(a.nbytes for a in host_arrays if a is not None)
         resources.check_windows(plan.program, plan.windows, plan.world, host_bytes)
@@ -231,22 +237,42 @@ class ShmBackend:
             off = _align(off + (a.nbytes if a is not None else 0))
         stride = _align(max(plan.window_heap_bytes, ALIGN))
         total = off + stride * plan.world
-        try:
-            mm = mmap.mmap(-1, total)
-        except OSError as e:
-            raise resources.no_memory(plan.program, plan.windows, plan.world, total, e) from None
-        memory = np.frombuffer(mm, dtype=np.uint8)
-        try:
-            self._run_once(plan, host_arrays, config, dfx, memory, offsets, off, stride)
-        finally:
-            del memory
+        kept = _KEPT.take(owner, plan.device_ids, total) if owner is not None else None
+        if kept is not None and not kept.accepts(plan):
+            kept.close()  # a plan of functions its ranks were forked without: fork again
+            kept = None
+        if kept is None:
             try:
-                mm.close()
-            except BufferError:
-                pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
+                mm = mmap.mmap(-1, total)
+            except OSError as e:
+                raise resources.no_memory(plan.program, plan.windows, plan.world, total, e) from None
+            kept = _KeptGroup.fork_for(plan, mm) if owner is not None else None
+        else:
+            kept.memory[off:total] = 0  # the window heaps start zeroed, as in a fresh mapping
+        if kept is None:  # no owner, or a plan the ranks cannot be sent by value: a group used once
+            memory = np.frombuffer(mm, dtype=np.uint8)
+            try:
+                group = RankGroup(plan.device_ids, {id(plan): plan}, 0.0, owner=plan.program,
+                                  inherited={ONE_SHOT_TOKEN: memory}, once=True)
+                self._run_on(group, None, plan, host_arrays, config, dfx, memory, offsets, off, stride)
+            finally:
+                del memory
+                try:
+                    mm.close()
+                except BufferError:
+                    pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
+            return
+        try:
+            self._run_on(kept.group, kept, plan, host_arrays, config, dfx, kept.memory, offsets, off, stride)
+        except BaseException:
+            kept.close()
+            raise
+        _KEPT.give(owner, kept)
 
     @staticmethod
-    def _run_once(plan, host_arrays, config, dfx, memory, offsets, heap_at, stride) -> None:
+    def _run_on(group: RankGroup, kept: _KeptGroup | None, plan, host_arrays, config, dfx, memory, offsets,
+                heap_at, stride) -> None:
+        """Run ``plan`` on ``group`` (forked now when it has no ranks yet); close it unless ``kept``."""
         hosts, views = [], []
         inputs = {spec.index for spec in plan.host_tensors if spec.direction is Direction.IN}
         for i, (a, off) in enumerate(zip(host_arrays, offsets)):
@@ -261,13 +287,15 @@ class ShmBackend:
             hosts.append(HostView(a.shape, dt.from_numpy(a.dtype).name, writable, ONE_SHOT_TOKEN, off,
                                   view.strides))
         heap = SharedHeap(ONE_SHOT_TOKEN, stride, memory, heap_at)
-        group = RankGroup(plan.device_ids, {id(plan): plan}, 0.0, owner=plan.program,
-                          inherited={ONE_SHOT_TOKEN: memory}, once=True)
-        command = Command(0, 0, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout(),
-                          blob=group.encode_plan((plan, [])))
+        if kept is None:
+            number, plan_id, blob, forget = 0, 0, group.encode_plan((plan, [])), False
+        else:
+            number, plan_id, blob, forget = kept.prepare(plan)
+        command = Command(number, plan_id, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout(),
+                          blob=blob, forget_plans=forget)
         watch = None
         try:
-            watch = group.start(first=command)
+            watch = group.submit(command) if group.pids else group.start(first=command)
             try:
                 while not watch.poll(POLL_S):
                     pass
@@ -275,7 +303,8 @@ class ShmBackend:
                 watch.interrupt(STOP_WRITE_S if dfx is not None else 0.0)
                 raise
         finally:
-            group.close()
+            if kept is None:
+                group.close()
             if dfx is not None:
                 finish_run(dfx, plan.world, plan.device_ids, error=watch.error if watch is not None else None)
         if watch.error is not None:
@@ -285,9 +314,228 @@ class ShmBackend:
                 host_arrays[spec.index][...] = views[spec.index]
 
 
+# -- one-shot groups kept between calls ------------------------------------------------------
+
+KEPT_IDLE_S = 5.0   # an idle kept group is closed after this long (the next call forks again)
+KEPT_MAX = 4        # kept groups at most (the least recently used goes first)
+KEPT_PLANS = 256    # plans a kept group's ranks hold before they are told to forget them
+
+
+def _call_context() -> tuple:
+    """What ranks take from the driver when they are forked and a later call on them must still share.
+
+    Where their output goes (``sys.stdout``/``sys.stderr`` and descriptors 1 and 2, which a test's
+    capture replaces), the environment (``RANK``-like settings, ``PTODIST_*``), the working directory
+    (relative DFX paths) and the process (a kept group belongs to the process that forked it).
+    """
+    fds = []
+    for fd in (1, 2):
+        try:
+            st = os.fstat(fd)
+            fds.append((st.st_dev, st.st_ino))
+        except OSError:
+            fds.append(None)
+    try:
+        cwd = os.getcwd()
+    except OSError:
+        cwd = None
+    env = getattr(os.environ, "_data", None)  # the raw bytes: hashed without decoding every entry
+    env = hash(frozenset((env if env is not None else os.environ).items()))
+    return (os.getpid(), cwd, id(sys.stdout), id(sys.stderr), *fds, env)
+
+
+def _plan_objects(plan: DispatchPlan) -> dict:
+    """The functions a plan's ranks run, and what they refer to, by ``id`` (``PlanPickler``'s table)."""
+    from ..compiler.checks import reachable_functions
+    from ..language.functions import Function
+
+    roots = [t.function for tasks in plan.tasks for t in tasks if isinstance(t.function, Function)]
+    objects: dict = {}
+    if roots:
+        for f in reachable_functions(roots[0], roots[1:]):
+            objects[id(f.fn)] = f
+            if f.bound_self is not None:
+                objects[id(f.bound_self)] = f.bound_self
+    return objects
+
+
+class _KeptGroup:
+    """A one-shot caller's rank group kept between its calls, with the mapping its ranks inherited.
+
+    Plans travel by value with their functions by reference (``PlanPickler``, strict): a later
+    plan whose functions the ranks were forked without cannot use the group.
+    """
+
+    def __init__(self, group: RankGroup, mm: mmap.mmap, memory: np.ndarray, context: tuple):
+        self.group = group
+        self.mm = mm
+        self.memory = memory
+        self.size = len(memory)
+        self.context = context
+        self.plans: dict[int, tuple[DispatchPlan, int]] = {}  # id(plan) -> (plan, its id in the ranks)
+        self.calls = 0
+        self.next_plan = 0
+        self.first: tuple | None = None  # (plan, blob): a new plan, pickled by accepts() for its call
+        self.idle_since = 0.0
+        self.finalizer: weakref.finalize | None = None  # closes the group when its owner is collected
+
+    @classmethod
+    def fork_for(cls, plan: DispatchPlan, mm: mmap.mmap) -> _KeptGroup | None:
+        """A group (not yet forked) over ``mm`` that can keep serving ``plan``'s program; None if it cannot."""
+        objects = _plan_objects(plan)
+        memory = np.frombuffer(mm, dtype=np.uint8)
+        group = RankGroup(plan.device_ids, objects, 0.0, owner=plan.program, inherited={ONE_SHOT_TOKEN: memory})
+        kept = cls(group, mm, memory, _call_context())
+        if not kept.accepts(plan):  # a plan that cannot travel by value: the caller uses a group once
+            group.close()  # nothing was forked; ``mm`` stays the caller's
+            return None
+        return kept
+
+    def accepts(self, plan: DispatchPlan) -> bool:
+        """Whether the ranks can run ``plan`` (pickled now, for its call, when they do not have it yet)."""
+        known = self.plans.get(id(plan))
+        if known is not None and known[0] is plan:
+            return True
+        try:
+            self.first = (plan, self.encode(plan))
+        except Exception:  # noqa: BLE001 - unpicklable arguments, or functions the ranks lack
+            return False
+        return True
+
+    def encode(self, plan: DispatchPlan) -> bytes:
+        """``plan`` pickled for the ranks (raises when it refers to a function they lack)."""
+        buf = io.BytesIO()
+        PlanPickler(buf, self.group.objects, strict=True).dump((plan, []))
+        return buf.getvalue()
+
+    def prepare(self, plan: DispatchPlan) -> tuple[int, int, bytes | None, bool]:
+        """The number, plan id, plan blob (only the first time) and forget flag of the next call of ``plan``."""
+        number = self.calls
+        self.calls += 1
+        known = self.plans.get(id(plan))
+        if known is not None and known[0] is plan:
+            return number, known[1], None, False
+        forget = len(self.plans) >= KEPT_PLANS
+        if forget:
+            self.plans.clear()
+        first, self.first = self.first, None
+        blob = first[1] if first is not None and first[0] is plan else self.encode(plan)
+        plan_id = self.next_plan
+        self.next_plan += 1
+        self.plans[id(plan)] = (plan, plan_id)
+        return number, plan_id, blob, forget
+
+    def usable(self, device_ids: list, total: int, context: tuple) -> bool:
+        g = self.group
+        return (not g.dead and g.device_ids == list(device_ids) and total <= self.size and context == self.context
+                and not g.reap())
+
+    def close(self) -> None:
+        if self.finalizer is not None:
+            self.finalizer.detach()
+            self.finalizer = None
+        self.group.close()
+        self.memory = None
+        try:
+            self.mm.close()
+        except BufferError:
+            pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
+
+
+class _Kept:
+    """The kept one-shot groups of this process, one per owner; a daemon thread closes idle ones."""
+
+    def __init__(self):
+        self._reset()
+        os.register_at_fork(after_in_child=self._forget)
+
+    def _reset(self) -> None:
+        self.lock = threading.Lock()
+        self.wakeup = threading.Condition(self.lock)
+        self.groups: dict[int, _KeptGroup] = {}  # id(owner) -> its idle group
+        self.thread: threading.Thread | None = None
+
+    def _forget(self) -> None:
+        """In a forked child: the groups are the parent's (its ranks, its finalizers); drop them untouched."""
+        for kept in self.groups.values():
+            if kept.finalizer is not None:
+                kept.finalizer.detach()
+        self._reset()
+
+    def take(self, owner, device_ids: list, total: int) -> _KeptGroup | None:
+        """``owner``'s idle group when it can run a call needing ``total`` bytes of mapping, else None."""
+        with self.lock:
+            kept = self.groups.pop(id(owner), None)
+        if kept is None:
+            return None
+        if kept.usable(device_ids, total, _call_context()):
+            return kept
+        kept.close()
+        return None
+
+    def give(self, owner, kept: _KeptGroup) -> None:
+        """Keep ``owner``'s group, idle, for its next call."""
+        kept.idle_since = time.monotonic()
+        if kept.finalizer is None:
+            kept.finalizer = weakref.finalize(owner, self.discard, id(owner))
+        evicted = []
+        with self.lock:
+            old = self.groups.pop(id(owner), None)
+            if old is not None and old is not kept:
+                evicted.append(old)
+            self.groups[id(owner)] = kept
+            while len(self.groups) > KEPT_MAX:
+                oldest = min(self.groups, key=lambda k: self.groups[k].idle_since)
+                evicted.append(self.groups.pop(oldest))
+            if self.thread is None:
+                self.thread = threading.Thread(target=self._close_idle, name="ptodist-kept-groups", daemon=True)
+                self.thread.start()
+            self.wakeup.notify()
+        for k in evicted:
+            k.close()
+
+    def discard(self, key: int) -> None:
+        """Close the group of the owner ``key`` (it was collected, or the process exits)."""
+        with self.lock:
+            kept = self.groups.pop(key, None)
+        if kept is not None:
+            kept.close()
+
+    def close_all(self) -> None:
+        with self.lock:
+            groups, self.groups = list(self.groups.values()), {}
+        for kept in groups:
+            kept.close()
+
+    def _close_idle(self) -> None:
+        while True:
+            with self.lock:
+                while True:
+                    now = time.monotonic()
+                    due = min((k.idle_since + KEPT_IDLE_S for k in self.groups.values()), default=None)
+                    if due is not None and due <= now:
+                        break
+                    self.wakeup.wait(None if due is None else due - now)
+                expired = [key for key, k in self.groups.items() if k.idle_since + KEPT_IDLE_S <= now]
+                idle = [self.groups.pop(key) for key in expired]
+            for kept in idle:
+                kept.close()
+
+
+_KEPT = _Kept()
+
+
+def close_kept_groups() -> None:
+    """Close every rank group kept for one-shot calls (the next call of each program forks afresh)."""
+    _KEPT.close_all()
+
+
 # -- long-lived ranks (a DistributedWorker's) ------------------------------------------------
 
 FRAME_BYTES = 1 << 20      # one command, pickled; a larger one travels as a shared file
+# A frame starts with the payload's length and the dispatch's number; the payload (the rest of the command)
+# is then byte-identical when a caller dispatches the same arguments again, and a rank reuses what it decoded.
+FRAME_HEAD = 16
 RESULT_BYTES = 256 << 10   # one rank's failure report, pickled
 ABORT_POLL_S = 0.02        # a rank blocked in a wait notices an abort this often
 STOP_S = 2.0               # ranks that do not stop this long after an abort are killed
@@ -334,7 +582,7 @@ class GroupLayout:
         self.result = _align(self.done + 4 * world)  # per rank: OK, CMD_FAILED or ABORTED
         self.status = _align(self.result + 4 * world)
         self.frame = _align(self.status + StatusBoard.nbytes(world))
-        self.results = _align(self.frame + 8 + FRAME_BYTES)
+        self.results = _align(self.frame + FRAME_HEAD + FRAME_BYTES)
         self.total = self.results + RESULT_BYTES * world
 
 
@@ -347,7 +595,10 @@ class _GroupMemory(ShmMemory):
         self.state = state
 
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
-        addr = self._addr(buffer_id, self.rank, offset)
+        addr = self._at[buffer_id][self.rank] + offset
+        value = _atomics.load(addr)
+        if value >= expected if ge else value == expected:  # already there: no clock to read, no wait to set up
+            return True, value
         end = time.monotonic() + timeout_s
         spin, yld = self.spin_s, self.yield_s
         while True:
@@ -371,20 +622,28 @@ class PlanPickler(pickle.Pickler):
     worker's programs (closures of program factories included) exists in it at the same id.
     """
 
-    def __init__(self, file, objects: dict):
+    def __init__(self, file, objects: dict, strict: bool = False):
         super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
         self.objects = objects
+        self.strict = strict  # refuse a Function the ranks lack (instead of pickling it by value)
 
     def persistent_id(self, obj):
         from ..language.functions import Function
 
         if obj is not None and self.objects.get(id(obj)) is obj and not isinstance(obj, Function):
             return ("object", id(obj), 0)  # e.g. a one-shot call's whole plan, made before its ranks forked
-        if isinstance(obj, Function) and id(obj.fn) in self.objects:
+        if isinstance(obj, Function):
+            known = self.objects.get(id(obj.fn))
             bound = obj.bound_self
-            if bound is None or id(bound) in self.objects:
+            if getattr(known, "fn", None) is obj.fn and (bound is None or self.objects.get(id(bound)) is bound):
                 return ("function", id(obj.fn), id(bound) if bound is not None else 0)
+            if self.strict:
+                raise _NotInRanks(obj.name)
         return None
+
+
+class _NotInRanks(Exception):
+    """A plan refers to a function the group's ranks were forked without."""
 
 
 class _PlanUnpickler(pickle.Unpickler):
@@ -436,15 +695,16 @@ class CommandWatch:
     def poll(self, timeout: float) -> bool:
         """Watch for at most ``timeout`` seconds; return True when the command is over."""
         group = self.group
+        finished = group.finished_addr
         end = time.monotonic() + timeout
         while not self.over:
-            n = _atomics.load(group.addr(group.layout.finished))
+            n = _atomics.load(finished)
             if n >= self.target:
                 self._finish()
                 break
             left = end - time.monotonic()
-            ok, _ = _atomics.wait(group.addr(group.layout.finished), group.ctl_sleepers, 1, self.target,
-                                  group.ctl_spin_s, 0.0, max(min(POLL_S, left), 0.0))
+            ok, _ = _atomics.wait(finished, group.ctl_sleepers, 1, self.target, group.ctl_spin_s, 0.0,
+                                  max(min(POLL_S, left), 0.0))
             if ok:
                 continue
             now = time.monotonic()
@@ -527,9 +787,10 @@ class CommandWatch:
 
     def _finish(self) -> None:
         results = self.group.words("result")
-        for r in range(self.group.world):
-            if results[r] == CMD_FAILED and r not in self.failures:
-                self.failures[r] = self.group.failure(r)
+        if any(results.tolist()):  # OK is 0: look rank by rank only when one did not succeed
+            for r in range(self.group.world):
+                if results[r] == CMD_FAILED and r not in self.failures:
+                    self.failures[r] = self.group.failure(r)
         self.over = True
         if self.failures:
             self.error = RankError([self.failures[r] for r in sorted(self.failures)])
@@ -584,14 +845,24 @@ class RankGroup:
         self.socks: list[socket.socket | None] = []
         self.sent = 0  # commands published
         self.dead = False
+        self._words: dict[str, np.ndarray] = {}
+        # The frame's words and payload, made once: publishing a command is on every dispatch's path.
+        frame = self.layout.frame
+        self.frame_length = ctypes.c_int64.from_address(self.base + frame)
+        self.frame_number = ctypes.c_int64.from_address(self.base + frame + 8)
+        self.doorbell_addr = self.base + self.layout.doorbell
+        self.finished_addr = self.base + self.layout.finished
         _LIVE_GROUPS.add(self)
 
     def addr(self, offset: int) -> int:
         return self.base + offset
 
     def words(self, name: str) -> np.ndarray:
-        off = getattr(self.layout, name)
-        return self.arena[off:off + 4 * self.world].view(np.int32)
+        w = self._words.get(name)
+        if w is None:
+            off = getattr(self.layout, name)
+            w = self._words[name] = self.arena[off:off + 4 * self.world].view(np.int32)
+        return w
 
     # -- start and stop -------------------------------------------------------------------
     def start(self, first: Command | None = None) -> CommandWatch | None:
@@ -657,6 +928,12 @@ class RankGroup:
 
     def reap(self) -> list[RankFailure]:
         """Return a failure for every rank process that has exited (and reap it)."""
+        if self.pids:
+            try:  # one system call (the worker asks before every dispatch): has any child of ours ended?
+                if os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                    return []
+            except ChildProcessError:
+                pass  # no child at all: the ranks were reaped elsewhere; the loop below says so
         out = []
         for r, pid in list(self.pids.items()):
             try:
@@ -687,6 +964,7 @@ class RankGroup:
     def close(self) -> None:
         """Stop the ranks and release the control mapping."""
         self.kill()
+        self._words = {}
         arena, self.arena = self.arena, None
         del arena
         try:
@@ -708,41 +986,44 @@ class RankGroup:
             h = command.heap
             heap_ref = (h.token, h.stride, h.base)
             heap = WindowHeap.for_plan(h.data, h.base, h.stride, command.plan)
-        wire = _Wire(self.sent, command.number, command.plan_id, command.blob, command.segment,
-                     [None if v is None else v.key for v in command.hosts], heap_ref,
-                     [(m.token, m.size) for m in command.maps], command.drops, command.dfx, command.forget_plans)
+        wire = (command.plan_id, command.blob, command.segment,
+                [None if v is None else v.key for v in command.hosts], heap_ref,
+                [(m.token, m.size) for m in command.maps], command.drops, command.dfx, command.forget_plans)
         # Everything but the doorbell first: a woken rank should find the driver asleep, not busy.
         watch = CommandWatch(self, self.sent, command.plan, heap, command.hang_timeout)
-        self.send(wire, command.fds)
+        self.send(command.number, wire, command.fds)
         return watch
 
-    def send(self, command: _Wire, fds: list[int]) -> int:
-        """Publish ``command`` to every rank, with ``fds`` (the files named in ``command.maps``).
+    def send(self, number: int, command: tuple, fds: list[int]) -> int:
+        """Publish ``command`` (a ``_Wire``'s fields) of dispatch ``number`` to every rank, with ``fds``.
 
-        Returns the command's index.  The previous command must have finished.
+        ``fds`` are the files named in the command's ``maps``.  Returns the command's index.  The
+        previous command must have finished.
         """
         index = self.sent
-        payload = pickle.dumps(tuple(command), protocol=pickle.HIGHEST_PROTOCOL)
-        frame = self.layout.frame
+        payload = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
         blob = None
         if len(payload) > FRAME_BYTES:
             blob = _SharedBytes(payload)
             length = -len(payload)
         else:
             length = len(payload)
-            self.arena[frame + 8:frame + 8 + length] = np.frombuffer(payload, dtype=np.uint8)
-        try:
-            for s in self.socks:
+            start = self.layout.frame + FRAME_HEAD
+            self._mm[start:start + length] = payload
+        if blob is not None or fds:
+            try:
+                for s in self.socks:
+                    if blob is not None:
+                        socket.send_fds(s, [b"b"], [blob.fd])
+                    for i in range(0, len(fds), FDS_PER_MESSAGE):
+                        socket.send_fds(s, [b"m"], fds[i:i + FDS_PER_MESSAGE])
+            finally:
                 if blob is not None:
-                    socket.send_fds(s, [b"b"], [blob.fd])
-                for i in range(0, len(fds), FDS_PER_MESSAGE):
-                    socket.send_fds(s, [b"m"], fds[i:i + FDS_PER_MESSAGE])
-        finally:
-            if blob is not None:
-                blob.close()
-        ctypes.c_int64.from_address(self.base + frame).value = length
+                    blob.close()
+        self.frame_number.value = number
+        self.frame_length.value = length
         self.sent += 1
-        _atomics.fetch_add(self.addr(self.layout.doorbell), self.ctl_sleepers, 1)
+        _atomics.fetch_add(self.doorbell_addr, self.ctl_sleepers, 1)
         return index
 
     def failure(self, rank: int) -> RankFailure:
@@ -829,6 +1110,12 @@ class _RankState:
         self.done = group.words("done")
         self.finished = group.addr(group.layout.finished)
         self.no_sleepers = group.addr(group.layout.zero)
+        # The last command whose payload needed nothing mapped, dropped or decoded anew, with what
+        # running it made (its memory and host views): the same payload again reuses them.
+        self.last_payload: bytes | None = None
+        self.last_command: _Wire | None = None
+        self.last_bound: tuple | None = None  # (memory, hosts) of last_command
+        self.next_ctx: RankContext | None = None  # a fresh context for last_command, made while idle
 
 
 def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> None:
@@ -860,11 +1147,12 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
                 if os.getppid() != parent:
                     os._exit(1)
             state.command = c
-            command = _read_command(state)
-            code, failure = _run_command(state, command)
+            number, command = _read_command(state)
+            code, failure = _run_command(state, number, command)
             _report(state, code, failure)
             if group.once:  # a one-shot call's rank: nothing more will come; free the core at once
                 os._exit(0)
+            _prepare_next(state)
     except BaseException:  # noqa: BLE001 - a rank that cannot serve dies; the driver reports it
         os._exit(70)
 
@@ -874,10 +1162,11 @@ def _rank_started(rank: int) -> None:
 
 
 class _Wire(NamedTuple):
-    """A command as it travels to the ranks, pickled into the group's frame (as a plain tuple: cheaper)."""
+    """A command as it travels to the ranks, pickled into the group's frame (as a plain tuple: cheaper).
 
-    serial: int                # the group's command count when it was sent
-    number: int                # the dispatch's number (its segments share it)
+    The dispatch's number (which its segments share) travels in the frame's head, beside the payload.
+    """
+
     plan_id: int
     blob: bytes | None         # the plan, pickled by reference, the first time the ranks see it
     segment: int
@@ -889,18 +1178,25 @@ class _Wire(NamedTuple):
     forget_plans: bool
 
 
-def _read_command(state: _RankState) -> _Wire:
+def _read_command(state: _RankState) -> tuple[int, _Wire]:
+    """The published command: its dispatch's number and the command, with its memory mapped and drops done."""
     group = state.group
-    frame = state.layout.frame
-    length = int(ctypes.c_int64.from_address(group.base + frame).value)
+    length = group.frame_length.value
+    number = group.frame_number.value
     if length < 0:
         _, fds, _, _ = socket.recv_fds(state.sock, 16, 1)
         with mmap.mmap(fds[0], -length, prot=mmap.PROT_READ) as m:
             payload = m[:]
         os.close(fds[0])
     else:
-        payload = bytes(group.arena[frame + 8:frame + 8 + length])
+        start = state.layout.frame + FRAME_HEAD
+        payload = group._mm[start:start + length]
+    if payload == state.last_payload:  # the same command as the last one: nothing new to map or to drop
+        if state.unmapping:
+            _unmap(state, [])
+        return number, state.last_command
     command = _Wire(*pickle.loads(payload))
+    state.last_payload = state.last_command = state.last_bound = state.next_ctx = None
     maps = command.maps
     fds: list[int] = []
     while len(fds) < len(maps):
@@ -925,7 +1221,9 @@ def _read_command(state: _RankState) -> _Wire:
     if command.forget_plans:
         state.plans.clear()
         state.memories.clear()
-    return command
+    if not (maps or drops or command.forget_plans or command.blob is not None):
+        state.last_payload, state.last_command = payload, command
+    return number, command
 
 
 def _unmap(state: _RankState, mappings: list) -> None:
@@ -956,7 +1254,7 @@ def _host_view(state: _RankState, desc) -> np.ndarray:
     return a
 
 
-def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | None]:
+def _run_command(state: _RankState, number: int, command: _Wire) -> tuple[int, RankFailure | None]:
     group, rank = state.group, state.rank
     plan_id = command.plan_id
     if command.blob is not None:
@@ -968,33 +1266,24 @@ def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | 
     if segment == 0:
         state.dispatch = None
         status.clear_history(rank)
-        key = (plan_id, command.heap)
-        memory = state.memories.get(key)
-        if memory is None:
-            if command.heap is not None:
-                token, stride, base = command.heap
-                heap = WindowHeap.for_plan(state.maps[token][1], base, stride, plan)
-            else:
-                heap = WindowHeap(group.arena, 0, 0, [], [])
-            memory = state.memories[key] = _GroupMemory(
-                group.arena, state.layout, rank, group.world, heap, status,
-                abort_addr=group.addr(group.layout.abort), state=state)
-        hosts = []
-        for d in command.hosts:
-            if d is None:
-                hosts.append(None)
-                continue
-            view = state.views.get(d)
-            if view is None:
-                view = state.views[d] = _host_view(state, d)
-                if len(state.views) > 4096:  # descriptors of long-gone tensors: start afresh
-                    state.views = {d: view}
-            hosts.append(view)
+        ctx, state.next_ctx = state.next_ctx, None
+        if command is state.last_command and state.last_bound is not None:
+            memory, hosts = state.last_bound
+        else:
+            memory, hosts = _bind(state, plan, command)
+            ctx = None
+            if command is state.last_command:
+                state.last_bound = (memory, hosts)
         dfx = command.dfx
-        log = EventLog(rank, plan.device_ids[rank], dfx.dispatch, dump_args=dfx.dump_args) if dfx is not None else None
-        state.dispatch = (command.number, RankContext(plan, rank, memory, hosts, events=log), log, dfx)
+        log = None
+        if dfx is not None:
+            log = EventLog(rank, plan.device_ids[rank], dfx.dispatch, dump_args=dfx.dump_args)
+            ctx = None
+        if ctx is None:
+            ctx = RankContext(plan, rank, memory, hosts, events=log)
+        state.dispatch = (number, ctx, log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
-    if dispatch_id != command.number:
+    if dispatch_id != number:
         raise PtodistInternalError("a later segment arrived for a dispatch this rank did not start")
     ctx.plan = segments[segment]
     status.set_running(rank, "")
@@ -1008,6 +1297,50 @@ def _run_command(state: _RankState, command: _Wire) -> tuple[int, RankFailure | 
     if last or code != OK:
         state.dispatch = None
     return code, outcome.failure
+
+
+def _prepare_next(state: _RankState) -> None:
+    """While idle: make the context that the same command, sent again, will run in.
+
+    A caller dispatching in a loop sends the same command again; a context is cheap state with
+    no side effect when made, so making it here takes its cost off the next dispatch's path.
+    """
+    command = state.last_command
+    if command is None or state.last_bound is None or command.segment != 0 or command.dfx is not None:
+        return
+    try:
+        memory, hosts = state.last_bound
+        state.next_ctx = RankContext(state.plans[command.plan_id][0], state.rank, memory, hosts)
+    except Exception:  # noqa: BLE001 - the command makes its context itself, as any other
+        state.next_ctx = None
+
+
+def _bind(state: _RankState, plan: DispatchPlan, command: _Wire) -> tuple[_GroupMemory, list]:
+    """The memory (window heap) and the host tensor views of ``command``'s dispatch."""
+    group, rank = state.group, state.rank
+    key = (command.plan_id, command.heap)
+    memory = state.memories.get(key)
+    if memory is None:
+        if command.heap is not None:
+            token, stride, base = command.heap
+            heap = WindowHeap.for_plan(state.maps[token][1], base, stride, plan)
+        else:
+            heap = WindowHeap(group.arena, 0, 0, [], [])
+        memory = state.memories[key] = _GroupMemory(
+            group.arena, state.layout, rank, group.world, heap, group.status,
+            abort_addr=group.addr(group.layout.abort), state=state)
+    hosts = []
+    for d in command.hosts:
+        if d is None:
+            hosts.append(None)
+            continue
+        view = state.views.get(d)
+        if view is None:
+            view = state.views[d] = _host_view(state, d)
+            if len(state.views) > 4096:  # descriptors of long-gone tensors: start afresh
+                state.views = {d: view}
+        hosts.append(view)
+    return memory, hosts
 
 
 def _report(state: _RankState, code: int, failure: RankFailure | None) -> None:

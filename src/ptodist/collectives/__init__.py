@@ -21,15 +21,15 @@ def run(call: Call, me: int, n: int, host: bool):
         if call.mode == "ring":
             allreduce.ring(call.target, call.signal, call.op, me, n)
         elif host:
-            allreduce.direct(call.target, call.signal, call.op, me, n, call.core_num)
+            allreduce.direct(call.target, call.signal, call.op, me, n, call.core_num, call.cache)
         else:
             allreduce.mesh(call.target, call.signal, call.op, me, n)
     elif name == "reduce_scatter":
         allreduce.reduce_scatter(call.target, call.signal, call.op, me, n)
     elif name == "broadcast":
-        movement.broadcast(call.target, call.signal, call.root, me, n)
+        movement.broadcast(call.target, call.signal, call.root, me, n, call.cache)
     elif name == "allgather":
-        movement.allgather(call.source, call.target, call.signal, slot_shape(call, n), me, n)
+        movement.allgather(call.source, call.target, call.signal, slot_shape(call, n), me, n, call.cache)
     elif name == "all_to_all":
         movement.all_to_all(call.source, call.target, call.signal, me, n)
     elif name == "all_to_all_v":

@@ -14,13 +14,13 @@ from .spec import flat_regions, ring_segments
 
 def mesh(target, signal, op: ReduceOp, me: int, n: int) -> None:
     """The tutorial's mesh: one barrier, every rank reads every peer; a second before anyone overwrites."""
-    common.barrier(signal, me, n)
+    common.enter(signal, me, n)
     acc = common.reduce_from_all(target, common.whole(target), op, n)
-    common.barrier(signal, me, n)
+    common.leave(signal, me, n)
     pl.store(acc, [0] * len(target.shape), target)
 
 
-def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1) -> None:
+def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1, cache: dict | None = None) -> None:
     """Reduce-scatter + allgather over directly addressable windows: rank r reduces 1/P of the data.
 
     Every byte of every window is read once (by the rank that owns its chunk) and the
@@ -30,20 +30,33 @@ def direct(target, signal, op: ReduceOp, me: int, n: int, core_num: int = 1) -> 
     rank ends with the same bits.  ``core_num`` lanes each take a slice, with their own
     signal column.
     """
-    axis = common.longest_axis(target.shape)
-    for lane, lane_region in enumerate(common.split(list(target.shape), core_num, axis)):
-        common.barrier(signal, me, n, lane)
-        offsets, ext = common.split(lane_region[1], n, axis)[me]
-        offsets = [a + b for a, b in zip(offsets, lane_region[0])]
-        if ext[axis]:
+    key = ("direct", me, n, core_num)
+    lanes = cache.get(key) if cache is not None else None
+    if lanes is None:
+        lanes = _direct_lanes(list(target.shape), me, n, core_num)
+        if cache is not None:
+            cache[key] = lanes
+    for lane, offsets, ext in lanes:
+        common.enter(signal, me, n, lane)
+        if ext is not None:
             if op is ReduceOp.Sum:
                 common.accumulate_peers(target, offsets, ext, me, n)
             else:
                 pl.store(common.reduce_from_all(target, (offsets, ext), op, n), offsets, target)
-            for p in range(n):
-                if p != me:
-                    pld.tensor.put(target, p, target, offsets, offsets, ext)
-        common.barrier(signal, me, n, lane)
+            for i in range(1, n):  # my reduced chunk to every peer
+                pld.tensor.put(target, (me + i) % n, target, offsets, offsets, ext)
+        common.leave(signal, me, n, lane)
+
+
+def _direct_lanes(shape: list[int], me: int, n: int, core_num: int) -> list[tuple[int, list[int], list[int] | None]]:
+    """Per lane: ``(lane, offsets, extents)`` of the chunk rank ``me`` reduces (extents None: empty chunk)."""
+    axis = common.longest_axis(shape)
+    out = []
+    for lane, lane_region in enumerate(common.split(shape, core_num, axis)):
+        offsets, ext = common.split(lane_region[1], n, axis)[me]
+        offsets = [a + b for a, b in zip(offsets, lane_region[0])]
+        out.append((lane, offsets, ext if ext[axis] else None))
+    return out
 
 
 def ring(target, signal, op: ReduceOp, me: int, n: int) -> None:
@@ -90,7 +103,7 @@ def reduce_scatter(target, signal, op: ReduceOp, me: int, n: int) -> None:
     rows = target.shape[0] // n
     offsets = [me * rows] + [0] * (len(target.shape) - 1)
     ext = [rows, *target.shape[1:]]
-    common.barrier(signal, me, n)
+    common.enter(signal, me, n)
     # Only this rank touches row block `me` of its own window, so it can accumulate in place (Sum only).
     common.accumulate_peers(target, offsets, ext, me, n)
-    common.barrier(signal, me, n)
+    common.leave(signal, me, n)

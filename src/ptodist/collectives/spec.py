@@ -34,6 +34,9 @@ class Call:
     core_num: int = 1
     root: int = 0
     counts: dict = field(default_factory=dict)
+    # What run() derives from the call once per rank (chunk regions, reshaped views): a host call's
+    # Call is kept across its invocations, so each repeat skips that work.
+    cache: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def layout(self) -> tuple:

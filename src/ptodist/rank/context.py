@@ -49,7 +49,19 @@ except ImportError:  # numpy < 2
     from numpy import byte_bounds
 
 ATOMIC_ADD_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32, dt.INT16, dt.INT8)
-_NOTIFY, _DEFER_WAIT = LAST_OP_CODES["pld.system.notify"], LAST_OP_CODES["pld.system.defer_wait"]
+_NOTIFY, _WAIT, _DEFER_WAIT = (LAST_OP_CODES[f"pld.system.{n}"] for n in ("notify", "wait", "defer_wait"))
+_INT32_MIN, _INT32_END = -2**31, 2**31
+
+
+def _index(v, op: str, what: str) -> int:
+    """``v`` as a plain int: an integer Scalar's value, else :func:`as_int`'s conversion (and its error).
+
+    The hot paths test ``type(v) is int`` inline and call this only otherwise, so that the message's
+    f-string is built only for what is not already an int.
+    """
+    if type(v) is Scalar and not v.dtype.is_float:
+        return v.value
+    return as_int(v, f"{op} {what}")
 
 
 class RankContext(context.Context):
@@ -71,7 +83,10 @@ class RankContext(context.Context):
         last_op_words = getattr(memory.status, "last_op_words", None)
         self._last_op = last_op_words(rank) if last_op_words is not None else None
         self._site_slots: dict = {}  # (file, line) -> its slot in the board's site table
-        self._call_sites: dict = {}  # (id(code), instruction offset) -> (code, packed word): _mark_here's cache
+        # (id(code), instruction offset) -> (code, (site, slot word)) or (code, None) for ptodist's own: _here's cache
+        self._call_sites: dict = {}
+        self._site_slot = getattr(memory.status, "site_slot", None)  # a board with a site table (not MPI's own)
+        self._coll_site: tuple = (None, 0, None)  # while a collective runs: its call site, as _here gives it
         self.host_arrays = host_arrays
         self.wait_slice_s = wait_slice_s
         self.task: str | None = None
@@ -121,6 +136,7 @@ class RankContext(context.Context):
         self._progress = memory.status.progress_counter(self.rank)
         last_op_words = getattr(memory.status, "last_op_words", None)
         self._last_op = last_op_words(self.rank) if last_op_words is not None else None
+        self._site_slot = getattr(memory.status, "site_slot", None)
         self.host_arrays = host_arrays
         self._windows = {}
         self._spans = None
@@ -168,7 +184,7 @@ class RankContext(context.Context):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._run_collective(call, group, host=True),
+            self._task_body(b.describe(), lambda: self._run_collective(call, group, True, b.loc),
                             kind="collective", where=str(b.loc), info=info)
 
     def _materialize(self, arg, spec):
@@ -320,24 +336,30 @@ class RankContext(context.Context):
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{name}", 0), (loc.file, loc.line) if loc is not None else None)
         if self.events is None:
-            return self._run_collective(call, group, host=False)
+            return self._run_collective(call, group, False, loc)
         # A slice around the collective, opened before the notifies, waits and RMA it is made of.
         t = call.target
         rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
                         signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
         try:
-            return self._run_collective(call, group, host=False)
+            return self._run_collective(call, group, False, loc)
         finally:
             rec["end"] = now_ns()
 
-    def _run_collective(self, call, group: tuple, host: bool):
+    def _run_collective(self, call, group: tuple, host: bool, loc):
         # Signal operations inside a collective are its own, not hand-rolled uses of the window.
         # It runs over the comm domain of its windows: this rank's group rank among the group's ranks.
+        # Its notifies are attributed to the program's line that called it (``loc``: the one user frame above
+        # them, or for a host collective the call_site fallback), known here once rather than found per notify.
+        outer = self._coll_site
+        if not self._in_collective:
+            self._coll_site = self._site_entry((loc.file, loc.line) if loc is not None else None)
         self._in_collective += 1
         try:
             return collectives.run(call, group.index(self.rank), len(group), host=host)
         finally:
             self._in_collective -= 1
+            self._coll_site = outer
 
     def _call_group(self, op: str, args, kwargs, name: str, loc) -> tuple:
         """The comm domain a collective runs over: that of its target and signal windows, which must agree.
@@ -597,38 +619,51 @@ class RankContext(context.Context):
         words = self._last_op
         if words is None or self._in_collective or site is None:
             return
-        slot = self._site_slots.get(site)
-        if slot is None:
-            slot = self._site_slots[site] = self.status.site_slot(self.rank, site)
-        words.value = op | ((slot & 0xFFFFFFFF) << 32)  # last_op and last_site, in one store
+        words.value = op | self._site_entry(site)[1]  # last_op and last_site, in one store
+
+    def _site_entry(self, site) -> tuple:
+        """``(site, slot word, slot)``: ``site`` (the user's ``(file, line)``, or None), its slot of the board's
+        site table (None for a board without one: MPI's finds it itself) and that slot shifted into the
+        ``last_site`` half of the last-op word (``op | slot word`` is the word to store)."""
+        if site is None:
+            return None, 0xFFFFFFFF << 32, -1
+        slot = self._site_slots.get(site, -2)
+        if slot == -2:
+            slot = self._site_slots[site] = self._site_slot(self.rank, site) if self._site_slot is not None else None
+        return site, ((slot if slot is not None else -1) & 0xFFFFFFFF) << 32, slot
+
+    def _here(self, frame) -> tuple | None:
+        """:meth:`_site_entry` of the program's line at or above ``frame`` (at most four frames up; None when
+        there is none: an operation of ptodist's own).
+
+        Cached per call site, by its code and instruction: no stack walk, line number or code hash per
+        operation; ptodist's own frames are cached too, as frames to step over.
+        """
+        sites = self._call_sites
+        for _ in range(4):
+            if frame is None:
+                return None
+            code = frame.f_code
+            known = sites.get((id(code), frame.f_lasti))
+            if known is None:
+                name = code.co_filename
+                entry = None if is_internal(name) else self._site_entry((name, frame.f_lineno))
+                # The entry holds the code object: alive, its id is never another's, so the key stays its own.
+                known = sites[(id(code), frame.f_lasti)] = (code, entry)
+            if known[1] is not None:
+                return known[1]
+            frame = frame.f_back
+        return None
 
     def _mark_here(self, op: int) -> None:
-        """:meth:`_mark` at the program's line that called the operation running now, found cheaply: the
-        program's frame is at most three frames above ``memory_op`` (none: a collective's own operation)."""
+        """:meth:`_mark` at the program's line that called the operation running now (none: a collective's own
+        operation, which the collective's mark stands for)."""
         words = self._last_op
         if words is None or self._in_collective:
             return
-        frame = sys._getframe(3)  # _mark_here <- the operation <- memory_op <- pld wrapper (or a backend's hook)
-        for _ in range(3):
-            if frame is None:
-                return
-            code = frame.f_code
-            # A call site by its code and instruction (no line number to compute, no code object to hash); the
-            # code is kept with the slot, so a reused id never names another function's line.
-            known = self._call_sites.get((id(code), frame.f_lasti))
-            if known is None or known[0] is not code:
-                name = code.co_filename
-                if is_internal(name):
-                    frame = frame.f_back
-                    continue
-                site = (name, frame.f_lineno)
-                slot = self._site_slots.get(site)
-                if slot is None:
-                    slot = self._site_slots[site] = self.status.site_slot(self.rank, site)
-                # One call site makes one operation: keep the word to store, op and slot packed.
-                known = self._call_sites[(id(code), frame.f_lasti)] = (code, op | ((slot & 0xFFFFFFFF) << 32))
-            words.value = known[1]
-            return
+        here = self._here(sys._getframe(4))  # _mark_here <- the operation <- memory_op <- pld wrapper <- the program
+        if here is not None:
+            words.value = op | here[1]
 
     def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
         if isinstance(t, RankTensor):
@@ -651,8 +686,19 @@ class RankContext(context.Context):
 
         ``valid_of``: ``shape`` is the valid extent of a tile of that (larger) shape, read from ``t``.
         """
-        offsets = [as_int(o, f"{op} offset") for o in (offsets if isinstance(offsets, (list, tuple)) else [offsets])]
-        shape = [as_int(s, f"{op} shape") for s in shape]
+        if type(offsets) is list and len(offsets) == 2 == len(shape):
+            # The hot path: a 2-D region at plain ints inside the bounds, in straight-line code (a loop over zip()
+            # costs more than these tests); anything else takes the checks below, and their errors.
+            bounds = t.array.shape
+            b0, b1 = bounds if len(bounds) == 2 else (-1, -1)
+            o0, o1 = offsets
+            s0, s1 = shape
+            if type(o0) is int and type(o1) is int and type(s0) is int and type(s1) is int and 0 <= o0 and 0 <= s0 \
+                    and o0 + s0 <= b0 and 0 <= o1 and 0 <= s1 and o1 + s1 <= b1:
+                return slice(o0, o0 + s0), slice(o1, o1 + s1)
+        offsets = [o if type(o) is int else _index(o, op, "offset")
+                   for o in (offsets if isinstance(offsets, (list, tuple)) else [offsets])]
+        shape = [s if type(s) is int else _index(s, op, "shape") for s in shape]
         bounds = t.shape
         if len(offsets) != len(bounds) or len(shape) != len(bounds):
             raise KernelIndexError(f"{op} at {user_location(4)}: {t.describe()} has {len(bounds)} dimensions but "
@@ -675,10 +721,10 @@ class RankContext(context.Context):
 
     def _peer(self, op: str, peer, w: WindowTensor) -> int:
         """The world rank of group rank ``peer`` of window ``w``'s comm domain (checked)."""
+        p = peer if type(peer) is int else _index(peer, op, "peer")
         group = w.group
         if len(group) == self.world:
-            return self._world_peer(op, peer)
-        p = as_int(peer, f"{op} peer")
+            return p if 0 <= p < self.world else self._world_peer(op, p)
         if self.rank not in group:
             raise ProgramValueError(self._outside_group_text(op, w.describe(), group))
         if not 0 <= p < len(group):
@@ -695,7 +741,7 @@ class RankContext(context.Context):
         return group[p]
 
     def _world_peer(self, op: str, peer) -> int:
-        p = as_int(peer, f"{op} peer")
+        p = peer if type(peer) is int else _index(peer, op, "peer")
         if not 0 <= p < self.world:
             hint = ""
             if p < 0:
@@ -763,6 +809,9 @@ class RankContext(context.Context):
             tile = Tile(tile.array, tile.dtype)
         if not isinstance(tile, Tile):
             raise ProgramTypeError(f"{op} at {user_location(5)}: expected a Tile, got {checks.value_kind(tile)}")
+        data = tile.data
+        if tile.dtype is t.dtype and tile.valid_shape == data.shape:  # the usual case: all of it, as it is
+            return data
         if tile.dtype.np_dtype != t.dtype.np_dtype:
             raise ProgramTypeError(f"{op} at {user_location(5)}: the tile is {tile.dtype.name} but {t.describe()} "
                                    f"is {t.dtype.name}; convert with pl.cast(tile, target_type=pl.{t.dtype.name})")
@@ -775,7 +824,7 @@ class RankContext(context.Context):
         A tile of lower rank than ``t`` fills ``t``'s trailing dimensions; the leading ones it spans are of
         size 1 (a ``[R, C]`` tile stored at ``[i, j, 0]`` of an ``[N, M, C]`` tensor writes ``t[i, j:j+R, :C]``).
         """
-        n = len(t.shape)
+        n = t.array.ndim
         if data.ndim < n and isinstance(offsets, (list, tuple)) and len(offsets) == n:
             data = data.reshape((1,) * (n - data.ndim) + data.shape)
         elif data.ndim != n:
@@ -862,6 +911,19 @@ class RankContext(context.Context):
 
     # -- signals ------------------------------------------------------------------
     def _cell(self, op: str, w: WindowTensor, offsets) -> tuple[int, list[int]]:
+        """The byte offset of signal cell ``offsets`` of ``w`` (checked), and the offsets as a list."""
+        if type(offsets) is list and w.dtype is dt.INT32:
+            # The hot path of every notify and wait: a cell of a 2-D (or 1-D) signal window at plain int offsets,
+            # in straight-line code (a loop over zip() costs more than the whole test here).
+            shape = w._shape
+            if len(offsets) == 2 == len(shape):
+                i, j = offsets
+                if type(i) is int and type(j) is int and 0 <= i < shape[0] and 0 <= j < shape[1]:
+                    return (i * shape[1] + j) * 4, offsets
+            elif len(offsets) == 1 == len(shape):
+                i = offsets[0]
+                if type(i) is int and 0 <= i < shape[0]:
+                    return i * 4, offsets
         if w.dtype is not dt.INT32:
             raise ProgramTypeError(f"{op} at {user_location(5)}: signal cells are INT32, but {w.describe()} is "
                                    f"{w.dtype.name}. Use a separate INT32 window for signals.")
@@ -872,7 +934,7 @@ class RankContext(context.Context):
         try:
             # Hot path of every notify/wait: plain integer arithmetic, no numpy calls.
             for o, b in zip(offsets, shape, strict=True):
-                i = o.__index__()
+                i = o if type(o) is int else o.__index__()
                 if not 0 <= i < b:
                     raise IndexError
                 flat = flat * b + i
@@ -882,36 +944,50 @@ class RankContext(context.Context):
         return flat * 4, offsets
 
     def _notify(self, op, target, peer, offsets, value, notify_op):
-        w = self._window(op, target, "target")
+        # The hot path: checks inline where they are one test, helpers called only for what needs them.
+        w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
         byte, cell = self._cell(op, w, offsets)
-        v = self._int32(op, as_int(value, f"{op} value"), "value", w)
-        self._hand_rolled(w)
+        v = value if type(value) is int else _index(value, op, "value")
+        if not _INT32_MIN <= v < _INT32_END:
+            v = self._int32(op, v, "value", w)
+        bid = w.buffer.id
+        if not self._in_collective and bid not in self.hand_signals:
+            self._hand_rolled(w)
         start = now_ns() if self.events is not None else 0
         if notify_op is NotifyOp.AtomicAdd:
-            old = self.memory.cell_add(w.buffer.id, p, byte, v)
-            new = old + v
+            old = self.memory.cell_add(bid, p, byte, v)
+            new, is_set = old + v, 0
         elif notify_op is NotifyOp.Set:
-            old, new = self.memory.cell_set(w.buffer.id, p, byte, v), v
+            old, new, is_set = self.memory.cell_set(bid, p, byte, v), v, 1
         else:
             raise ProgramTypeError(f"{op} at {user_location(4)}: op= must be pld.NotifyOp.AtomicAdd or "
                                    f"pld.NotifyOp.Set, got {notify_op!r}")
-        self._progressed()
+        self._progress.value += 1  # _progressed, inline
         # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
-        site = user_frame(2)
-        self.status.record_notify(self.rank, w.buffer.id, p, byte, int(notify_op is NotifyOp.Set), v, old, new, site)
-        self._mark(_NOTIFY, site)
+        if self._in_collective:
+            site, slot_word, slot = self._coll_site
+        else:
+            # _notify <- memory_op <- pld.system.notify <- the program (or, on sim, its hook and then the wrapper)
+            site, slot_word, slot = self._here(sys._getframe(3)) or self._site_entry(user_frame(2))
+            if site is not None and self._last_op is not None:
+                self._last_op.value = _NOTIFY | slot_word  # _mark, with the slot already known
+        self.status.record_notify(self.rank, bid, p, byte, is_set, v, old, new, site, slot)
         if self.events is not None:
             self._log("notify", op, start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=p,
                       cell=[int(i) for i in cell], offset=byte, op=notify_op.name, value=v, old=old, new=new)
 
     def _wait_args(self, op, signal, offsets, expected, cmp):
-        w = self._window(op, signal, "signal")
+        w = signal if isinstance(signal, WindowTensor) else self._window(op, signal, "signal")
         byte, idx = self._cell(op, w, offsets)
         if not isinstance(cmp, WaitCmp):
             raise ProgramTypeError(f"{op} at {user_location(5)}: cmp= must be pld.WaitCmp.Eq or pld.WaitCmp.Ge, "
                                    f"got {cmp!r}")
-        return w, byte, idx, self._int32(op, as_int(expected, f"{op} expected"), "expected", w), cmp
+        if type(expected) is not int:
+            expected = _index(expected, op, "expected")
+        if not _INT32_MIN <= expected < _INT32_END:
+            expected = self._int32(op, expected, "expected", w)
+        return w, byte, idx, expected, cmp
 
     @staticmethod
     def _int32(op: str, v: int, what: str, w: WindowTensor) -> int:
@@ -925,10 +1001,15 @@ class RankContext(context.Context):
             + ("Notify a count or tag that fits in INT32." if what == "value" else "Wait for a count that fits in INT32."))
 
     def _wait(self, op, signal, offsets, expected, cmp):
-        args = self._wait_args(op, signal, offsets, expected, cmp)
-        self._hand_rolled(args[0])
-        self._mark_here(LAST_OP_CODES[op])
-        self._block_until(*args, None)
+        w, byte, idx, expected, cmp = self._wait_args(op, signal, offsets, expected, cmp)
+        if not self._in_collective:
+            if w.buffer.id not in self.hand_signals:
+                self._hand_rolled(w)
+            if self._last_op is not None:  # _mark_here, inline
+                here = self._here(sys._getframe(3))  # _wait <- memory_op <- pld.system.wait <- the program
+                if here is not None:
+                    self._last_op.value = _WAIT | here[1]
+        self._block_until(w, byte, idx, expected, cmp, None)
 
     def _defer_wait(self, op, signal, offsets, expected, cmp):
         cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
@@ -958,7 +1039,7 @@ class RankContext(context.Context):
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.blocked_in = None
             self.status.set_running(self.rank, self.task or "")
-        self._progressed()
+        self._progress.value += 1  # _progressed, inline
         if self.events is not None:
             # loc: a deferred wait runs at its task's end, but is attributed to its defer_wait line
             self._log("wait", "pld.system.wait", start, where=loc, buffer=w.buffer.name, buffer_id=w.buffer.id,
@@ -979,34 +1060,41 @@ class RankContext(context.Context):
             dst[sl] += data
 
     def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
-        w = self._window(op, target, "target")
+        w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
         self._mark_here(LAST_OP_CODES[op])
-        self._progressed()
+        self._progress.value += 1  # _progressed, inline
         start = now_ns() if self.events is not None else 0
-        shape, valid = self._valid_extent(op, shape, valid_shape, w, offsets)
-        region = w.peer_array(p)[self._region(op, w, offsets, valid, shape if valid != shape else None)]
+        if valid_shape is None:  # the whole tile is valid: the region is the tile (its checks are _region's)
+            region = w.peer_array(p)[self._region(op, w, offsets, shape)]
+            data, valid = region.copy(), None
+        else:
+            shape, valid = self._valid_extent(op, shape, valid_shape, w, offsets)
+            region = w.peer_array(p)[self._region(op, w, offsets, valid, shape if valid != shape else None)]
+            data = self._padded(region, shape)
+            if valid == shape:
+                valid = None
         if self._trace:
             self._touch(op, w, region, False)
-        data = self._padded(region, shape)
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=region.nbytes, direction="read")
-        return Tile(data, w.dtype, valid if valid != shape else None)
+        return _tile(data, w.dtype, valid)
 
     def _remote_store(self, op, tile, target, peer, offsets, atomic):
-        w = self._window(op, target, "target")
+        w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
         data = self._tile_data(op, tile, w)
         sl, data = self._store_region(op, w, offsets, data)
         self._mark_here(LAST_OP_CODES[op])
-        self._progressed()
+        self._progress.value += 1  # _progressed, inline
         start = now_ns() if self.events is not None else 0
+        dst = w.peer_array(p)
         if atomic is AtomicType.Add:
-            self._accumulate(op, w, w.peer_array(p), sl, data, p)
+            self._accumulate(op, w, dst, sl, data, p)
         else:
             if self._trace:
-                self._touch(op, w, w.peer_array(p)[sl], True)
-            w.peer_array(p)[sl] = data
+                self._touch(op, w, dst[sl], True)
+            dst[sl] = data
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=data.nbytes, direction="write",
                       atomic=atomic.name if isinstance(atomic, AtomicType) else "None_")
@@ -1031,11 +1119,11 @@ class RankContext(context.Context):
         return self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)
 
     def _put(self, op, dst, peer, src, *transfer):
-        w = self._window(op, dst, "dst")
+        w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
         p = self._peer(op, peer, w)
-        s = self._tensor(op, src, "src")
+        s = src if isinstance(src, RankTensor) else self._tensor(op, src, "src")
         self._mark_here(LAST_OP_CODES[op])
-        self._progressed()
+        self._progress.value += 1  # _progressed, inline
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
         if self.events is not None:
@@ -1043,12 +1131,13 @@ class RankContext(context.Context):
                       atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
 
     def _get(self, op, dst, peer, src, *transfer):
-        w = self._window(op, src, "src")
+        w = src if isinstance(src, WindowTensor) else self._window(op, src, "src")
         p = self._peer(op, peer, w)
-        d = self._tensor(op, dst, "dst")
-        self._writable(op, d)
+        d = dst if isinstance(dst, RankTensor) else self._tensor(op, dst, "dst")
+        if not d.writable:
+            self._writable(op, d)
         self._mark_here(LAST_OP_CODES[op])
-        self._progressed()
+        self._progress.value += 1  # _progressed, inline
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),
                             *transfer)
@@ -1061,11 +1150,14 @@ class RankContext(context.Context):
         """Move a region from ``src_array`` into ``dst_array`` (``owner``: the rank whose window is written).
 
         Returns the number of bytes moved."""
-        if src.dtype.np_dtype != dst.dtype.np_dtype:
+        if src.dtype is not dst.dtype and src.dtype.np_dtype != dst.dtype.np_dtype:
             raise ProgramTypeError(f"{op} at {user_location(4)}: src {src.describe()} and dst {dst.describe()} "
                                    "have different dtypes")
-        dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
-                                          pipeline)
+        if not pipeline and dst_offsets is not None and src_offsets is not None and shape is not None:
+            dsl, ssl = self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)  # usual
+        else:
+            dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
+                                              pipeline)
         data = src_array[ssl]
         if self._trace:
             self._touch(op, src, data, False)
@@ -1111,6 +1203,15 @@ class _Spmd:
     def __exit__(self, *exc):
         self.ctx._spmd_blocks = 0
         return False
+
+
+def _tile(data: np.ndarray, dtype, valid) -> Tile:
+    """``Tile(data, dtype, valid)`` for ``data`` already of ``dtype``'s numpy type (a copy of window memory):
+    what the constructor would convert or check is already so, and the per-op cost is what matters here."""
+    t = Tile.__new__(Tile)
+    t.data, t.dtype, t.space = data, dtype, None
+    t.valid_shape = tuple(valid) if valid is not None else data.shape
+    return t
 
 
 def _conform_rank(spec, v):

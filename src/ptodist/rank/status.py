@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import signal
+import struct
 import sys
 import time
 
@@ -56,9 +57,16 @@ class Sent(ctypes.Structure):
                 ("old", ctypes.c_int32), ("new", ctypes.c_int32), ("site", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
+# A Sent entry without its leading ``seq``, and ``seq`` alone: a notify writes its entry with two
+# ``pack_into`` calls (one C call each) instead of setting nine ctypes fields.
+_SENT_BODY = struct.Struct("<qiiiiiii")  # offset, buffer, owner, op, value, old, new, site
+_SENT_SEQ = struct.Struct("<q")
+assert Sent.offset.offset == _SENT_SEQ.size and Sent.site.offset == _SENT_SEQ.size + _SENT_BODY.size - 4
+
 HISTORY = 256      # notifies kept per rank (the latest)
 SITES = 128        # distinct source lines a rank can name in its history
 SITE_BYTES = 200
+_ENTRY = ctypes.sizeof(Sent)
 
 
 class StatusBoard:
@@ -75,6 +83,8 @@ class StatusBoard:
         base = raw.ctypes.data
         self._history = [(Sent * HISTORY).from_address(base + rows_end + r * ctypes.sizeof(Sent) * HISTORY)
                          for r in range(world)]
+        self._raw = raw
+        self._history_at = [rows_end + r * ctypes.sizeof(Sent) * HISTORY for r in range(world)]  # byte offsets
         self._sites = raw[hist_end:hist_end + SITES * SITE_BYTES * world].view(f"S{SITE_BYTES}").reshape(world, SITES)
         self._site_index: dict = {}  # in a rank: (file, line) -> slot
         self._seq = 0
@@ -119,13 +129,18 @@ class StatusBoard:
         return LAST_OPS[code], self.site(rank, int(row["last_site"]))
 
     def record_notify(self, rank: int, buffer: int, owner: int, offset: int, op: int, value: int, old: int,
-                      new: int, site) -> None:
-        """Keep one sent notify in rank's ring (``site``: the user's ``(file, line)``, or None)."""
-        slot = self.site_slot(rank, site)
-        self._seq += 1
-        e = self._history[rank][self._seq % HISTORY]
-        e.offset, e.buffer, e.owner, e.op, e.value, e.old, e.new, e.site = offset, buffer, owner, op, value, old, new, slot
-        e.seq = self._seq  # written last: a reader sees whole entries
+                      new: int, site, slot: int | None = None) -> None:
+        """Keep one sent notify in rank's ring (``site``: the user's ``(file, line)``, or None; ``slot``: its
+        :meth:`site_slot`, when the caller knows it already)."""
+        if slot is None:
+            slot = self.site_slot(rank, site)
+        if not -0x80000000 <= new <= 0x7FFFFFFF:  # the cell wrapped, as INT32 does
+            new = (new + 0x80000000) % 0x100000000 - 0x80000000
+        seq = self._seq = self._seq + 1
+        at = self._history_at[rank] + (seq % HISTORY) * _ENTRY
+        raw = self._raw
+        _SENT_BODY.pack_into(raw, at + 8, offset, buffer, owner, op, value, old, new, slot)
+        _SENT_SEQ.pack_into(raw, at, seq)  # written last: a reader sees whole entries
 
     def sent(self, rank: int) -> list[dict]:
         """The notifies ``rank`` sent that are still in its ring, oldest first (for the driver)."""

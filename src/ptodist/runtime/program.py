@@ -415,7 +415,10 @@ class CompiledProgram:
                 arrays.extend([None] * (spec.index + 1 - len(arrays)))
                 arrays[spec.index] = np.zeros(spec.shape, dtype=spec.dtype.np_dtype)
         dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number())
-        backend.run(plan, arrays, cfg, dfx_request)
+        if backend.name == "shm":  # its rank group is kept for this program's next call (forking costs ms)
+            backend.run(plan, arrays, cfg, dfx_request, owner=self)
+        else:
+            backend.run(plan, arrays, cfg, dfx_request)
         outs = []
         for p, h in zip(self.host.params, hosts):
             if h is not None and p.direction is not Direction.IN:
@@ -626,11 +629,16 @@ _recording = [False]  # only once `ptodist run` asked: a library user's programs
 
 
 def note_dispatch(compiled: CompiledProgram, backend: str) -> None:
-    """Record that ``compiled`` is being dispatched on ``backend`` (while :func:`forget_dispatches` made a record)."""
+    """Record that ``compiled`` is being dispatched on ``backend`` (while :func:`forget_dispatches` made a record).
+
+    The record is a description, not the program: holding the program would keep it (and the rank group kept
+    for its next one-shot call) alive for as long as the record lasts.
+    """
     if not _recording[0]:
         return
-    entry = (compiled, backend)
-    if not any(c is compiled and b == backend for c, b in _ran):
+    entry = {"program": compiled.name, "backend": backend, "device_ids": list(compiled.device_ids),
+             "world_size": compiled.world, "output_dir": os.path.abspath(compiled.output_dir)}
+    if entry not in _ran:
         _ran.append(entry)
         del _ran[:-_RAN_MAX]
     _last[:] = [entry]
@@ -645,10 +653,4 @@ def forget_dispatches() -> None:
 
 def dispatched() -> tuple[list[dict], dict | None]:
     """Every program dispatched since :func:`forget_dispatches`, and the last one dispatched (None: none)."""
-
-    def describe(compiled: CompiledProgram, backend: str) -> dict:
-        out = compiled._output_dir
-        return {"program": compiled.name, "backend": backend, "device_ids": list(compiled.device_ids),
-                "world_size": compiled.world, "output_dir": os.path.abspath(out) if out is not None else None}
-
-    return [describe(c, b) for c, b in _ran], (describe(*_last[0]) if _last else None)
+    return [dict(e) for e in _ran], (dict(_last[0]) if _last else None)

@@ -81,45 +81,61 @@ class _Bound:
     for what binding depends on: address, shape, strides and dtype; other arguments by identity.
     """
 
-    __slots__ = ("items", "values", "hosts", "entry")
+    __slots__ = ("items", "values", "hosts", "entry", "bound", "residents")
 
     def __init__(self, items, values, hosts, entry):
         self.items, self.values, self.hosts, self.entry = items, values, hosts, entry
+        # The hosts whose memory can be forgotten or freed since: the only ones matches() looks at again.
+        self.bound = [h for h in hosts if h is not None and h.kind != "empty"]
+        self.residents: set | None = None  # serials of the resident files the arguments use (the engine's)
 
     @staticmethod
-    def _key(a):
-        if isinstance(a, np.ndarray):
-            return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype, a.flags.writeable)
-        if isinstance(a, (DeviceTensor, StackedDeviceTensor)):
-            return a._file
+    def _array_key(a):
+        return (a.__array_interface__["data"][0], a.shape, a.strides, a.dtype, a.flags.writeable)
+
+    @staticmethod
+    def _resident_key(a):
+        return a._file
+
+    @staticmethod
+    def _torch_key(a):
         return (a.data_ptr(), a.shape, a.stride(), a.dtype)
 
     @classmethod
     def of(cls, args, values, hosts, entry) -> _Bound | None:
         items = []
         for a in args:
-            if isinstance(a, (np.ndarray, DeviceTensor, StackedDeviceTensor)) or type(a).__module__.startswith("torch"):
-                try:
-                    items.append((weakref.ref(a), cls._key(a)))
-                except TypeError:
-                    return None
+            if isinstance(a, np.ndarray):
+                key_of = cls._array_key
+            elif isinstance(a, (DeviceTensor, StackedDeviceTensor)):
+                key_of = cls._resident_key
+            elif type(a).__module__.startswith("torch"):
+                key_of = cls._torch_key
             else:
-                items.append((None, a))
+                items.append((None, a, None))
+                continue
+            try:
+                items.append((weakref.ref(a), key_of(a), key_of))
+            except TypeError:
+                return None
         return cls(items, values, hosts, entry)
 
     def matches(self, args, binding) -> bool:
-        if len(args) != len(self.items):
+        """Whether ``args`` are the same objects, unchanged, as last time (every dispatch asks: kept cheap)."""
+        items = self.items
+        if len(args) != len(items):
             return False
-        for a, (ref, key) in zip(args, self.items):
+        for a, (ref, key, key_of) in zip(args, items):
             if ref is None:
                 if a is not key:
                     return False
-            elif ref() is not a or self._key(a) != key:
+            elif ref() is not a or key_of(a) != key:
                 return False
         # A resident tensor freed since, or memory forgotten since, binds differently (or not at all).
-        return all(h is None or h.kind == "empty" or (binding.still_bound(h) and
-                                                      (h.resident is None or not h.resident.freed))
-                   for h in self.hosts)
+        for h in self.bound:
+            if not binding.still_bound(h) or (h.resident is not None and h.resident.freed):
+                return False
+        return True
 
 
 class Arena:
@@ -420,7 +436,8 @@ class SharedBinding:
                 maps.append(a.map)
         if d.arena is not None and not d.arena.owner[1].sent:
             maps.append(d.arena.owner[1])
-        maps = list({id(m): m for m in maps}.values())
+        if len(maps) > 1:
+            maps = list({id(m): m for m in maps}.values())
         if len(self.sent_plans) >= PLANS_KEPT_BY_RANKS and entry.id not in self.sent_plans:
             self.sent_plans.clear()
             self.forget_plans = True

@@ -122,7 +122,12 @@ class Engine:
                                                        new_output=self.binding.new_output)
                 entry = self.planner.plan_for(index, compiled, values, hosts)
                 self.planner.check_args(compiled, entry, hosts)
-                self.last_bound[index] = _Bound.of(args, values, hosts, entry) if not created else None
+                last = self.last_bound[index] = _Bound.of(args, values, hosts, entry) if not created else None
+            residents = last.residents if last is not None else None
+            if residents is None:
+                residents = {h.resident._file.serial for h in hosts if h is not None and h.resident is not None}
+                if last is not None:
+                    last.residents = residents
             arena_key = None
             if entry.heap:
                 arena_key = index if self.persistent else 0
@@ -137,7 +142,7 @@ class Engine:
             if len(entry.plan.host_tensors) > len(hosts):  # pl.create_tensor in the host: fresh zeroed intermediates
                 hosts = hosts + self._intermediates(compiled, entry, len(hosts))
             d = _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key)
-            d.residents = {h.resident._file.serial for h in hosts if h is not None and h.resident is not None}
+            d.residents = residents
             self.queue.append(d)
         return handle
 
@@ -198,7 +203,7 @@ class Engine:
             while not until._finished:
                 if not self._try_step(until, deadline):
                     wait = 0.002 if deadline is None else max(min(0.002, deadline - time.monotonic()), 0.0)
-                    until._event.wait(wait)
+                    until._wait(wait)
                 if deadline is not None and time.monotonic() >= deadline:
                     return
         finally:

@@ -152,6 +152,9 @@ def host_array(value, where: str, writable: bool = False) -> np.ndarray:
 
 # -- handles ---------------------------------------------------------------------------------
 
+_EVENT_LOCK = threading.Lock()
+
+
 class RunHandle:
     """One accepted dispatch: ``result(timeout)`` (alias ``wait``) waits for it, ``done`` asks.
 
@@ -164,7 +167,7 @@ class RunHandle:
         self._core = worker._core
         self.program = program
         self.number = number  # this worker's dispatch count when it was accepted
-        self._event = threading.Event()
+        self._event: threading.Event | None = None  # made only for a thread that waits while another drives
         self._finished = False
         self._value = None
         self._error: BaseException | None = None
@@ -194,12 +197,27 @@ class RunHandle:
 
     wait = result
 
+    def _wait(self, timeout: float) -> None:
+        """Sleep until the dispatch finishes (another thread drives it), at most ``timeout`` seconds."""
+        event = self._event
+        if event is None:
+            with _EVENT_LOCK:
+                event = self._event
+                if event is None:
+                    event = self._event = threading.Event()
+        # _complete sets _finished before it looks for the event: either it sees this event, or this
+        # check sees _finished.
+        if not self._finished:
+            event.wait(timeout)
+
     def _complete(self, value=None, error: BaseException | None = None) -> None:
         if self._finished:
             return
         self._value, self._error = value, error
         self._finished = True
-        self._event.set()
+        event = self._event
+        if event is not None:
+            event.set()
 
     def __repr__(self) -> str:
         state = "running" if not self._finished else ("failed" if self._error is not None else "done")
