@@ -70,6 +70,7 @@ class Function:
         self._params: list[ParamSpec] | None = None
         self._bound_params: list[ParamSpec] | None = None  # the specs every method-bound copy shares
         self._runnable = None  # fn with its regions outlined, made at the first run
+        self._single: dict = {}  # repr(config) -> the one-device program a direct call compiled for it
 
     # -- identity -----------------------------------------------------------
     @property
@@ -169,9 +170,17 @@ class Function:
         return context.current().call_function(self, args, kwargs, device)
 
     def single_device(self, *args, config=None, **kwargs):
-        """Compile this per-device function (or kernel) as a one-device program and run it once."""
+        """Compile this per-device function (or kernel) as a one-device program and run it once.
+
+        The compiled program is kept per configuration: calling again reuses its plans (per argument shapes)
+        and, on shm, the ranks it kept from the last call.
+        """
         values = self.bind_arguments(args, kwargs)
-        return EntryFunction(self).compile(*values, config=config)(*values)
+        key = repr(config)
+        compiled = self._single.get(key)
+        if compiled is None:
+            compiled = self._single[key] = EntryFunction(self).compile(*values, config=config)
+        return compiled(*values)
 
     def compile(self, *args, config=None):
         """Compile this function for ``config`` (args, if given, fix the shapes): a host orchestrator as it is, a

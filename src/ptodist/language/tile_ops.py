@@ -36,6 +36,13 @@ class Tile:
         self.valid_shape = tuple(valid_shape) if valid_shape is not None else self.data.shape
         self.space = space
 
+    @classmethod
+    def of(cls, data: np.ndarray, dtype: DataType) -> Tile:
+        """A fully valid, unplaced tile of ``data``, which already has ``dtype``'s numpy type (no checks)."""
+        t = cls.__new__(cls)
+        t.data, t.dtype, t.valid_shape, t.space = data, dtype, data.shape, None
+        return t
+
     @property
     def memory_space(self) -> MemorySpace:
         """The on-chip memory the tile is in (``Vec`` unless the program or a cube op placed it elsewhere)."""
@@ -89,9 +96,15 @@ class Tile:
 
 
 def _op(name: str):
-    from .ops.registry import REGISTRY
+    fn = _OPS.get(name)
+    if fn is None:
+        from .ops.registry import REGISTRY
 
-    return REGISTRY[name].fn
+        fn = _OPS[name] = REGISTRY[name].fn
+    return fn
+
+
+_OPS: dict = {}  # operator name -> the catalog op, looked up once
 
 
 _ROUNDING = {"round": np.rint, "rint": np.rint, "floor": np.floor, "ceil": np.ceil, "trunc": np.trunc,

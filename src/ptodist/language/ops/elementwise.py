@@ -8,6 +8,8 @@ integer zero inside the valid region is an error, since the device result there 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ...errors import TileTypeError, TileValueError
@@ -21,6 +23,9 @@ _ARITH = "Elementwise arithmetic"
 _MATH = "Math"
 _ACT = "Activations"
 _LOW_PRECISION = (dt.FP16, dt.BF16)
+# Overflow to inf, inf - inf and the like are the device's results, not warnings. The fast path below runs without
+# np.errstate (entering one costs more than a small tile's add): numpy's warnings raised from here are ignored.
+warnings.filterwarnings("ignore", message=r".* encountered in ", category=RuntimeWarning, module=__name__)
 
 
 # -- operands ---------------------------------------------------------------------------------------------
@@ -102,6 +107,13 @@ def _elementwise(name: str, operands: tuple, fn, *, divisor: int | None = None) 
 
     ``divisor``: the position of an operand that divides, checked for integer zeros in the valid region.
     """
+    if len(operands) == 2:
+        # The common case, kept cheap: two fully valid tiles of one shape and one dtype the math is done in.
+        a, b = operands
+        if type(a) is Tile and type(b) is Tile and a.dtype is b.dtype and a.dtype not in _LOW_PRECISION \
+                and a.data.shape == b.data.shape and a.valid_shape == a.data.shape \
+                and b.valid_shape == b.data.shape and divisor is None:
+            return Tile.of(fn(a.data, b.data), a.dtype)  # numpy's overflow warnings: filtered below
     tiles = [x for x in operands if isinstance(x, Tile)]
     if not tiles:
         raise TileTypeError(f"pl.tile.{name}: needs at least one Tile operand, got "

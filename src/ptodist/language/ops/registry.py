@@ -80,7 +80,9 @@ def op(name: str, *, family: str, reach: str = "pl", dtypes: tuple | None = NUME
         else:
             @functools.wraps(fn)
             def checked(*args, **kwargs):
-                _check_dtypes(name, dtypes, args)
+                for a in args:
+                    if type(a) is Tile and a.dtype not in dtypes:
+                        _check_dtypes(name, dtypes, args)  # raises, naming the argument
                 return fn(*args, **kwargs)
 
         if name in REGISTRY:
@@ -167,6 +169,8 @@ def dispatcher(d: OpDef, tile_fn: Callable, tensor_fn: Callable) -> Callable:
 
     @functools.wraps(d.fn)
     def unified(*args, **kwargs):
+        if not kwargs and len(args) == 2 and type(args[0]) is Tile and type(args[1]) is Tile:
+            return tile_fn(*args)  # the common call, decided without walking the arguments
         everything = (*args, *kwargs.values())
         if _any(is_tensor, everything):
             return tensor_fn(*args, **kwargs)
