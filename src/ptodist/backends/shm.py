@@ -1137,6 +1137,7 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
 
         signal.signal(signal.SIGUSR1, on_abort)
         install_line_sampler(group.status, rank)
+        resources.one_blas_thread()
         _rank_started(rank)
         group.words("up")[rank] = 1
         _atomics.fetch_add(group.addr(group.layout.started), group.ctl_sleepers, 1)
