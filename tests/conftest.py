@@ -111,12 +111,13 @@ _loaded: dict = {}
 
 
 def load_example(stem: str):
-    """Import ``examples/<stem>.py`` as a module (once per test session).
+    """Import ``examples/<stem>.py`` as a module (once per test session); ``stem`` may name a subfolder.
 
     The examples use torch: where it is not installed, the test is skipped.
     """
     if stem not in _loaded:
-        spec = importlib.util.spec_from_file_location(f"ptodist_example_{stem}", EXAMPLES / f"{stem}.py")
+        spec = importlib.util.spec_from_file_location(f"ptodist_example_{stem.replace('/', '_')}",
+                                                      EXAMPLES / f"{stem}.py")
         module = importlib.util.module_from_spec(spec)
         try:
             spec.loader.exec_module(module)

@@ -3,30 +3,15 @@ on shm and on sim, and ``ptodist check`` finds nothing in it."""
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
-from conftest import EXAMPLES, ptodist_cli
+from conftest import EXAMPLES, load_example, ptodist_cli
 
 HERE = EXAMPLES / "single_device"
 STEMS = ["elementwise", "softmax", "rmsnorm", "ffn", "splitk_matmul", "task_graph", "attention"]
 
-_loaded: dict = {}
-
-
 def load(stem: str):
     """Import ``examples/single_device/<stem>.py`` once (skipped where torch is not installed)."""
-    if stem not in _loaded:
-        spec = importlib.util.spec_from_file_location(f"ptodist_single_device_{stem}", HERE / f"{stem}.py")
-        module = importlib.util.module_from_spec(spec)
-        try:
-            spec.loader.exec_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != "torch":
-                raise
-            pytest.skip(f"examples/single_device/{stem}.py needs torch, which is not installed")
-        _loaded[stem] = module
-    return _loaded[stem]
+    return load_example(f"single_device/{stem}")
 
 
 def test_every_example_is_listed():
