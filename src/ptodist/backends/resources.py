@@ -8,6 +8,7 @@ OOM killer was at work.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import resource
@@ -152,8 +153,36 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
-_BLAS_SETTERS = ("scipy_openblas_set_num_threads64_", "scipy_openblas_set_num_threads", "openblas_set_num_threads64_",
-                 "openblas_set_num_threads")
+_BLAS_PREFIXES = ("scipy_openblas", "openblas")  # numpy's bundled OpenBLAS, and a system one
+_BLAS_SUFFIXES = ("64_", "")
+
+
+def _blas_calls() -> list[tuple]:
+    """``(get_num_threads, set_num_threads)`` of every OpenBLAS already loaded into this process."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps") as f:
+            paths = {line.split()[-1] for line in f if ".so" in line and "openblas" in line.lower()}
+    except OSError:
+        return []
+    calls = []
+    for path in paths:
+        try:
+            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        for prefix in _BLAS_PREFIXES:
+            for suffix in _BLAS_SUFFIXES:
+                get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
+                put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
+                if get is not None and put is not None:
+                    calls.append((get, put))
+                    break
+            else:
+                continue
+            break
+    return calls
 
 
 def one_blas_thread() -> None:
@@ -163,20 +192,19 @@ def one_blas_thread() -> None:
     OpenBLAS's threads spin for cores the other ranks hold (a 64x128x128 product took 6 ms instead of 0.03 ms
     on a 2-core machine). Only libraries already loaded are touched; nothing is loaded for this.
     """
-    import ctypes
+    for _get, put in _blas_calls():
+        put(1)
 
+
+@contextlib.contextmanager
+def blas_on_one_thread():
+    """While the block runs (ranks as threads of this process: ``sim``), one BLAS thread; then what it was."""
+    calls = _blas_calls()
+    before = [get() for get, _put in calls]
+    for _get, put in calls:
+        put(1)
     try:
-        with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if ".so" in line and "openblas" in line.lower()}
-    except OSError:
-        return
-    for path in paths:
-        try:
-            lib = ctypes.CDLL(path, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
-        except OSError:
-            continue
-        for name in _BLAS_SETTERS:
-            setter = getattr(lib, name, None)
-            if setter is not None:
-                setter(1)
-                break
+        yield
+    finally:
+        for (_get, put), n in zip(calls, before):
+            put(n)

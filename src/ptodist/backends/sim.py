@@ -35,6 +35,7 @@ from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, current_line
+from . import resources
 from .base import Command, HostView, RunsNow, StallRule
 
 ALIGN = 64
@@ -348,7 +349,8 @@ class SimGroup:
         seed = session.seed if session is not None else _env_seed()
         run = _SimRun(command, self.dispatch, seed)
         try:
-            run.run()
+            with resources.blas_on_one_thread():  # the ranks are this process's threads: no BLAS threads spinning
+                run.run()
         finally:
             if command.last or run.failures or run.sched.deadlock:
                 self.dispatch = None
