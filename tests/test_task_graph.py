@@ -141,7 +141,8 @@ def test_submit_and_spmd_submit_in_a_manual_scope(backend):
 @pl.jit
 def ring_exchange(data: pl.InOut[pld.DistributedTensor[[NR, SIZE], pl.FP32]],
                   sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]],
-                  x: pl.Tensor[[1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+                  x: pl.Tensor[[1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                  doubled: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
     with pl.manual_scope():
         # The waiter comes first in program order; its task completes only once the left neighbour notified.
         with pl.at(level=pl.Level.CORE_GROUP) as arrived:
@@ -149,11 +150,13 @@ def ring_exchange(data: pl.InOut[pld.DistributedTensor[[NR, SIZE], pl.FP32]],
             me, n = pld.rank(ctx), pld.nranks(ctx)
             left = (me + n - 1) % n
             pld.system.defer_wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)
-        with pl.at(level=pl.Level.CORE_GROUP, deps=[arrived]):
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[arrived]) as consumed:
             ctx = pld.get_comm_ctx(sig)
             me, n = pld.rank(ctx), pld.nranks(ctx)
             left = (me + n - 1) % n
             pl.store(pl.load(data, [left, 0], [1, SIZE]), [0, 0], got)
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[consumed]):  # waits for a task that itself still waits
+            pl.store(pl.mul(pl.load(got, [0, 0], [1, SIZE]), 2.0), [0, 0], doubled)
         # The publisher: this rank's row into the right neighbour's window, then its signal.
         with pl.at(level=pl.Level.CORE_GROUP):
             ctx = pld.get_comm_ctx(sig)
@@ -165,20 +168,22 @@ def ring_exchange(data: pl.InOut[pld.DistributedTensor[[NR, SIZE], pl.FP32]],
 
 
 @pl.jit.host
-def ring_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+def ring_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]],
+              doubled: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
     data_buf = pld.alloc_window_buffer([NR, SIZE], dtype=pl.FP32)
     sig_buf = pld.alloc_window_buffer([NR, 1], dtype=pl.INT32)
     for r in pl.range(pld.world_size()):
         ring_exchange(pld.window(data_buf, [NR, SIZE], dtype=pl.FP32), pld.window(sig_buf, [NR, 1], dtype=pl.INT32),
-                      x[r], got[r], device=r)
+                      x[r], got[r], doubled[r], device=r)
 
 
 @pytest.mark.parametrize("nr", [2, 4])
 def test_a_waiter_submitted_before_its_publisher_completes_when_notified(nr, backend):
     x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
-    got = np.zeros_like(x)
-    ring_host.compile(x, got, config=cfg(nr, backend))(x, got)
+    got, doubled = np.zeros_like(x), np.zeros_like(x)
+    ring_host.compile(x, got, doubled, config=cfg(nr, backend))(x, got, doubled)
     np.testing.assert_array_equal(got, np.roll(x, 1, axis=0))
+    np.testing.assert_array_equal(doubled, 2 * np.roll(x, 1, axis=0))
 
 
 @pl.jit

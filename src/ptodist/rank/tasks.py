@@ -64,6 +64,8 @@ class TaskGraph:
         return not self.waiting and not self.incomplete
 
     def complete(self, tid: int) -> bool:
+        if any(w.tid == tid for w in self.waiting):
+            return False  # not even run yet
         task = self.incomplete.get(tid)
         if task is None:
             return True
