@@ -56,3 +56,23 @@ def test_config_inside_a_program_is_refused():
     with pytest.raises(RankError, match=r"failed in task 'outer': ProgramError: exp_kernel\(..., config=...\) at "
                                         r".*test_single_device.py:\d+: config= is for a call from plain Python"):
         outer(np.zeros((64, 32), np.float32), np.zeros((64, 32), np.float32), config=RunConfig(backend="sim"))
+
+
+@pl.jit
+def probed(x: pl.Tensor, out: pl.Out[pl.Tensor]):
+    pl.static_print("x is", list(x.shape))
+    pl.static_assert(x.shape[1] == 32, "expected 32 columns")
+    with pl.at(level=pl.Level.CORE_GROUP):
+        out[:] = pl.mul(x, 2.0)
+    return out
+
+
+def test_static_print_prints_once_per_line_and_static_assert_names_its_line(torch, capfd):
+    x, out = torch.ones(4, 32), torch.zeros(4, 32)
+    probed(x, out, config=RunConfig(backend="sim"))
+    probed(x, out, config=RunConfig(backend="sim"))
+    assert capfd.readouterr().out.count("x is [4, 32]") == 1
+    torch.testing.assert_close(out, 2 * x)
+    with pytest.raises(RankError, match=r"ProgramError: pl.static_assert at .*test_single_device.py:\d+ failed: "
+                                        r"expected 32 columns"):
+        probed(torch.ones(4, 8), torch.zeros(4, 8), config=RunConfig(backend="sim"))

@@ -26,6 +26,8 @@ from .control import (
     scope,
     spmd,
     spmd_submit,
+    static_assert,
+    static_print,
     submit,
     unroll,
     yield_,
@@ -86,7 +88,8 @@ __all__ = [
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
-    "unroll", "yield_", "no_dep", "dump_tag", "scope", "ScopeMode", "spmd_submit", "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
+    "unroll", "yield_", "no_dep", "dump_tag", "static_assert", "static_print", "scope", "ScopeMode", "spmd_submit",
+    "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
 ]
 __all__ += sorted(set(_top) - set(__all__))

@@ -19,7 +19,8 @@ from contextlib import contextmanager
 from enum import Enum
 
 from .. import context
-from ..errors import OperationTypeError, OperationValueError
+from ..errors import OperationTypeError, OperationValueError, ProgramError
+from ..source import user_location
 from . import dtypes as dt
 from . import mixed
 from .regions import Region
@@ -118,6 +119,26 @@ def yield_(*values):
 def cond(*args, **kwargs):
     """``pl.cond``: plain Python ``if`` does the work; accepted for compatibility."""
     return None
+
+
+_printed: set = set()  # (file, line) of the pl.static_print calls that printed already
+
+
+def static_print(*args, **kwargs) -> None:
+    """``pl.static_print(*args)``: print once per call site and process (upstream prints when it parses the
+    function; ptodist has no parse step, so the first time the line runs stands for it)."""
+    where = user_location(2)
+    key = (where.file, where.line) if where is not None else None
+    if key is None or key not in _printed:
+        if key is not None:
+            _printed.add(key)
+        print(*args, **kwargs)
+
+
+def static_assert(condition, msg: str = "") -> None:
+    """``pl.static_assert(cond, msg)``: a ``ProgramError`` naming the line and ``msg`` when ``cond`` is false."""
+    if not condition:
+        raise ProgramError(f"pl.static_assert at {user_location(2)} failed" + (f": {msg}" if msg else ""))
 
 
 def at(level=None, role=None, *, deps=None, name_hint: str | None = None, optimizations=None, **options) -> Region:
