@@ -129,27 +129,32 @@ def test_the_plan_records_each_window_buffers_ranks():
     assert [w["ranks"] for w in plan.to_json()["windows"]] == [[0, 1, 2]] * 4 + [[1, 2, 3]] * 4
 
 
+# Stage a tensor into a window, and read a window back: the chip functions of the host-collective programs.
+@pl.jit.incore
+def stage(x: pl.Tensor[[R, C], pl.FP32], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
+    pl.store(pl.load(x, [0, 0], [R, C]), [0, 0], win)
+
+
+@pl.jit
+def pub(x: pl.Tensor[[R, C], pl.FP32], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
+    stage(x, win)
+
+
+@pl.jit.incore
+def read(y: pl.Out[pl.Tensor[[R, C], pl.FP32]], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
+    pl.store(pl.load(win, [0, 0], [R, C]), [0, 0], y)
+
+
+@pl.jit
+def con(y: pl.Out[pl.Tensor[[R, C], pl.FP32]], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
+    read(y, win)
+
+
 def host_allreduce_program(explicit_signal: bool):
     """Domains {0, 1} and {2, 3}: stage x into each domain's window, a host allreduce per domain, read back."""
 
     @pl.program
     class HostDomains:
-        @pl.function(type=pl.FunctionType.InCore)
-        def stage(self, x: pl.Tensor[[R, C], pl.FP32], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            pl.store(pl.load(x, [0, 0], [R, C]), [0, 0], win)
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def pub(self, x: pl.Tensor[[R, C], pl.FP32], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            self.stage(x, win)
-
-        @pl.function(type=pl.FunctionType.InCore)
-        def read(self, y: pl.Out[pl.Tensor[[R, C], pl.FP32]], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            pl.store(pl.load(win, [0, 0], [R, C]), [0, 0], y)
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def con(self, y: pl.Out[pl.Tensor[[R, C], pl.FP32]], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            self.read(y, win)
-
         @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
         def host(self, x: pl.Tensor[[P, R, C], pl.FP32], y: pl.Out[pl.Tensor[[P, R, C], pl.FP32]]):
             win_a = pld.alloc_window_buffer([R, C], dtype=pl.FP32)
@@ -157,9 +162,9 @@ def host_allreduce_program(explicit_signal: bool):
             a = pld.window(win_a, [R, C], dtype=pl.FP32)
             b = pld.window(win_b, [R, C], dtype=pl.FP32)
             for r in pl.range(0, 2):
-                self.pub(x[r], a, device=r)
+                pub(x[r], a, device=r)
             for r in pl.range(2, 4):
-                self.pub(x[r], b, device=r)
+                pub(x[r], b, device=r)
             if explicit_signal:
                 sig_a = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
                 sig_b = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
@@ -169,9 +174,9 @@ def host_allreduce_program(explicit_signal: bool):
                 a = pld.tensor.allreduce(a)
                 b = pld.tensor.allreduce(b)
             for r in pl.range(0, 2):
-                self.con(y[r], a, device=r)
+                con(y[r], a, device=r)
             for r in pl.range(2, 4):
-                self.con(y[r], b, device=r)
+                con(y[r], b, device=r)
             return y
 
     return HostDomains
@@ -502,35 +507,19 @@ def test_host_broadcast_root_is_a_group_rank(backend):
     # Domain {1, 2, 3}: root=1 is group rank 1, world rank 2; rank 0 is not in the domain.
     @pl.program
     class Bcast:
-        @pl.function(type=pl.FunctionType.InCore)
-        def stage(self, x: pl.Tensor[[R, C], pl.FP32], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            pl.store(pl.load(x, [0, 0], [R, C]), [0, 0], win)
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def pub(self, x: pl.Tensor[[R, C], pl.FP32], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            self.stage(x, win)
-
-        @pl.function(type=pl.FunctionType.InCore)
-        def read(self, y: pl.Out[pl.Tensor[[R, C], pl.FP32]], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            pl.store(pl.load(win, [0, 0], [R, C]), [0, 0], y)
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def con(self, y: pl.Out[pl.Tensor[[R, C], pl.FP32]], win: pl.InOut[pld.DistributedTensor[[R, C], pl.FP32]]):
-            self.read(y, win)
-
         @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
         def host(self, x: pl.Tensor[[P, R, C], pl.FP32], y: pl.Out[pl.Tensor[[P, R, C], pl.FP32]]):
             data = pld.alloc_window_buffer([R, C], dtype=pl.FP32)
             sig = pld.alloc_window_buffer([3, 1], dtype=pl.INT32)
             w = pld.window(data, [R, C], dtype=pl.FP32)
             for r in pl.range(1, 4):
-                self.pub(x[r], w, device=r)
-            self.pub(x[0], pld.window(pld.alloc_window_buffer([R, C], dtype=pl.FP32), [R, C], dtype=pl.FP32),
+                pub(x[r], w, device=r)
+            pub(x[0], pld.window(pld.alloc_window_buffer([R, C], dtype=pl.FP32), [R, C], dtype=pl.FP32),
                      device=0)
             w = pld.tensor.broadcast(w, pld.window(sig, [3, 1], dtype=pl.INT32), root=1)
             pld.tensor.barrier(pld.window(sig, [3, 1], dtype=pl.INT32))
             for r in pl.range(1, 4):
-                self.con(y[r], w, device=r)
+                con(y[r], w, device=r)
             return y
 
     x = np.arange(P * R * C, dtype=np.float32).reshape(P, R, C)
