@@ -68,17 +68,20 @@ def expected(x):
     return np.asarray(x) * 2 + np.arange(nr, dtype=np.float32).reshape(nr, 1, 1)
 
 
+@pl.jit.incore
+def double_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
+
+
+@pl.jit
+def double_chip(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    """The chip function of the programs with sub-worker functions below: y = 2 * x."""
+    return double_kernel(x, y)
+
+
 def make_inspecting():
     @pl.program
     class Inspecting:
-        @pl.function(type=pl.FunctionType.InCore)
-        def kernel(self, x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-            return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-            return self.kernel(x, y)
-
         @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker)
         def inspect(self, y: pl.Tensor[[NR, 1, 4], pl.FP32], step: pl.Scalar[pl.INT32]):
             ...
@@ -90,10 +93,10 @@ def make_inspecting():
         @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
         def host(self, x: pl.InOut[pl.Tensor[[NR, 1, 4], pl.FP32]], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
             for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], device=r)
+                double_chip(x[r], y[r], device=r)
             self.inspect(y, 1)
             for r in pl.range(pld.world_size()):
-                self.chip(y[r], x[r], device=r)
+                double_chip(y[r], x[r], device=r)
             self.verify(x)
 
     return Inspecting
@@ -378,14 +381,6 @@ TALLIES: list = []
 def make_tallying():
     @pl.program
     class Tallying:
-        @pl.function(type=pl.FunctionType.InCore)
-        def kernel(self, x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-            return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-            return self.kernel(x, y)
-
         @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker)
         def tally(self, y: pl.Tensor[[NR, 1, 4], pl.FP32]):
             TALLIES.append(float(np.asarray(y).sum()))
@@ -393,10 +388,10 @@ def make_tallying():
         @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
         def host(self, x: pl.InOut[pl.Tensor[[NR, 1, 4], pl.FP32]], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
             for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], device=r)
+                double_chip(x[r], y[r], device=r)
             self.tally(y)
             for r in pl.range(pld.world_size()):
-                self.chip(y[r], x[r], device=r)
+                double_chip(y[r], x[r], device=r)
 
     return Tallying
 
