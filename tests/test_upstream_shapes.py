@@ -125,17 +125,23 @@ def test_clamp_narrows_the_valid_part_to_the_tensor_edge(backend):
         np.testing.assert_array_equal(z[r, :, 0], [0, 0, x[r, 0, 0], 0, 0, 0, 0, 0])
 
 
+def ring_error(body, backend: str, cls: type) -> BaseException:
+    """Run ``body`` on the padded ring program at P=2 (zeroed data); return the ``cls`` error a rank raised."""
+    with pytest.raises(RankError) as info:
+        run(padded_ring_program(body), 2, backend, np.zeros((2, 1, 1), np.float32),
+            np.zeros((2, 8, 1), np.float32), np.zeros((2, 8, 1), np.float32))
+    assert isinstance(info.value.original, cls)
+    return info.value.original
+
+
 def oob_load_body(x, y, z, win, sig, me, n):
     pl.load(x, [me, 0], [8, 1], valid_shape=[1, 1])  # MARK-OOB-LOAD: rank 1 reads row 1 of a 1-row tensor
 
 
 def test_valid_part_outside_the_tensor_is_out_of_bounds(backend):
-    with pytest.raises(RankError) as info:
-        run(padded_ring_program(oob_load_body), 2, backend, np.zeros((2, 1, 1), np.float32),
-            np.zeros((2, 8, 1), np.float32), np.zeros((2, 8, 1), np.float32))
-    assert isinstance(info.value.original, KernelIndexError)
+    err = ring_error(oob_load_body, backend, KernelIndexError)
     line = line_of(oob_load_body, "MARK-OOB-LOAD")
-    assert str(info.value.original) == (
+    assert str(err) == (
         f"pl.load at {HERE}:{line}: out of bounds on tensor 'x[1]' [1, 1] FP32: offsets [1, 0] with valid_shape "
         "[1, 1] (of a [8, 1] tile) reach [1, 2) in dimension 0, whose bounds are [0, 1). Only the valid region is "
         "read, but all of it must lie inside the tensor. Shrink valid_shape to what is left of the tensor at these "
@@ -147,12 +153,9 @@ def oob_remote_load_body(x, y, z, win, sig, me, n):
 
 
 def test_remote_load_valid_part_outside_the_window_is_out_of_bounds(backend):
-    with pytest.raises(RankError) as info:
-        run(padded_ring_program(oob_remote_load_body), 2, backend, np.zeros((2, 1, 1), np.float32),
-            np.zeros((2, 8, 1), np.float32), np.zeros((2, 8, 1), np.float32))
-    assert isinstance(info.value.original, KernelIndexError)
+    err = ring_error(oob_remote_load_body, backend, KernelIndexError)
     line = line_of(oob_remote_load_body, "MARK-OOB-RL")
-    assert str(info.value.original) == (
+    assert str(err) == (
         f"pld.tile.remote_load at {HERE}:{line}: out of bounds on window 'win' [1, 1] FP32 (buffer 'wbuf'): "
         "offsets [0, 0] with valid_shape [1, 2] (of a [8, 4] tile) reach [0, 2) in dimension 1, whose bounds are "
         "[0, 1). Only the valid region is read, but all of it must lie inside the tensor. Shrink valid_shape to "
@@ -164,12 +167,9 @@ def full_tile_oob_body(x, y, z, win, sig, me, n):
 
 
 def test_without_valid_shape_the_whole_tile_must_fit(backend):
-    with pytest.raises(RankError) as info:
-        run(padded_ring_program(full_tile_oob_body), 2, backend, np.zeros((2, 1, 1), np.float32),
-            np.zeros((2, 8, 1), np.float32), np.zeros((2, 8, 1), np.float32))
-    assert isinstance(info.value.original, KernelIndexError)
+    err = ring_error(full_tile_oob_body, backend, KernelIndexError)
     line = line_of(full_tile_oob_body, "MARK-FULL")
-    assert str(info.value.original).startswith(
+    assert str(err).startswith(
         f"pl.load at {HERE}:{line}: out of bounds on tensor 'x[0]' [1, 1] FP32: offsets [0, 0] with shape [8, 1] "
         "reach [0, 8) in dimension 0, whose bounds are [0, 1).")
 
@@ -179,12 +179,9 @@ def big_valid_body(x, y, z, win, sig, me, n):
 
 
 def test_valid_shape_larger_than_the_tile_is_refused(backend):
-    with pytest.raises(RankError) as info:
-        run(padded_ring_program(big_valid_body), 2, backend, np.zeros((2, 1, 1), np.float32),
-            np.zeros((2, 8, 1), np.float32), np.zeros((2, 8, 1), np.float32))
-    assert isinstance(info.value.original, KernelValueError)
+    err = ring_error(big_valid_body, backend, KernelValueError)
     line = line_of(big_valid_body, "MARK-BIG")
-    assert str(info.value.original) == (
+    assert str(err) == (
         f"pl.load at {HERE}:{line}: valid_shape [2, 1] must lie within the tile shape [1, 1]: the valid region is "
         "the leading part of the tile that holds data, one extent per tile dimension, each between 0 and that "
         "dimension's size. Give 2 extents no larger than [1, 1].")
