@@ -11,13 +11,9 @@ import importlib.abc
 import importlib.util
 import sys
 
-# PyPTO module paths whose ptodist home has another name.
-_RENAMED: dict[str, str] = {}
-
-
 def target_of(fullname: str) -> str:
-    """Return the ptodist module that stands for PyPTO module ``fullname``."""
-    return _RENAMED.get(fullname, "ptodist" + fullname[len("pypto"):])
+    """Return the ptodist module that stands for PyPTO module ``fullname`` (the same path under ``ptodist``)."""
+    return "ptodist" + fullname[len("pypto"):]
 
 
 class _Loader(importlib.abc.Loader):
