@@ -69,3 +69,24 @@ def test_examples_run_unmodified_with_the_pypto_spelling(tmp_path):
     proc = ptodist_cli("run", driver, cwd=tmp_path, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.split() == ["OK"] * len(STEMS), proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize("stem", STEMS)
+def test_example_runs_with_every_diagnostic_output_on(capsys, monkeypatch, tmp_path, stem):
+    from ptodist import RunConfig
+
+    init = RunConfig.__init__
+
+    def all_on(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.enable_chip_swimlane = self.enable_dep_gen = self.enable_scope_stats = True
+        self.enable_dump_args = 2
+        self.output_dir = str(tmp_path / "out")
+
+    monkeypatch.setattr(RunConfig, "__init__", all_on)
+    assert load(stem).main([]) == 0
+    assert "OK" in capsys.readouterr().out.split()
+    written = {p.name for p in tmp_path.rglob("*") if p.is_file()}
+    assert {"chip_swimlane_records.json", "deps.json", "scope_stats.jsonl"} <= written, sorted(written)
+    assert any(name.startswith("merged_swimlane_") for name in written), sorted(written)
+    assert any(p.suffix == ".npy" for p in tmp_path.rglob("dump/*")), "no tensor dumps"
