@@ -11,6 +11,7 @@ import importlib.abc
 import importlib.util
 import sys
 
+
 def target_of(fullname: str) -> str:
     """Return the ptodist module that stands for PyPTO module ``fullname`` (the same path under ``ptodist``)."""
     return "ptodist" + fullname[len("pypto"):]
