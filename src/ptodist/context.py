@@ -8,6 +8,7 @@ fails with a message saying where it belongs.
 
 from __future__ import annotations
 
+import functools
 import threading
 from contextlib import contextmanager
 
@@ -97,13 +98,33 @@ class Context:
     def memory_op(self, name, *args, **kwargs):
         self.unavailable(f"{name}()", _KERNEL)
 
+    # The signal and RMA operations: a rank gives each its own method (they are the hot path); elsewhere they
+    # are memory operations like the others.
+    def notify(self, target, peer, offsets, value, notify_op):
+        return self.memory_op("pld.system.notify", target, peer, offsets, value, notify_op)
+
+    def wait(self, signal, offsets, expected, cmp):
+        return self.memory_op("pld.system.wait", signal, offsets, expected, cmp)
+
+    def remote_load(self, target, peer, offsets, shape, valid_shape=None):
+        return self.memory_op("pld.tile.remote_load", target, peer, offsets, shape, valid_shape)
+
+    def remote_store(self, tile, target, peer, offsets, atomic, op="pld.tile.remote_store"):
+        return self.memory_op(op, tile, target, peer, offsets, atomic)
+
+    def put(self, dst, peer, src, *transfer):
+        return self.memory_op("pld.tensor.put", dst, peer, src, *transfer)
+
+    def get(self, dst, peer, src, *transfer):
+        return self.memory_op("pld.tensor.get", dst, peer, src, *transfer)
+
 
 _PYTHON = Context()
 
 
-def current() -> Context:
-    """Return the context of the calling thread."""
-    return getattr(_local, "ctx", _PYTHON)
+# current() -> Context: the context of the calling thread. Every pl/pld operation calls it first; as a partial
+# of the builtin getattr it runs without a Python frame of its own.
+current = functools.partial(getattr, _local, "ctx", _PYTHON)
 
 
 @contextmanager

@@ -16,6 +16,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <frameobject.h>
 #include <stdint.h>
 #include <time.h>
 #include <errno.h>
@@ -75,27 +76,42 @@ static inline void publish(int32_t *word, int32_t *sleepers) {
     if (__atomic_load_n(sleepers, __ATOMIC_SEQ_CST) > 0) wake_all(word);
 }
 
-static PyObject *py_fetch_add(PyObject *self, PyObject *args) {
+/* The three-integer argument list of fetch_add and exchange: (addr, sleepers, value). */
+static int three_ints(PyObject *const *args, Py_ssize_t n, const char *name, unsigned long long *addr,
+                      unsigned long long *sleepers, long long *value) {
+    if (n != 3) {
+        PyErr_Format(PyExc_TypeError, "%s(addr, sleepers, value) takes 3 arguments, got %zd", name, n);
+        return 0;
+    }
+    *addr = PyLong_AsUnsignedLongLong(args[0]);
+    if (*addr == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    *sleepers = PyLong_AsUnsignedLongLong(args[1]);
+    if (*sleepers == (unsigned long long)-1 && PyErr_Occurred()) return 0;
+    *value = PyLong_AsLongLong(args[2]);
+    return !(*value == -1 && PyErr_Occurred());
+}
+
+static PyObject *py_fetch_add(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     unsigned long long addr, sleepers;
     long long delta;
-    if (!PyArg_ParseTuple(args, "KKL", &addr, &sleepers, &delta)) return NULL;
+    if (!three_ints(args, n, "fetch_add", &addr, &sleepers, &delta)) return NULL;
     int32_t old = __atomic_fetch_add(as_word(addr), (int32_t)delta, __ATOMIC_SEQ_CST);
     publish(as_word(addr), as_word(sleepers));
     return PyLong_FromLong(old);
 }
 
-static PyObject *py_exchange(PyObject *self, PyObject *args) {
+static PyObject *py_exchange(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     unsigned long long addr, sleepers;
     long long value;
-    if (!PyArg_ParseTuple(args, "KKL", &addr, &sleepers, &value)) return NULL;
+    if (!three_ints(args, n, "exchange", &addr, &sleepers, &value)) return NULL;
     int32_t old = __atomic_exchange_n(as_word(addr), (int32_t)value, __ATOMIC_SEQ_CST);
     publish(as_word(addr), as_word(sleepers));
     return PyLong_FromLong(old);
 }
 
-static PyObject *py_load(PyObject *self, PyObject *args) {
-    unsigned long long addr;
-    if (!PyArg_ParseTuple(args, "K", &addr)) return NULL;
+static PyObject *py_load(PyObject *self, PyObject *arg) {
+    unsigned long long addr = PyLong_AsUnsignedLongLong(arg);
+    if (addr == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
     return PyLong_FromLong(__atomic_load_n(as_word(addr), __ATOMIC_SEQ_CST));
 }
 
@@ -193,17 +209,329 @@ static PyObject *py_die_with_parent(PyObject *self, PyObject *noargs) {
     Py_RETURN_FALSE;
 }
 
+/* -- the per-operation bookkeeping of a rank, in one call -------------------------------------
+ *
+ * Every pld signal and RMA operation updates the rank's row of the status board: its progress
+ * word (the hang detectors watch it), its last-operation word (what a rank that dies was doing)
+ * and, for a notify, an entry in its ring of sent notifies (which notifies did a blocked cell
+ * receive?).  A Ledger holds those addresses for one rank so that the update is one C call
+ * instead of several Python statements; the layout of a ring entry is the Sent structure of
+ * rank/status.py. */
+
+typedef struct {
+    PyObject_HEAD
+    int64_t *progress;
+    uint64_t *last_op;    /* NULL: the board keeps no last-operation word */
+    char *history;        /* `entries` entries of ENTRY_BYTES */
+    int64_t entries;
+    int64_t seq;          /* the last sequence number written */
+} Ledger;
+
+#define ENTRY_BYTES 48
+
+static int ledger_init(Ledger *self, PyObject *args, PyObject *kwds) {
+    unsigned long long progress, last_op, history;
+    long long entries;
+    if (!PyArg_ParseTuple(args, "KKKL", &progress, &last_op, &history, &entries)) return -1;
+    if (entries <= 0) {
+        PyErr_SetString(PyExc_ValueError, "Ledger: the ring needs at least one entry");
+        return -1;
+    }
+    self->progress = (int64_t *)(uintptr_t)progress;
+    self->last_op = (uint64_t *)(uintptr_t)last_op;
+    self->history = (char *)(uintptr_t)history;
+    self->entries = entries;
+    self->seq = 0;
+    return 0;
+}
+
+static inline void ledger_step(Ledger *self, uint64_t word) {
+    __atomic_store_n(self->progress, __atomic_load_n(self->progress, __ATOMIC_RELAXED) + 1, __ATOMIC_RELAXED);
+    if (word != 0 && self->last_op != NULL) __atomic_store_n(self->last_op, word, __ATOMIC_RELAXED);
+}
+
+/* One sent notify into the ring; its sequence number is written last, so a reader sees whole entries. */
+static inline void ledger_record(Ledger *self, int64_t buffer, int64_t owner, int64_t offset, int is_set,
+                                 int32_t value, int32_t old, int64_t slot) {
+    int64_t seq = ++self->seq;
+    char *e = self->history + (seq % self->entries) * ENTRY_BYTES;
+    int32_t new_value = is_set ? value : (int32_t)((uint32_t)old + (uint32_t)value);  /* INT32 wraps */
+    *(int64_t *)(e + 8) = offset;
+    int32_t *w = (int32_t *)(e + 16);
+    w[0] = (int32_t)buffer; w[1] = (int32_t)owner; w[2] = is_set; w[3] = value;
+    w[4] = old; w[5] = new_value; w[6] = (int32_t)slot;
+    __atomic_store_n((int64_t *)e, seq, __ATOMIC_RELEASE);
+}
+
+static int as_ll(PyObject *o, long long *out) {
+    *out = PyLong_AsLongLong(o);
+    return !(*out == -1 && PyErr_Occurred());
+}
+
+/* step(word): count one operation; word != 0 also becomes the last-operation word. */
+static PyObject *ledger_step_py(Ledger *self, PyObject *arg) {
+    unsigned long long word = PyLong_AsUnsignedLongLong(arg);
+    if (word == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    ledger_step(self, word);
+    Py_RETURN_NONE;
+}
+
+/* notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot) -> old: the atomic add (or
+ * exchange) on a shared-memory cell, the wake-up of its sleepers, the step and the ring entry. */
+static PyObject *ledger_notify(Ledger *self, PyObject *const *args, Py_ssize_t n) {
+    long long v[9];
+    if (n != 9) {
+        PyErr_SetString(PyExc_TypeError, "Ledger.notify takes 9 arguments");
+        return NULL;
+    }
+    for (int i = 0; i < 9; i++)
+        if (i != 4 && !as_ll(args[i], &v[i])) return NULL;
+    unsigned long long word = PyLong_AsUnsignedLongLong(args[4]);
+    if (word == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    int32_t *cell = as_word((unsigned long long)v[0]);
+    int32_t value = (int32_t)v[2];
+    int32_t old = v[3] ? __atomic_exchange_n(cell, value, __ATOMIC_SEQ_CST)
+                       : __atomic_fetch_add(cell, value, __ATOMIC_SEQ_CST);
+    publish(cell, as_word((unsigned long long)v[1]));
+    ledger_step(self, word);
+    ledger_record(self, v[5], v[6], v[7], (int)v[3], value, old, v[8]);
+    return PyLong_FromLong(old);
+}
+
+/* sent(buffer, owner, offset, is_set, value, old, slot): a ring entry for a notify made elsewhere (a
+ * backend whose cells are not plain shared memory). */
+static PyObject *ledger_sent(Ledger *self, PyObject *const *args, Py_ssize_t n) {
+    long long v[7];
+    if (n != 7) {
+        PyErr_SetString(PyExc_TypeError, "Ledger.sent takes 7 arguments");
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++)
+        if (!as_ll(args[i], &v[i])) return NULL;
+    ledger_record(self, v[0], v[1], v[2], (int)v[3], (int32_t)v[4], (int32_t)v[5], v[6]);
+    Py_RETURN_NONE;
+}
+
+static PyObject *ledger_step_at(Ledger *self, PyObject *const *args, Py_ssize_t n);
+
+static PyMethodDef ledger_methods[] = {
+    {"step", (PyCFunction)ledger_step_py, METH_O, "step(word): progress += 1; word != 0 is the last operation"},
+    {"step_at", (PyCFunction)(void (*)(void))ledger_step_at, METH_FASTCALL,
+     "step_at(cache, depth, code) -> None, or the frame (NotImplemented) whose call site is not cached yet"},
+    {"notify", (PyCFunction)(void (*)(void))ledger_notify, METH_FASTCALL,
+     "notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot) -> old value"},
+    {"sent", (PyCFunction)(void (*)(void))ledger_sent, METH_FASTCALL,
+     "sent(buffer, owner, offset, is_set, value, old, slot): record a notify made elsewhere"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject LedgerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "ptodist._atomics.Ledger",
+    .tp_basicsize = sizeof(Ledger),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Ledger(progress_addr, last_op_addr, history_addr, entries): one rank's status-board updates",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)ledger_init,
+    .tp_methods = ledger_methods,
+};
+
+/* -- argument checks of the usual kind, without a Python loop --------------------------------------
+ * Both answer only the plain case (exact ints, inside the bounds) and return None / -1 otherwise: the
+ * caller then takes its Python path, which accepts Scalars and numpy integers and explains errors. */
+
+/* The exact int items of list or tuple `seq`, into out[0..n); 0 unless `seq` is one of n exact ints. */
+static int plain_ints(PyObject *seq, Py_ssize_t n, long long *out) {
+    if (!(PyList_CheckExact(seq) || PyTuple_CheckExact(seq)) || PySequence_Fast_GET_SIZE(seq) != n) return 0;
+    PyObject **items = PySequence_Fast_ITEMS(seq);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyLong_CheckExact(items[i])) return 0;
+        out[i] = PyLong_AsLongLong(items[i]);
+        if (out[i] == -1 && PyErr_Occurred()) { PyErr_Clear(); return 0; }
+    }
+    return 1;
+}
+
+#define MAX_DIMS 16
+
+/* region(offsets, shape, bounds) -> tuple of slices, or None: the slices of an array of shape `bounds`
+ * that the region at `offsets` of size `shape` covers, when all three agree in length and it lies inside. */
+static PyObject *py_region(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 3 || !PyTuple_CheckExact(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "region(offsets, shape, bounds: tuple)");
+        return NULL;
+    }
+    Py_ssize_t dims = PyTuple_GET_SIZE(args[2]);
+    long long o[MAX_DIMS], s[MAX_DIMS], b[MAX_DIMS];
+    if (dims > MAX_DIMS || !plain_ints(args[0], dims, o) || !plain_ints(args[1], dims, s) || !plain_ints(args[2], dims, b))
+        Py_RETURN_NONE;
+    for (Py_ssize_t i = 0; i < dims; i++)
+        if (o[i] < 0 || s[i] < 0 || o[i] + s[i] > b[i]) Py_RETURN_NONE;
+    PyObject *out = PyTuple_New(dims);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < dims; i++) {
+        PyObject *lo = PyLong_FromLongLong(o[i]), *hi = PyLong_FromLongLong(o[i] + s[i]);
+        PyObject *sl = (lo && hi) ? PySlice_New(lo, hi, NULL) : NULL;
+        Py_XDECREF(lo);
+        Py_XDECREF(hi);
+        if (sl == NULL) { Py_DECREF(out); return NULL; }
+        PyTuple_SET_ITEM(out, i, sl);
+    }
+    return out;
+}
+
+/* flat(offsets, bounds) -> the row-major index of element `offsets` of an array of shape `bounds`, or -1. */
+static PyObject *py_flat(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    if (n != 2 || !PyTuple_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "flat(offsets, bounds: tuple)");
+        return NULL;
+    }
+    Py_ssize_t dims = PyTuple_GET_SIZE(args[1]);
+    long long o[MAX_DIMS], b[MAX_DIMS], flat = 0;
+    if (dims > MAX_DIMS || !plain_ints(args[0], dims, o) || !plain_ints(args[1], dims, b)) return PyLong_FromLong(-1);
+    for (Py_ssize_t i = 0; i < dims; i++) {
+        if (o[i] < 0 || o[i] >= b[i]) return PyLong_FromLong(-1);
+        flat = flat * b[i] + o[i];
+    }
+    return PyLong_FromLongLong(flat);
+}
+
+/* The call-site cache of a rank: (id(code), instruction offset) - Python's `id(f.f_code), f.f_lasti` - to
+ * (code, entry), entry None for ptodist's own frames.  What an operation needs to name the user's line
+ * without a stack walk per call. */
+
+#define SITE_ERROR (-1)
+#define SITE_NONE 0    /* the frames looked at are all cached as ptodist's own */
+#define SITE_FOUND 1   /* *out: the entry (a new reference) */
+#define SITE_MISS 2    /* *out: the first frame not cached yet (a new reference) */
+
+/* Look at most four frames up from the one `depth` levels above the calling Python function. */
+static int find_site(PyObject *cache, long depth, PyObject **out) {
+#if PY_VERSION_HEX >= 0x030B0000
+    PyFrameObject *frame = PyEval_GetFrame();  /* borrowed */
+    Py_XINCREF(frame);
+    for (long i = 0; i < depth && frame != NULL; i++) {
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    for (int i = 0; i < 4 && frame != NULL; i++) {
+        PyCodeObject *code = PyFrame_GetCode(frame);
+        PyObject *key = Py_BuildValue("(Ni)", PyLong_FromVoidPtr(code), PyFrame_GetLasti(frame));
+        Py_DECREF(code);
+        if (key == NULL) { Py_DECREF(frame); return SITE_ERROR; }
+        PyObject *known = PyDict_GetItemWithError(cache, key);  /* borrowed */
+        Py_DECREF(key);
+        if (known == NULL) {
+            if (PyErr_Occurred()) { Py_DECREF(frame); return SITE_ERROR; }
+            *out = (PyObject *)frame;
+            return SITE_MISS;
+        }
+        if (!PyTuple_Check(known) || PyTuple_GET_SIZE(known) != 2) {
+            Py_DECREF(frame);
+            PyErr_SetString(PyExc_TypeError, "call-site cache values are (code, entry) pairs");
+            return SITE_ERROR;
+        }
+        PyObject *entry = PyTuple_GET_ITEM(known, 1);
+        if (entry != Py_None) {
+            Py_DECREF(frame);
+            Py_INCREF(entry);
+            *out = entry;
+            return SITE_FOUND;
+        }
+        PyFrameObject *back = PyFrame_GetBack(frame);
+        Py_DECREF(frame);
+        frame = back;
+    }
+    Py_XDECREF(frame);
+    return SITE_NONE;
+#else
+    (void)cache; (void)depth;
+    Py_INCREF(Py_NotImplemented);  /* no PyFrame_GetLasti before 3.11: the caller walks the stack itself */
+    *out = Py_NotImplemented;
+    return SITE_MISS;
+#endif
+}
+
+static int site_args(PyObject *const *args, Py_ssize_t n, Py_ssize_t want, long *depth) {
+    if (n != want || !PyDict_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, want == 2 ? "call_site(cache: dict, depth: int)"
+                                                   : "Ledger.step_at(cache: dict, depth: int, code: int)");
+        return 0;
+    }
+    *depth = PyLong_AsLong(args[1]);
+    return !(*depth == -1 && PyErr_Occurred());
+}
+
+/* call_site(cache, depth): the cached entry of the first call site at or above the caller's frame `depth`
+ * levels up whose entry is not None; the frame itself where a call site is not in the cache yet (the
+ * caller adds it; NotImplemented before Python 3.11); None when all four frames looked at are ptodist's. */
+static PyObject *py_call_site(PyObject *self, PyObject *const *args, Py_ssize_t n) {
+    long depth;
+    PyObject *out = NULL;
+    if (!site_args(args, n, 2, &depth)) return NULL;
+    switch (find_site(args[0], depth, &out)) {
+        case SITE_ERROR: return NULL;
+        case SITE_NONE: Py_RETURN_NONE;
+        default: return out;
+    }
+}
+
+/* Ledger.step_at(cache, depth, code) -> None, or what call_site gives for a call site not cached yet (then
+ * nothing is counted: the caller finds the site and calls step).  One step whose last-operation word is
+ * `code` at the site call_site finds (its entry's second item is the site's slot word), 0 without one. */
+static PyObject *ledger_step_at(Ledger *self, PyObject *const *args, Py_ssize_t n) {
+    long depth;
+    PyObject *entry = NULL;
+    if (!site_args(args, n, 3, &depth)) return NULL;
+    unsigned long long code = PyLong_AsUnsignedLongLong(args[2]);
+    if (code == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+    switch (find_site(args[0], depth, &entry)) {
+        case SITE_ERROR: return NULL;
+        case SITE_MISS: return entry;
+        case SITE_NONE: ledger_step(self, 0); Py_RETURN_NONE;
+    }
+    unsigned long long slot_word = PyTuple_Check(entry) && PyTuple_GET_SIZE(entry) >= 2
+        ? PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(entry, 1)) : (unsigned long long)-1;
+    Py_DECREF(entry);
+    if (slot_word == (unsigned long long)-1) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "call-site entries are (site, slot word, slot)");
+        return NULL;
+    }
+    ledger_step(self, code | slot_word);
+    Py_RETURN_NONE;
+}
+
 static PyMethodDef methods[] = {
-    {"fetch_add", py_fetch_add, METH_VARARGS, "fetch_add(addr, sleepers, delta) -> old int32 value"},
-    {"exchange", py_exchange, METH_VARARGS, "exchange(addr, sleepers, value) -> old int32 value"},
-    {"load", py_load, METH_VARARGS, "load(addr) -> int32 value"},
+    {"fetch_add", (PyCFunction)(void (*)(void))py_fetch_add, METH_FASTCALL,
+     "fetch_add(addr, sleepers, delta) -> old int32 value"},
+    {"exchange", (PyCFunction)(void (*)(void))py_exchange, METH_FASTCALL,
+     "exchange(addr, sleepers, value) -> old int32 value"},
+    {"load", py_load, METH_O, "load(addr) -> int32 value"},
     {"wait", py_wait, METH_VARARGS, "wait(addr, sleepers, cmp, expected, spin_s, yield_s, timeout_s) -> (ok, value)"},
     {"lock", py_lock, METH_VARARGS, "lock(addr): acquire a futex mutex word"},
     {"unlock", py_unlock, METH_VARARGS, "unlock(addr): release a futex mutex word"},
     {"die_with_parent", py_die_with_parent, METH_NOARGS, "kill this process when its parent exits"},
+    {"region", (PyCFunction)(void (*)(void))py_region, METH_FASTCALL,
+     "region(offsets, shape, bounds) -> tuple of slices, or None unless plain ints inside the bounds"},
+    {"flat", (PyCFunction)(void (*)(void))py_flat, METH_FASTCALL,
+     "flat(offsets, bounds) -> row-major element index, or -1 unless plain ints inside the bounds"},
+    {"call_site", (PyCFunction)(void (*)(void))py_call_site, METH_FASTCALL,
+     "call_site(cache, depth) -> cached entry, a frame not cached yet, or None"},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_atomics", NULL, -1, methods};
 
-PyMODINIT_FUNC PyInit__atomics(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__atomics(void) {
+    if (PyType_Ready(&LedgerType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL) return NULL;
+    Py_INCREF(&LedgerType);
+    if (PyModule_AddObject(m, "Ledger", (PyObject *)&LedgerType) < 0) {
+        Py_DECREF(&LedgerType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -96,6 +96,12 @@ class RankMemory(Protocol):
     def window_bytes(self, buffer_id: int, rank: int) -> np.ndarray:
         """Return the raw bytes (uint8) of window buffer ``buffer_id`` on ``rank``."""
 
+    def notify(self, ledger, buffer_id: int, rank: int, offset: int, value: int, is_set: int, word: int,
+               slot: int) -> int:
+        """A notify: atomically add ``value`` to (``is_set``: overwrite) the INT32 cell at byte ``offset``, and
+        account it in the notifying rank's ``ledger`` (``word``: its last-operation word, 0 to leave that;
+        ``slot``: its line's site slot); return the cell's old value."""
+
     def cell_add(self, buffer_id: int, rank: int, offset: int, value: int) -> int:
         """Atomically add to the INT32 cell at byte ``offset``; return the old value."""
 
@@ -110,6 +116,16 @@ class RankMemory(Protocol):
 
     def locked(self, rank: int) -> AbstractContextManager:
         """Hold rank ``rank``'s accumulate lock (atomic tile adds into its windows)."""
+
+
+def notify_cell(memory: RankMemory, ledger, buffer_id: int, rank: int, offset: int, value: int, is_set: int,
+                word: int, slot: int) -> int:
+    """:meth:`RankMemory.notify` for a memory whose cells are not plain shared memory (the ledger's one-call
+    form needs their address): the cell operation, then the ledger's step and ring entry."""
+    old = (memory.cell_set if is_set else memory.cell_add)(buffer_id, rank, offset, value)
+    ledger.step(word)
+    ledger.sent(buffer_id, rank, offset, is_set, value, old, slot)
+    return old
 
 
 @dataclass

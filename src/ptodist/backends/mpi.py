@@ -83,7 +83,7 @@ from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.failures import rank_failure
 from ..rank.status import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard, current_line
-from .base import Command, HostView, RunsNow, StallRule
+from .base import Command, HostView, RunsNow, StallRule, notify_cell
 from .shm import GRACE_S
 
 ALIGN = 64
@@ -623,8 +623,11 @@ class _OwnBoard:
     def finish(self, rank: int, state: int) -> None:
         self.board.finish(0, state)
 
-    def record_notify(self, rank: int, *args) -> None:
-        self.board.record_notify(0, *args)
+    def ledger(self, rank: int):
+        return self.board.ledger(0, last_op=False)  # the driver finds what a lost rank last did by itself
+
+    def site_slot(self, rank: int, site) -> int:
+        return self.board.site_slot(0, site)
 
 
 class MpiMemory:
@@ -803,6 +806,10 @@ class MpiMemory:
             self.heap.Flush_all()
             self._dirty.clear()
         self.heap.Sync()
+
+    def notify(self, ledger, buffer_id: int, rank: int, offset: int, value: int, is_set: int, word: int,
+               slot: int) -> int:
+        return notify_cell(self, ledger, buffer_id, rank, offset, value, is_set, word, slot)
 
     def cell_add(self, buffer_id: int, rank: int, offset: int, value: int) -> int:
         self._before_notify()

@@ -120,6 +120,10 @@ class ShmMemory:
     def _addr(self, buffer_id: int, rank: int, offset: int) -> int:
         return self._at[buffer_id][rank] + offset
 
+    def notify(self, ledger, buffer_id, rank, offset, value, is_set, word, slot):
+        return ledger.notify(self._at[buffer_id][rank] + offset, self.sleepers_addr, value, is_set, word, buffer_id,
+                             rank, offset, slot)
+
     def cell_add(self, buffer_id, rank, offset, value):
         return _atomics.fetch_add(self._at[buffer_id][rank] + offset, self.sleepers_addr, value)
 

@@ -36,7 +36,7 @@ from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, current_line
 from . import resources
-from .base import Command, HostView, RunsNow, StallRule
+from .base import Command, HostView, RunsNow, StallRule, notify_cell
 
 ALIGN = 64
 # Operations that touch no shared memory: no reason to let another rank in before them.
@@ -191,6 +191,9 @@ class SimMemory:
         cells[i] = np.int32(((new(old) + 2**31) % 2**32) - 2**31)  # INT32 wraps, as the device's atomics do
         return old
 
+    def notify(self, ledger, buffer_id, rank, offset, value, is_set, word, slot):
+        return notify_cell(self, ledger, buffer_id, rank, offset, value, is_set, word, slot)
+
     def cell_add(self, buffer_id, rank, offset, value):
         return self._update(buffer_id, rank, offset, lambda old: old + value)
 
@@ -230,6 +233,31 @@ class _SimRank(RankContext):
         elif name not in _LOCAL_OPS:
             self._sched.switch(self.rank)
         return super().memory_op(name, *args)
+
+    # The signal and RMA operations have methods of their own (RankContext's hot path): each switches first too.
+    def notify(self, *args):
+        self._sched.switch(self.rank)
+        return super().notify(*args)
+
+    def wait(self, *args):
+        self._sched.switch(self.rank)
+        return super().wait(*args)
+
+    def remote_load(self, *args):
+        self._sched.switch(self.rank)
+        return super().remote_load(*args)
+
+    def remote_store(self, *args):
+        self._sched.switch(self.rank)
+        return super().remote_store(*args)
+
+    def put(self, *args):
+        self._sched.switch(self.rank)
+        return super().put(*args)
+
+    def get(self, *args):
+        self._sched.switch(self.rank)
+        return super().get(*args)
 
     def _before_read(self) -> None:
         """Switch before a read; a rank polling a value that does not change waits for the others' progress."""

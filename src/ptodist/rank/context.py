@@ -15,7 +15,7 @@ import sys
 
 import numpy as np
 
-from .. import collectives, context
+from .. import _atomics, collectives, context
 from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView, domain_args
@@ -50,6 +50,8 @@ except ImportError:  # numpy < 2
 
 ATOMIC_ADD_DTYPES = (dt.FP32, dt.FP16, dt.BF16, dt.INT32, dt.INT16, dt.INT8)
 _NOTIFY, _WAIT, _DEFER_WAIT = (LAST_OP_CODES[f"pld.system.{n}"] for n in ("notify", "wait", "defer_wait"))
+_REMOTE_LOAD, _PUT, _GET = (LAST_OP_CODES[n] for n in ("pld.tile.remote_load", "pld.tensor.put", "pld.tensor.get"))
+_call_site, _plain_region, _plain_flat = _atomics.call_site, _atomics.region, _atomics.flat
 _INT32_MIN, _INT32_END = -2**31, 2**31
 
 
@@ -79,13 +81,14 @@ class RankContext(context.Context):
         self.memory = memory
         self.status = memory.status
         self._progress = memory.status.progress_counter(rank)
+        self._ledger = memory.status.ledger(rank)  # the progress and last-operation words, the notify ring
         # The board's last-operation words (what a rank that dies without reporting was doing), when it has them.
         last_op_words = getattr(memory.status, "last_op_words", None)
         self._last_op = last_op_words(rank) if last_op_words is not None else None
         self._site_slots: dict = {}  # (file, line) -> its slot in the board's site table
         # (id(code), instruction offset) -> (code, (site, slot word)) or (code, None) for ptodist's own: _here's cache
         self._call_sites: dict = {}
-        self._site_slot = getattr(memory.status, "site_slot", None)  # a board with a site table (not MPI's own)
+        self._site_slot = memory.status.site_slot
         self._coll_site: tuple = (None, 0, None)  # while a collective runs: its call site, as _here gives it
         self.host_arrays = host_arrays
         self.wait_slice_s = wait_slice_s
@@ -134,9 +137,10 @@ class RankContext(context.Context):
         self.memory = memory
         self.status = memory.status
         self._progress = memory.status.progress_counter(self.rank)
+        self._ledger = memory.status.ledger(self.rank)
         last_op_words = getattr(memory.status, "last_op_words", None)
         self._last_op = last_op_words(self.rank) if last_op_words is not None else None
-        self._site_slot = getattr(memory.status, "site_slot", None)
+        self._site_slot = memory.status.site_slot
         self.host_arrays = host_arrays
         self._windows = {}
         self._spans = None
@@ -222,7 +226,7 @@ class RankContext(context.Context):
     # -- functions and tasks ----------------------------------------------------------
     def call_function(self, fn: Function, args, kwargs, device):
         if device is not None:
-            raise ProgramError(f"{fn.name}(..., device=...) at {user_location(3)}: device= is only for the host "
+            raise ProgramError(f"{fn.name}(..., device=...) at {user_location(2)}: device= is only for the host "
                                "orchestrator's dispatch; inside a rank call the function without it.")
         if fn.kind is Kind.KERNEL:
             if pipes.collecting(fn):  # an AIC/AIV function called by a group function: runs with its peers
@@ -231,13 +235,13 @@ class RankContext(context.Context):
                 self.graph.wait_overlapping(self._buffers((*args, *kwargs.values())))
             return self._run_kernel(fn, args, kwargs)
         if fn.kind is Kind.SUBWORKER:
-            raise ProgramError(f"{fn.name}() at {user_location(3)}: '{fn.name}' is a sub-worker function "
+            raise ProgramError(f"{fn.name}() at {user_location(2)}: '{fn.name}' is a sub-worker function "
                                "(pl.Role.SubWorker), a host-side callback; it cannot run inside a rank.")
         return fn.invoke(*args, **kwargs)
 
     def _run_kernel(self, fn: Function, args, kwargs, deps=(), tid: int | None = None, lazy: bool = False,
                     dumps=()):
-        loc = user_location(4)
+        loc = user_location(2)
         values = fn.bind_arguments(args, kwargs)
         if id(fn.fn) not in self._checked:
             checks.check_task_args_order(fn)
@@ -320,10 +324,10 @@ class RankContext(context.Context):
     def _log(self, kind: str, name: str, start: int, where=None, **args) -> dict:
         """Record an operation; ``where`` defaults to the user's line that called it."""
         return self.events.op(kind, name, start, self._task_id, self._block_idx,
-                              str(where if where is not None else user_location(4)), **args)
+                              str(where if where is not None else user_location(2)), **args)
 
     def collective(self, name, args, kwargs):
-        loc = user_location(3)
+        loc = user_location(2)
         if not self._kernel_depth and not self.graph.idle:
             self.graph.wait_for()  # a collective of the orchestration runs after the tasks submitted before it
         if name == "allreduce" and args[1] is None:
@@ -384,7 +388,7 @@ class RankContext(context.Context):
     def _outside_group_text(self, op: str, what: str, group, loc=None) -> str:
         """The message for a window used on a rank outside its comm domain."""
         ranks = "{" + ", ".join(map(str, group)) + "}"
-        return (f"{op} at {loc if loc is not None else user_location(5)}: {what} belongs to the comm domain of ranks "
+        return (f"{op} at {loc if loc is not None else user_location(2)}: {what} belongs to the comm domain of ranks "
                 f"{ranks}, but rank {self.rank} is not in it. A window buffer lives on the ranks the host "
                 "dispatched its windows to (device=r); dispatch it to this rank too, or use a window of this "
                 "rank's domain.")
@@ -392,7 +396,7 @@ class RankContext(context.Context):
     def _hand_rolled(self, w: WindowTensor) -> None:
         """Remember a signal window used by the program's own notify/wait (not a collective's)."""
         if not self._in_collective and w.buffer.id not in self.hand_signals:
-            self.hand_signals[w.buffer.id] = (tuple(w.shape), str(user_location(4)))
+            self.hand_signals[w.buffer.id] = (tuple(w.shape), str(user_location(2)))
 
     def _new_tid(self) -> int:
         tid = self._tasks_started
@@ -402,7 +406,7 @@ class RankContext(context.Context):
     def _check_deps(self, op: str, deps) -> None:
         for d in deps:
             if not isinstance(d, int) or not 0 <= d < self._tasks_started:
-                raise ProgramError(f"{op} at {user_location(4)}: deps= must hold task ids of earlier tasks (from "
+                raise ProgramError(f"{op} at {user_location(2)}: deps= must hold task ids of earlier tasks (from "
                                    f"`with pl.at(...) as tid` or pl.submit), got {d!r}")
 
     @staticmethod
@@ -426,10 +430,10 @@ class RankContext(context.Context):
         op = "pl.spmd_submit" if blocks else "pl.submit"
         self._check_deps(op, deps)
         if not isinstance(fn, Function) or fn.kind is not Kind.KERNEL:
-            raise ProgramTypeError(f"{op} at {user_location(3)}: the first argument must be a kernel "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: the first argument must be a kernel "
                                    f"(@pl.jit.incore), got {fn!r}")
         if self._kernel_depth:
-            raise ProgramError(f"{op} at {user_location(3)}: tasks are submitted by the orchestration, not from "
+            raise ProgramError(f"{op} at {user_location(2)}: tasks are submitted by the orchestration, not from "
                                "inside a kernel; call the kernel directly here")
         tid, out = self._new_tid(), {}
 
@@ -457,11 +461,11 @@ class RankContext(context.Context):
             return RegionResult(None, body(*args))
         level = getattr(region.level, "name", region.level)
         if level == "HOST":
-            raise ProgramError(f"pl.at(level=pl.Level.HOST) at {user_location(3)}: a rank runs chip and core work; "
+            raise ProgramError(f"pl.at(level=pl.Level.HOST) at {user_location(2)}: a rank runs chip and core work; "
                                "the host level is the host orchestrator's (@pl.jit.host)")
         self._check_deps(f"pl.{region.kind}", region.deps)
         tid, out = self._new_tid(), {}
-        where = user_location(3)
+        where = user_location(2)
         name = region.name_hint or f"{self.task or 'region'}@{where.line if where is not None else '?'}"
 
         def run():
@@ -503,7 +507,7 @@ class RankContext(context.Context):
 
     def scope_begin(self, manual: bool) -> None:
         if manual and self._manual:
-            raise ProgramError(f"pl.manual_scope() at {user_location(4)}: a manual scope may not nest inside "
+            raise ProgramError(f"pl.manual_scope() at {user_location(2)}: a manual scope may not nest inside "
                                "another; flatten them into one")
         self._manual += manual
 
@@ -569,17 +573,17 @@ class RankContext(context.Context):
 
     # -- identity ---------------------------------------------------------------
     def world_size(self):
-        raise ProgramError(f"pld.world_size() at {user_location(3)} is host-only. Inside a kernel use "
+        raise ProgramError(f"pld.world_size() at {user_location(2)} is host-only. Inside a kernel use "
                            "pld.nranks(pld.get_comm_ctx(window)).")
 
     def get_comm_ctx(self, tensor):
         if not isinstance(tensor, WindowTensor):
-            raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(3)}: needs a pld.DistributedTensor "
+            raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(2)}: needs a pld.DistributedTensor "
                                    f"(a window), got {checks.value_kind(tensor)}")
         group = tensor.group
         if self.rank not in group:
             raise ProgramValueError(self._outside_group_text("pld.get_comm_ctx", tensor.describe(), group,
-                                                             user_location(3)))
+                                                             user_location(2)))
         # rank / nranks are relative to the window's comm domain (the ranks its buffer was dispatched to).
         return CommCtx(len(group), group.index(self.rank))
 
@@ -592,10 +596,10 @@ class RankContext(context.Context):
     def _identity(self, op, comm) -> CommCtx:
         if self._kernel_depth == 0:
             raise RankIdentityError(
-                f"{op}() at {user_location(4)} is called outside a kernel (in the per-device orchestration). "
+                f"{op}() at {user_location(2)} is called outside a kernel (in the per-device orchestration). "
                 "Rank identity is read inside a kernel; or pass the host loop variable r as a scalar argument.")
         if not isinstance(comm, CommCtx):
-            raise ProgramTypeError(f"{op}() at {user_location(4)}: takes pld.get_comm_ctx(window), got {comm!r}")
+            raise ProgramTypeError(f"{op}() at {user_location(2)}: takes pld.get_comm_ctx(window), got {comm!r}")
         return comm
 
     # -- memory operations ----------------------------------------------------------
@@ -623,14 +627,14 @@ class RankContext(context.Context):
 
     def _site_entry(self, site) -> tuple:
         """``(site, slot word, slot)``: ``site`` (the user's ``(file, line)``, or None), its slot of the board's
-        site table (None for a board without one: MPI's finds it itself) and that slot shifted into the
-        ``last_site`` half of the last-op word (``op | slot word`` is the word to store)."""
+        site table (-1: none, or the table is full) and that slot shifted into the ``last_site`` half of the
+        last-op word (``op | slot word`` is the word to store)."""
         if site is None:
             return None, 0xFFFFFFFF << 32, -1
-        slot = self._site_slots.get(site, -2)
-        if slot == -2:
-            slot = self._site_slots[site] = self._site_slot(self.rank, site) if self._site_slot is not None else None
-        return site, ((slot if slot is not None else -1) & 0xFFFFFFFF) << 32, slot
+        slot = self._site_slots.get(site)
+        if slot is None:
+            slot = self._site_slots[site] = self._site_slot(self.rank, site)
+        return site, (slot & 0xFFFFFFFF) << 32, slot
 
     def _here(self, frame) -> tuple | None:
         """:meth:`_site_entry` of the program's line at or above ``frame`` (at most four frames up; None when
@@ -655,30 +659,39 @@ class RankContext(context.Context):
             frame = frame.f_back
         return None
 
-    def _mark_here(self, op: int) -> None:
-        """:meth:`_mark` at the program's line that called the operation running now (none: a collective's own
-        operation, which the collective's mark stands for)."""
-        words = self._last_op
-        if words is None or self._in_collective:
+    def _site_at(self, found, depth: int):
+        """:meth:`_here` for what ``_atomics.call_site`` could not answer from the cache: ``found`` is a frame not
+        cached yet, None when no program line is within reach, or NotImplemented (before Python 3.11) to look from
+        ``depth`` frames above the operation."""
+        if found is NotImplemented:
+            found = sys._getframe(depth + 1)  # _site_at <- the operation <- ...
+        return None if found is None else self._here(found)
+
+    def _step_here(self, code: int) -> None:
+        """Count one operation in the rank's ledger and publish it (``code``: of ``LAST_OPS``) as the rank's last,
+        at the program's line that called it; a collective's own operations only count (its mark stands for them)."""
+        if self._in_collective:
+            self._ledger.step(0)
             return
-        here = self._here(sys._getframe(4))  # _mark_here <- the operation <- memory_op <- pld wrapper <- the program
-        if here is not None:
-            words.value = op | here[1]
+        missed = self._ledger.step_at(self._call_sites, 2, code)  # _step_here <- the operation <- pld wrapper <- ...
+        if missed is not None:  # a call site not cached yet: find it, then step
+            here = self._site_at(missed, 2)
+            self._ledger.step(code | here[1] if here is not None else 0)
 
     def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
         if isinstance(t, RankTensor):
             return t
         if isinstance(t, Tile):
-            raise ProgramTypeError(f"{op} at {user_location(4)}: the {what} argument is a Tile (on-chip data); "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: the {what} argument is a Tile (on-chip data); "
                                    "it needs a tensor in memory")
-        raise ProgramTypeError(f"{op} at {user_location(4)}: the {what} argument must be a tensor, "
+        raise ProgramTypeError(f"{op} at {user_location(2)}: the {what} argument must be a tensor, "
                                f"got {checks.value_kind(t)}")
 
     def _window(self, op: str, t, what: str) -> WindowTensor:
         if isinstance(t, WindowTensor):
             return t
         raise ProgramTypeError(
-            f"{op} at {user_location(4)}: '{what}' must be a pld.DistributedTensor (window) — remote memory "
+            f"{op} at {user_location(2)}: '{what}' must be a pld.DistributedTensor (window) — remote memory "
             f"exists only in windows — got {checks.value_kind(t)}. Pass pld.window(buf, shape, dtype=...).")
 
     def _region(self, op: str, t: RankTensor, offsets, shape, valid_of=None) -> tuple:
@@ -686,33 +699,28 @@ class RankContext(context.Context):
 
         ``valid_of``: ``shape`` is the valid extent of a tile of that (larger) shape, read from ``t``.
         """
-        if type(offsets) is list and len(offsets) == 2 == len(shape):
-            # The hot path: a 2-D region at plain ints inside the bounds, in straight-line code (a loop over zip()
-            # costs more than these tests); anything else takes the checks below, and their errors.
-            bounds = t.array.shape
-            b0, b1 = bounds if len(bounds) == 2 else (-1, -1)
-            o0, o1 = offsets
-            s0, s1 = shape
-            if type(o0) is int and type(o1) is int and type(s0) is int and type(s1) is int and 0 <= o0 and 0 <= s0 \
-                    and o0 + s0 <= b0 and 0 <= o1 and 0 <= s1 and o1 + s1 <= b1:
-                return slice(o0, o0 + s0), slice(o1, o1 + s1)
+        # The hot path: plain ints inside the bounds, checked in C; anything else takes the checks below, and
+        # their errors.
+        sl = _plain_region(offsets, shape, t.array.shape)
+        if sl is not None:
+            return sl
         offsets = [o if type(o) is int else _index(o, op, "offset")
                    for o in (offsets if isinstance(offsets, (list, tuple)) else [offsets])]
         shape = [s if type(s) is int else _index(s, op, "shape") for s in shape]
         bounds = t.shape
         if len(offsets) != len(bounds) or len(shape) != len(bounds):
-            raise KernelIndexError(f"{op} at {user_location(4)}: {t.describe()} has {len(bounds)} dimensions but "
+            raise KernelIndexError(f"{op} at {user_location(2)}: {t.describe()} has {len(bounds)} dimensions but "
                                    f"offsets {offsets} and shape {shape} have {len(offsets)} and {len(shape)}. "
                                    f"Give one offset and one size per dimension ({len(bounds)} each).")
         for i, (o, s, b) in enumerate(zip(offsets, shape, bounds)):
             if o < 0 or s < 0 or o + s > b:
                 if valid_of is None:
                     raise KernelIndexError(
-                        f"{op} at {user_location(4)}: out of bounds on {t.describe()}: offsets {offsets} with shape "
+                        f"{op} at {user_location(2)}: out of bounds on {t.describe()}: offsets {offsets} with shape "
                         f"{shape} reach [{o}, {o + s}) in dimension {i}, whose bounds are [0, {b}).")
                 left = [max(0, min(v, d - p)) for v, d, p in zip(shape, bounds, offsets)]
                 raise KernelIndexError(
-                    f"{op} at {user_location(4)}: out of bounds on {t.describe()}: offsets {offsets} with "
+                    f"{op} at {user_location(2)}: out of bounds on {t.describe()}: offsets {offsets} with "
                     f"valid_shape {shape} (of a {list(valid_of)} tile) reach [{o}, {o + s}) in dimension {i}, whose "
                     f"bounds are [0, {b}). Only the valid region is read, but all of it must lie inside the "
                     f"tensor. Shrink valid_shape to what is left of the tensor at these offsets ({left}), "
@@ -733,7 +741,7 @@ class RankContext(context.Context):
                     "-1 for r = 0. Write (r - 1 + n) % n." if p < 0 else
                     " Peers are group ranks of the window's comm domain (0 .. nranks-1), not world ranks.")
             e = PeerRangeError(
-                f"{op} at {user_location(4)}: peer {p} is outside [0, {n}) of the comm domain of {w.describe()}, "
+                f"{op} at {user_location(2)}: peer {p} is outside [0, {n}) of the comm domain of {w.describe()}, "
                 f"ranks {w.group_text()} (rank {self.rank} is group rank {group.index(self.rank)}, nranks {n}).{hint}")
             e.fix = (f"Keep peers in [0, nranks) of the window's domain: read nranks with "
                      f"pld.nranks(pld.get_comm_ctx({w.name})) and give group ranks, e.g. (r + 1) % n.")
@@ -752,7 +760,7 @@ class RankContext(context.Context):
                 hint = " peer is a rank index (0 .. world-1), not a device id."
                 fix = ("Keep peers in [0, world): a peer is a rank index, not a device id; write the right neighbour "
                        "as (r + 1) % n.")
-            e = PeerRangeError(f"{op} at {user_location(4)}: peer {p} is outside [0, {self.world}) "
+            e = PeerRangeError(f"{op} at {user_location(2)}: peer {p} is outside [0, {self.world}) "
                                f"(rank {self.rank}, world {self.world}).{hint}")
             e.fix = fix
             raise e
@@ -769,7 +777,7 @@ class RankContext(context.Context):
             v = [as_int(d, f"{op} valid_shape") for d in valid_shape]
             if len(v) != len(shape) or any(a < 0 or a > b for a, b in zip(v, shape)):
                 raise KernelValueError(
-                    f"{op} at {user_location(5)}: valid_shape {v} must lie within the tile shape {shape}: the "
+                    f"{op} at {user_location(2)}: valid_shape {v} must lie within the tile shape {shape}: the "
                     "valid region is the leading part of the tile that holds data, one extent per tile dimension, "
                     f"each between 0 and that dimension's size. Give {len(shape)} extents no larger than {shape}.")
         if clamp and isinstance(offsets, (list, tuple)) and len(offsets) == len(v) == len(t.shape):
@@ -808,12 +816,12 @@ class RankContext(context.Context):
         if isinstance(tile, RankTensor):
             tile = Tile(tile.array, tile.dtype)
         if not isinstance(tile, Tile):
-            raise ProgramTypeError(f"{op} at {user_location(5)}: expected a Tile, got {checks.value_kind(tile)}")
+            raise ProgramTypeError(f"{op} at {user_location(2)}: expected a Tile, got {checks.value_kind(tile)}")
         data = tile.data
         if tile.dtype is t.dtype and tile.valid_shape == data.shape:  # the usual case: all of it, as it is
             return data
         if tile.dtype.np_dtype != t.dtype.np_dtype:
-            raise ProgramTypeError(f"{op} at {user_location(5)}: the tile is {tile.dtype.name} but {t.describe()} "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: the tile is {tile.dtype.name} but {t.describe()} "
                                    f"is {t.dtype.name}; convert with pl.cast(tile, target_type=pl.{t.dtype.name})")
         valid = tuple(slice(0, v) for v in tile.valid_shape)
         return tile.data[valid]
@@ -828,7 +836,7 @@ class RankContext(context.Context):
         if data.ndim < n and isinstance(offsets, (list, tuple)) and len(offsets) == n:
             data = data.reshape((1,) * (n - data.ndim) + data.shape)
         elif data.ndim != n:
-            where = user_location(5)
+            where = user_location(2)
             raise KernelIndexError(
                 f"{op} at {where}: a {data.ndim}-D tile (valid part {list(data.shape)}) cannot be stored into "
                 f"{t.describe()} at offsets {list(offsets) if isinstance(offsets, (list, tuple)) else offsets}: "
@@ -841,7 +849,7 @@ class RankContext(context.Context):
         if not t.writable:
             why = t.readonly_why or "it is an input (pl.Tensor)"
             raise ProgramTypeError(
-                f"{op} at {user_location(4)}: {t.describe()} is read-only: {why}. If it is written, annotate "
+                f"{op} at {user_location(2)}: {t.describe()} is read-only: {why}. If it is written, annotate "
                 "it pl.Out[...] or pl.InOut[...] where it is declared; otherwise write to an output instead.")
 
     def _store(self, op, tile, offsets, tensor, atomic):
@@ -863,13 +871,13 @@ class RankContext(context.Context):
             if len(idx) != len(t.shape) or any(not 0 <= i < b for i, b in zip(idx, t.shape)):
                 hint = (" A negative index: integer % truncates toward zero on the device, so (r - 1) % n is -1 "
                         "for r = 0. Write (r - 1 + n) % n.") if any(i < 0 for i in idx) else ""
-                raise KernelIndexError(f"{op} at {user_location(4)}: index {list(idx)} is outside "
+                raise KernelIndexError(f"{op} at {user_location(2)}: index {list(idx)} is outside "
                                        f"{t.describe()}.{hint}")
             return idx
         flat = as_int(offset, f"{op} offset")
         size = int(np.prod(t.shape, dtype=np.int64))
         if not 0 <= flat < size:
-            raise KernelIndexError(f"{op} at {user_location(4)}: flat index {flat} is outside {t.describe()} "
+            raise KernelIndexError(f"{op} at {user_location(2)}: flat index {flat} is outside {t.describe()} "
                                    f"({size} elements)")
         return tuple(int(i) for i in np.unravel_index(flat, t.shape))
 
@@ -912,20 +920,13 @@ class RankContext(context.Context):
     # -- signals ------------------------------------------------------------------
     def _cell(self, op: str, w: WindowTensor, offsets) -> tuple[int, list[int]]:
         """The byte offset of signal cell ``offsets`` of ``w`` (checked), and the offsets as a list."""
-        if type(offsets) is list and w.dtype is dt.INT32:
-            # The hot path of every notify and wait: a cell of a 2-D (or 1-D) signal window at plain int offsets,
-            # in straight-line code (a loop over zip() costs more than the whole test here).
-            shape = w._shape
-            if len(offsets) == 2 == len(shape):
-                i, j = offsets
-                if type(i) is int and type(j) is int and 0 <= i < shape[0] and 0 <= j < shape[1]:
-                    return (i * shape[1] + j) * 4, offsets
-            elif len(offsets) == 1 == len(shape):
-                i = offsets[0]
-                if type(i) is int and 0 <= i < shape[0]:
-                    return i * 4, offsets
+        if w.dtype is dt.INT32:
+            # The hot path of every notify and wait: a cell at plain int offsets inside the window, checked in C.
+            flat = _plain_flat(offsets, w._shape)
+            if flat >= 0:
+                return flat * 4, offsets
         if w.dtype is not dt.INT32:
-            raise ProgramTypeError(f"{op} at {user_location(5)}: signal cells are INT32, but {w.describe()} is "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: signal cells are INT32, but {w.describe()} is "
                                    f"{w.dtype.name}. Use a separate INT32 window for signals.")
         if not isinstance(offsets, (list, tuple)):
             offsets = [offsets]
@@ -943,37 +944,40 @@ class RankContext(context.Context):
             raise
         return flat * 4, offsets
 
-    def _notify(self, op, target, peer, offsets, value, notify_op):
-        # The hot path: checks inline where they are one test, helpers called only for what needs them.
+    def notify(self, target, peer, offsets, value, notify_op):
+        """``pld.system.notify``. The hot path: checks inline where they are one test, helpers called only for
+        what needs them, and the cell update with its bookkeeping one call of the rank's ledger."""
+        op = "pld.system.notify"
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_overlapping(self._buffers((target,)))
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
         byte, cell = self._cell(op, w, offsets)
         v = value if type(value) is int else _index(value, op, "value")
         if not _INT32_MIN <= v < _INT32_END:
             v = self._int32(op, v, "value", w)
-        bid = w.buffer.id
-        if not self._in_collective and bid not in self.hand_signals:
-            self._hand_rolled(w)
-        start = now_ns() if self.events is not None else 0
         if notify_op is NotifyOp.AtomicAdd:
-            old = self.memory.cell_add(bid, p, byte, v)
-            new, is_set = old + v, 0
+            is_set = 0
         elif notify_op is NotifyOp.Set:
-            old, new, is_set = self.memory.cell_set(bid, p, byte, v), v, 1
+            is_set = 1
         else:
-            raise ProgramTypeError(f"{op} at {user_location(4)}: op= must be pld.NotifyOp.AtomicAdd or "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: op= must be pld.NotifyOp.AtomicAdd or "
                                    f"pld.NotifyOp.Set, got {notify_op!r}")
-        self._progress.value += 1  # _progressed, inline
+        bid = w.buffer.id
         # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
         if self._in_collective:
-            site, slot_word, slot = self._coll_site
+            slot, word = self._coll_site[2], 0  # the collective's mark stands for its notifies
         else:
-            # _notify <- memory_op <- pld.system.notify <- the program (or, on sim, its hook and then the wrapper)
-            site, slot_word, slot = self._here(sys._getframe(3)) or self._site_entry(user_frame(2))
-            if site is not None and self._last_op is not None:
-                self._last_op.value = _NOTIFY | slot_word  # _mark, with the slot already known
-        self.status.record_notify(self.rank, bid, p, byte, is_set, v, old, new, site, slot)
+            if bid not in self.hand_signals:
+                self._hand_rolled(w)
+            here = _call_site(self._call_sites, 1)  # notify <- pld.system.notify <- the program
+            if type(here) is not tuple:
+                here = self._site_at(here, 1) or self._site_entry(user_frame(2))
+            slot, word = here[2], (_NOTIFY | here[1]) if here[0] is not None else 0
+        start = now_ns() if self.events is not None else 0
+        old = self.memory.notify(self._ledger, bid, p, byte, v, is_set, word, slot)
         if self.events is not None:
+            new = v if is_set else old + v
             self._log("notify", op, start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=p,
                       cell=[int(i) for i in cell], offset=byte, op=notify_op.name, value=v, old=old, new=new)
 
@@ -981,7 +985,7 @@ class RankContext(context.Context):
         w = signal if isinstance(signal, WindowTensor) else self._window(op, signal, "signal")
         byte, idx = self._cell(op, w, offsets)
         if not isinstance(cmp, WaitCmp):
-            raise ProgramTypeError(f"{op} at {user_location(5)}: cmp= must be pld.WaitCmp.Eq or pld.WaitCmp.Ge, "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: cmp= must be pld.WaitCmp.Eq or pld.WaitCmp.Ge, "
                                    f"got {cmp!r}")
         if type(expected) is not int:
             expected = _index(expected, op, "expected")
@@ -995,24 +999,29 @@ class RankContext(context.Context):
         if -2**31 <= v < 2**31:
             return v
         raise KernelValueError(
-            f"{op} at {user_location(5)}: {what} {v} does not fit the signal cell: {w.describe()} holds INT32 "
+            f"{op} at {user_location(2)}: {what} {v} does not fit the signal cell: {w.describe()} holds INT32 "
             f"values, [-2147483648, 2147483647]; the device would keep only the low 32 bits "
             f"({(v + 2**31) % 2**32 - 2**31}). "
             + ("Notify a count or tag that fits in INT32." if what == "value" else "Wait for a count that fits in INT32."))
 
-    def _wait(self, op, signal, offsets, expected, cmp):
-        w, byte, idx, expected, cmp = self._wait_args(op, signal, offsets, expected, cmp)
+    def wait(self, signal, offsets, expected, cmp):
+        """``pld.system.wait``."""
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_overlapping(self._buffers((signal,)))
+        w, byte, idx, expected, cmp = self._wait_args("pld.system.wait", signal, offsets, expected, cmp)
         if not self._in_collective:
             if w.buffer.id not in self.hand_signals:
                 self._hand_rolled(w)
-            if self._last_op is not None:  # _mark_here, inline
-                here = self._here(sys._getframe(3))  # _wait <- memory_op <- pld.system.wait <- the program
+            if self._last_op is not None:
+                here = _call_site(self._call_sites, 1)  # wait <- pld.system.wait <- the program
+                if type(here) is not tuple:
+                    here = self._site_at(here, 1)
                 if here is not None:
                     self._last_op.value = _WAIT | here[1]
         self._block_until(w, byte, idx, expected, cmp, None)
 
     def _defer_wait(self, op, signal, offsets, expected, cmp):
-        cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(4))
+        cond = (*self._wait_args(op, signal, offsets, expected, cmp), user_location(2))
         if cond[-1] is not None:
             self._mark(_DEFER_WAIT, (cond[-1].file, cond[-1].line))
         if self._deferred is None:
@@ -1029,7 +1038,7 @@ class RankContext(context.Context):
         # it, for the hang report (the driver calls a hang certain only after a longer stillness).
         ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
         if not ok:
-            loc = loc or user_location(4)
+            loc = loc or user_location(2)
             what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
             self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what,
                                     int(idx[0]) if len(idx) else -1)
@@ -1049,7 +1058,7 @@ class RankContext(context.Context):
     # -- remote memory access ---------------------------------------------------------
     def _accumulate(self, op, t, dst: np.ndarray, sl, data, owner: int | None):
         if t.dtype not in ATOMIC_ADD_DTYPES:
-            raise ProgramTypeError(f"{op} at {user_location(5)}: atomic add supports "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: atomic add supports "
                                    f"{', '.join(d.name for d in ATOMIC_ADD_DTYPES)}; {t.describe()} is {t.dtype.name}")
         if self._trace:
             self._touch(op, t, dst[sl], True, atomic=True)
@@ -1059,11 +1068,18 @@ class RankContext(context.Context):
         with self.memory.locked(owner):
             dst[sl] += data
 
-    def _remote_load(self, op, target, peer, offsets, shape, valid_shape):
+    def remote_load(self, target, peer, offsets, shape, valid_shape=None):
+        """``pld.tile.remote_load``."""
+        op = "pld.tile.remote_load"
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_overlapping(self._buffers((target,)))
+        if type(offsets) is not list:
+            offsets = list(offsets)
+        if type(shape) is not list:
+            shape = list(shape)
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
-        self._mark_here(LAST_OP_CODES[op])
-        self._progress.value += 1  # _progressed, inline
+        self._step_here(_REMOTE_LOAD)
         start = now_ns() if self.events is not None else 0
         if valid_shape is None:  # the whole tile is valid: the region is the tile (its checks are _region's)
             region = w.peer_array(p)[self._region(op, w, offsets, shape)]
@@ -1080,13 +1096,17 @@ class RankContext(context.Context):
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=region.nbytes, direction="read")
         return _tile(data, w.dtype, valid)
 
-    def _remote_store(self, op, tile, target, peer, offsets, atomic):
+    def remote_store(self, tile, target, peer, offsets, atomic, op="pld.tile.remote_store"):
+        """``pld.tile.remote_store`` (and ``pld.tensor.remote_store``, named by ``op``)."""
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_overlapping(self._buffers((tile, target)))
+        if type(offsets) is not list:
+            offsets = list(offsets)
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
         data = self._tile_data(op, tile, w)
         sl, data = self._store_region(op, w, offsets, data)
-        self._mark_here(LAST_OP_CODES[op])
-        self._progress.value += 1  # _progressed, inline
+        self._step_here(LAST_OP_CODES[op])
         start = now_ns() if self.events is not None else 0
         dst = w.peer_array(p)
         if atomic is AtomicType.Add:
@@ -1102,42 +1122,48 @@ class RankContext(context.Context):
     def _transfer_regions(self, op, dst: RankTensor, src: RankTensor, dst_offsets, src_offsets, shape, chunk_rows,
                           chunk_cols, pipeline):
         if pipeline and (as_int(chunk_rows, "chunk_rows") <= 0 or as_int(chunk_cols, "chunk_cols") <= 0):
-            raise KernelValueError(f"{op} at {user_location(5)}: pipeline=True needs chunk_rows > 0 and "
+            raise KernelValueError(f"{op} at {user_location(2)}: pipeline=True needs chunk_rows > 0 and "
                                    f"chunk_cols > 0 (got chunk_rows={chunk_rows}, chunk_cols={chunk_cols})")
         given = {"dst_offsets": dst_offsets, "src_offsets": src_offsets, "shape": shape}
         missing = [k for k, v in given.items() if v is None]
         if missing and len(missing) < 3:
-            raise KernelValueError(f"{op} at {user_location(5)}: dst_offsets, src_offsets and shape go together; "
+            raise KernelValueError(f"{op} at {user_location(2)}: dst_offsets, src_offsets and shape go together; "
                                    f"{', '.join(missing)} missing")
         if missing:
             if dst.shape != src.shape:
-                raise KernelValueError(f"{op} at {user_location(5)}: without a region, src and dst must have the "
+                raise KernelValueError(f"{op} at {user_location(2)}: without a region, src and dst must have the "
                                        f"same shape; {src.describe()} vs {dst.describe()}. Give dst_offsets, "
                                        "src_offsets and shape.")
             whole = tuple(slice(None) for _ in dst.shape)
             return whole, whole
         return self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)
 
-    def _put(self, op, dst, peer, src, *transfer):
+    def put(self, dst, peer, src, *transfer):
+        """``pld.tensor.put``; ``transfer``: dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline."""
+        op = "pld.tensor.put"
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_overlapping(self._buffers((dst, src)))
         w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
         p = self._peer(op, peer, w)
         s = src if isinstance(src, RankTensor) else self._tensor(op, src, "src")
-        self._mark_here(LAST_OP_CODES[op])
-        self._progress.value += 1  # _progressed, inline
+        self._step_here(_PUT)
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=nbytes, direction="write",
                       atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
 
-    def _get(self, op, dst, peer, src, *transfer):
+    def get(self, dst, peer, src, *transfer):
+        """``pld.tensor.get``; ``transfer`` as for :meth:`put`."""
+        op = "pld.tensor.get"
+        if not self._kernel_depth and not self.graph.idle:
+            self.graph.wait_overlapping(self._buffers((dst, src)))
         w = src if isinstance(src, WindowTensor) else self._window(op, src, "src")
         p = self._peer(op, peer, w)
         d = dst if isinstance(dst, RankTensor) else self._tensor(op, dst, "dst")
         if not d.writable:
             self._writable(op, d)
-        self._mark_here(LAST_OP_CODES[op])
-        self._progress.value += 1  # _progressed, inline
+        self._step_here(_GET)
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),
                             *transfer)
@@ -1151,10 +1177,12 @@ class RankContext(context.Context):
 
         Returns the number of bytes moved."""
         if src.dtype is not dst.dtype and src.dtype.np_dtype != dst.dtype.np_dtype:
-            raise ProgramTypeError(f"{op} at {user_location(4)}: src {src.describe()} and dst {dst.describe()} "
+            raise ProgramTypeError(f"{op} at {user_location(2)}: src {src.describe()} and dst {dst.describe()} "
                                    "have different dtypes")
         if not pipeline and dst_offsets is not None and src_offsets is not None and shape is not None:
-            dsl, ssl = self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)  # usual
+            # The usual case: plain ints inside the bounds (checked in C), else _region's checks and errors.
+            dsl = _plain_region(dst_offsets, shape, dst_array.shape) or self._region(op, dst, dst_offsets, shape)
+            ssl = _plain_region(src_offsets, shape, src_array.shape) or self._region(op, src, src_offsets, shape)
         else:
             dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
                                               pipeline)
@@ -1177,11 +1205,7 @@ class RankContext(context.Context):
 RankContext._OPS = {
     "pl.load": RankContext._load, "pl.store": RankContext._store, "pl.read": RankContext._read,
     "pl.write": RankContext._write, "pl.slice": RankContext._slice, "pl.create_tensor": RankContext._create_tensor,
-    "pld.system.notify": RankContext._notify, "pld.system.wait": RankContext._wait,
     "pld.system.defer_wait": RankContext._defer_wait,
-    "pld.tile.remote_load": RankContext._remote_load, "pld.tile.remote_store": RankContext._remote_store,
-    "pld.tensor.remote_store": RankContext._remote_store,
-    "pld.tensor.put": RankContext._put, "pld.tensor.get": RankContext._get,
 }
 
 class _Spmd:

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import ctypes
 import signal
-import struct
 import sys
 import time
 
 import numpy as np
 
+from .. import _atomics
 from ..source import is_internal
 
 # The signal that asks a rank process for its current line.
@@ -57,16 +57,12 @@ class Sent(ctypes.Structure):
                 ("old", ctypes.c_int32), ("new", ctypes.c_int32), ("site", ctypes.c_int32), ("pad", ctypes.c_int32)]
 
 
-# A Sent entry without its leading ``seq``, and ``seq`` alone: a notify writes its entry with two
-# ``pack_into`` calls (one C call each) instead of setting nine ctypes fields.
-_SENT_BODY = struct.Struct("<qiiiiiii")  # offset, buffer, owner, op, value, old, new, site
-_SENT_SEQ = struct.Struct("<q")
-assert Sent.offset.offset == _SENT_SEQ.size and Sent.site.offset == _SENT_SEQ.size + _SENT_BODY.size - 4
+# _atomics.Ledger writes these entries; the layout it assumes:
+assert ctypes.sizeof(Sent) == 48 and Sent.offset.offset == 8 and Sent.buffer.offset == 16 and Sent.site.offset == 40
 
 HISTORY = 256      # notifies kept per rank (the latest)
 SITES = 128        # distinct source lines a rank can name in its history
 SITE_BYTES = 200
-_ENTRY = ctypes.sizeof(Sent)
 
 
 class StatusBoard:
@@ -83,11 +79,9 @@ class StatusBoard:
         base = raw.ctypes.data
         self._history = [(Sent * HISTORY).from_address(base + rows_end + r * ctypes.sizeof(Sent) * HISTORY)
                          for r in range(world)]
-        self._raw = raw
-        self._history_at = [rows_end + r * ctypes.sizeof(Sent) * HISTORY for r in range(world)]  # byte offsets
         self._sites = raw[hist_end:hist_end + SITES * SITE_BYTES * world].view(f"S{SITE_BYTES}").reshape(world, SITES)
         self._site_index: dict = {}  # in a rank: (file, line) -> slot
-        self._seq = 0
+        self._ledgers: dict = {}  # rank -> its _atomics.Ledger, made on first use
 
     def progress_counter(self, rank: int) -> ctypes.c_int64:
         """Return rank's progress word as a ctypes int: ``.value += 1`` is the cheapest update from Python."""
@@ -128,19 +122,17 @@ class StatusBoard:
             return "", ""
         return LAST_OPS[code], self.site(rank, int(row["last_site"]))
 
-    def record_notify(self, rank: int, buffer: int, owner: int, offset: int, op: int, value: int, old: int,
-                      new: int, site, slot: int | None = None) -> None:
-        """Keep one sent notify in rank's ring (``site``: the user's ``(file, line)``, or None; ``slot``: its
-        :meth:`site_slot`, when the caller knows it already)."""
-        if slot is None:
-            slot = self.site_slot(rank, site)
-        if not -0x80000000 <= new <= 0x7FFFFFFF:  # the cell wrapped, as INT32 does
-            new = (new + 0x80000000) % 0x100000000 - 0x80000000
-        seq = self._seq = self._seq + 1
-        at = self._history_at[rank] + (seq % HISTORY) * _ENTRY
-        raw = self._raw
-        _SENT_BODY.pack_into(raw, at + 8, offset, buffer, owner, op, value, old, new, slot)
-        _SENT_SEQ.pack_into(raw, at, seq)  # written last: a reader sees whole entries
+    def ledger(self, rank: int, last_op: bool = True):
+        """Rank's progress word, last-operation word (unless ``last_op`` is False) and ring of sent notifies,
+        updated by one C call per operation (``_atomics.Ledger``); one per rank and board, so that the ring's
+        sequence numbers stay in order."""
+        ledger = self._ledgers.get(rank)
+        if ledger is None:
+            last_op = self.last_op_words(rank) if last_op else None
+            ledger = self._ledgers[rank] = _atomics.Ledger(
+                ctypes.addressof(self.progress_counter(rank)), ctypes.addressof(last_op) if last_op is not None else 0,
+                ctypes.addressof(self._history[rank]), HISTORY)
+        return ledger
 
     def sent(self, rank: int) -> list[dict]:
         """The notifies ``rank`` sent that are still in its ring, oldest first (for the driver)."""

@@ -166,7 +166,9 @@ class WindowTensor(RankTensor):
         self.world = world
         self._peer_bytes = peer_bytes  # peer rank -> the buffer's raw bytes on that rank
         self._peers: dict[int, np.ndarray] = {}
-        self._group: tuple | None = None  # the buffer's comm domain, once asked for
+        ranks = getattr(buffer, "ranks", None)
+        # The world ranks of the buffer's comm domain, sorted: group rank g is group[g].
+        self.group: tuple = tuple(ranks) if ranks is not None else tuple(range(world))
         self._shape = tuple(shape)
         self._nbytes = int(np.prod(self._shape, dtype=np.int64)) * dtype.get_byte()
         super().__init__(name, self._typed(peer_bytes(rank), dtype), dtype, True)
@@ -185,15 +187,6 @@ class WindowTensor(RankTensor):
         w = WindowTensor(self.name, self.buffer, tuple(shape), dtype, self.rank, self.world, self._peer_bytes)
         w.writable, w.readonly_why = self.writable, self.readonly_why
         return w
-
-    @property
-    def group(self) -> tuple:
-        """The world ranks of this window's comm domain, sorted: group rank ``g`` is ``group[g]``."""
-        group = self._group
-        if group is None:
-            ranks = getattr(self.buffer, "ranks", None)
-            group = self._group = tuple(ranks) if ranks is not None else tuple(range(self.world))
-        return group
 
     def group_text(self) -> str:
         return "{" + ", ".join(map(str, self.group)) + "}"

@@ -5,6 +5,8 @@ from __future__ import annotations
 from ... import context
 from .types import WaitCmp
 
+_current = context.current  # the hot operations look it up once
+
 
 def world_size():
     """Return the number of ranks (host orchestrator only), a ``Scalar(INT64)``."""
@@ -33,12 +35,12 @@ def nranks(ctx):
 
 def notify(target, peer, offsets, value, *, op):
     """On group rank ``peer``'s copy of signal window ``target``, add ``value`` to (or set) cell ``offsets``."""
-    context.current().memory_op("pld.system.notify", target, peer, offsets, value, op)
+    _current().notify(target, peer, offsets, value, op)
 
 
 def wait(signal, offsets, expected, *, cmp=WaitCmp.Ge):
     """Block until this rank's cell ``offsets`` of ``signal`` is ``== expected`` (Eq) or ``>= expected`` (Ge)."""
-    context.current().memory_op("pld.system.wait", signal, offsets, expected, cmp)
+    _current().wait(signal, offsets, expected, cmp)
 
 
 def defer_wait(signal, offsets, expected, *, cmp=WaitCmp.Ge):

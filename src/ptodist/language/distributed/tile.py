@@ -5,6 +5,8 @@ from __future__ import annotations
 from ... import context
 from .types import AtomicType
 
+_current = context.current  # the hot operations look it up once
+
 
 def remote_load(target, peer, offsets, shape, valid_shape=None):
     """Read the region ``offsets``/``shape`` of rank ``peer``'s window ``target`` into a Tile.
@@ -12,7 +14,7 @@ def remote_load(target, peer, offsets, shape, valid_shape=None):
     ``valid_shape`` as in ``pl.load``: the tile keeps ``shape``, only its valid part is read (and
     bounds-checked), the padding is zero.
     """
-    return context.current().memory_op("pld.tile.remote_load", target, peer, list(offsets), list(shape), valid_shape)
+    return _current().remote_load(target, peer, offsets, shape, valid_shape)
 
 
 def remote_store(src_tile, target, peer, offsets, *, atomic=AtomicType.None_):
@@ -20,4 +22,4 @@ def remote_store(src_tile, target, peer, offsets, *, atomic=AtomicType.None_):
 
     A tile of lower rank than ``target`` fills its trailing dimensions (``offsets``: one per window dimension).
     """
-    context.current().memory_op("pld.tile.remote_store", src_tile, target, peer, list(offsets), atomic)
+    _current().remote_store(src_tile, target, peer, offsets, atomic)
