@@ -13,7 +13,6 @@ import os
 import sys
 import sysconfig
 import threading
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -156,15 +155,22 @@ def user_location(skip: int = 1) -> Location | None:
     return getattr(_fallback, "loc", None)
 
 
-@contextmanager
-def call_site(loc: Location | None):
-    """Attribute the operations run in this block to ``loc`` when no user frame is on the stack."""
-    prev = getattr(_fallback, "loc", None)
-    _fallback.loc = loc
-    try:
-        yield
-    finally:
-        _fallback.loc = prev
+class call_site:  # noqa: N801 - used as a function: ``with call_site(loc):``
+    """Attribute the operations run in this block to ``loc`` when no user frame is on the stack.
+
+    A class rather than a generator context manager: every host collective runs in one, on every rank."""
+
+    __slots__ = ("loc", "prev")
+
+    def __init__(self, loc: Location | None):
+        self.loc = loc
+
+    def __enter__(self) -> None:
+        self.prev = getattr(_fallback, "loc", None)
+        _fallback.loc = self.loc
+
+    def __exit__(self, *exc) -> None:
+        _fallback.loc = self.prev
 
 
 def where(loc: Location | None) -> str:

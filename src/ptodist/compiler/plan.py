@@ -7,6 +7,7 @@ holds as ``dispatch_plan.json``.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, replace
 from enum import Enum
 
@@ -148,6 +149,23 @@ class BuiltinCall:
 
     def describe(self) -> str:
         return f"pld.tensor.{self.name}"
+
+    @functools.cached_property
+    def key(self) -> tuple:
+        """What makes two calls the same collective on the same memory: name, line and arguments (window views
+        by buffer, shape and dtype). Made once per call (a rank keeps a plan across dispatches)."""
+        return (self.name, self.loc, _arg_key(self.args), _arg_key(tuple(self.kwargs.items())))
+
+
+def _arg_key(a):
+    """A hashable identity of a builtin call's argument."""
+    if isinstance(a, WindowView):
+        return ("window", a.buffer.id, a.shape, a.dtype.name)
+    if isinstance(a, HostTensorRef):
+        return ("host", a.tensor.index, a.index)
+    if isinstance(a, (list, tuple)):
+        return tuple(_arg_key(x) for x in a)
+    return repr(a)
 
 
 @dataclass

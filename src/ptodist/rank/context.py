@@ -170,8 +170,7 @@ class RankContext(context.Context):
 
     def _run_builtin(self, b: BuiltinCall) -> None:
         """Run a collective the host orchestrator called, as a task of this rank."""
-        key = (b.name, str(b.loc), tuple(_arg_key(a) for a in b.args),
-               tuple((k, _arg_key(v)) for k, v in b.kwargs.items()))
+        key = b.key
         entry = self._builtins.get(key)
         if entry is None:
             args = tuple(self._materialize(a, None) for a in b.args)
@@ -1256,14 +1255,3 @@ def _conform_rank(spec, v):
 
 def _window_bytes(memory, buffer_id: int, rank: int):
     return memory.window_bytes(buffer_id, rank)
-
-
-def _arg_key(a):
-    """A hashable identity of a builtin call's argument (window views by buffer, shape and dtype)."""
-    if isinstance(a, WindowView):
-        return ("window", a.buffer.id, a.shape, a.dtype.name)
-    if isinstance(a, HostTensorRef):
-        return ("host", a.tensor.index, a.index)
-    if isinstance(a, (list, tuple)):
-        return tuple(_arg_key(x) for x in a)
-    return repr(a)
