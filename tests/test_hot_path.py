@@ -148,3 +148,30 @@ def test_call_site_answers_from_the_cache_and_hands_back_what_it_lacks():
     cache[key] = (caller.__code__, None)  # a frame of ptodist's own: look further up, at this test's line
     above = caller()[0]
     assert above is not None and above.f_code is sys._getframe(0).f_code
+
+
+# -- a kernel's collective is checked once per line and arguments ---------------------------------------------
+
+def test_a_collective_in_a_loop_runs_every_time(backend):
+    def body(x, y, win, sig, me, n):
+        pl.store(pl.load(x, [0, 0], [n, N]), [0, 0], win)
+        for _ in pl.range(3):  # checked at the first call, run at every one
+            pld.tensor.allreduce(win, sig, op=pld.ReduceOp.Sum)
+        pl.store(pl.load(win, [0, 0], [n, N]), [0, 0], y)
+
+    x = np.random.default_rng(1).standard_normal((2, 2, N)).astype(np.float32)
+    y = compile_body(body, 2, backend=backend)(x)
+    for r in range(2):
+        np.testing.assert_allclose(y[r], 4 * (x[0] + x[1]), rtol=1e-5)
+
+
+def test_the_same_line_with_other_arguments_is_checked_again(backend):
+    def body(x, y, win, sig, me, n):
+        for s in (sig, sig, win):
+            pld.tensor.allreduce(win, s, op=pld.ReduceOp.Sum)  # the third call's signal is the FP32 data window
+
+    with pytest.raises(RankError) as info:
+        compile_body(body, 2, backend=backend)(np.zeros((2, 2, N), np.float32))
+    err = str(info.value.original)
+    assert "the signal must be an INT32 window" in err
+    assert f"test_hot_path.py:{body.__code__.co_firstlineno + 2}" in err

@@ -10,6 +10,7 @@ driver can explain a hang.
 from __future__ import annotations
 
 import bisect
+import enum
 import functools
 import sys
 
@@ -105,6 +106,7 @@ class RankContext(context.Context):
         # The plan is fixed for the run: window views and checked builtin calls are made once and reused.
         self._windows: dict = {}
         self._builtins: dict = {}
+        self._collectives: dict = {}  # the kernels' collectives, checked: see collective()
         # The event log, when a diagnostic output asked for one; every hook below is skipped when None.
         self.events = events
         # Under `ptodist check` the log also takes every window access (for the happens-before checker).
@@ -179,15 +181,15 @@ class RankContext(context.Context):
             group = self._call_group(b.describe(), args, kwargs, b.name, b.loc)
             call = coll_spec.check(b.name, args, kwargs, len(group), str(b.loc), host=True)
             coll_spec.check_layout(self.signal_layouts, call)
-            entry = self._builtins[key] = (call, group)
-        call, group = entry
+            entry = self._builtins[key] = (call, group, self._site_entry((b.loc.file, b.loc.line) if b.loc else None))
+        call, group, site = entry
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), (b.loc.file, b.loc.line) if b.loc else None)
         with call_site(b.loc):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._run_collective(call, group, True, b.loc),
+            self._task_body(b.describe(), lambda: self._run_collective(call, group, True, site),
                             kind="collective", where=str(b.loc), info=info)
 
     def _materialize(self, arg, spec):
@@ -326,9 +328,39 @@ class RankContext(context.Context):
                               str(where if where is not None else user_location(2)), **args)
 
     def collective(self, name, args, kwargs):
-        loc = user_location(2)
         if not self._kernel_depth and not self.graph.idle:
             self.graph.wait_for()  # a collective of the orchestration runs after the tasks submitted before it
+        # A call checked once is not checked again: per line, collective and argument objects, the checked call,
+        # its comm domain and its line's site entry (a collective in a loop pays for its checks once).
+        here = _call_site(self._call_sites, 1)  # collective <- pld.tensor.<name> <- the program
+        if type(here) is not tuple:
+            here = self._site_at(here, 1)
+        key = _collective_key(name, here, args, kwargs)
+        entry = self._collectives.get(key) if key is not None else None
+        if entry is None:
+            entry = self._check_collective(name, args, kwargs)
+            if key is not None:
+                if len(self._collectives) >= 1024:  # views made per call never hit again: let them go
+                    self._collectives.clear()
+                self._collectives[key] = entry
+        call, group, site = entry[:3]
+        coll_spec.check_hand_rolled(self.hand_signals, call)
+        self._mark(LAST_OP_CODES.get(f"pld.tensor.{name}", 0), site[0])
+        if self.events is None:
+            return self._run_collective(call, group, False, site)
+        # A slice around the collective, opened before the notifies, waits and RMA it is made of.
+        t = call.target
+        rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
+                        signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
+        try:
+            return self._run_collective(call, group, False, site)
+        finally:
+            rec["end"] = now_ns()
+
+    def _check_collective(self, name, args, kwargs) -> tuple:
+        """``(call, comm domain, site entry, args)`` of a kernel's collective, checked (``args``: kept, so that
+        their ids stay theirs while the entry is cached)."""
+        loc = user_location(2)
         if name == "allreduce" and args[1] is None:
             raise ProgramError(f"pld.tensor.allreduce at {loc}: inside a kernel the signal is required "
                                "(a [NR, 1] INT32 window for mesh, [2*(NR-1), NR] for ring); only the host "
@@ -336,27 +368,17 @@ class RankContext(context.Context):
         group = self._call_group(f"pld.tensor.{name}", args, kwargs, name, loc)
         call = coll_spec.check(name, args, kwargs, len(group), str(loc), host=False)
         coll_spec.check_layout(self.signal_layouts, call)
-        coll_spec.check_hand_rolled(self.hand_signals, call)
-        self._mark(LAST_OP_CODES.get(f"pld.tensor.{name}", 0), (loc.file, loc.line) if loc is not None else None)
-        if self.events is None:
-            return self._run_collective(call, group, False, loc)
-        # A slice around the collective, opened before the notifies, waits and RMA it is made of.
-        t = call.target
-        rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
-                        signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
-        try:
-            return self._run_collective(call, group, False, loc)
-        finally:
-            rec["end"] = now_ns()
+        return call, group, self._site_entry((loc.file, loc.line) if loc is not None else None), args
 
-    def _run_collective(self, call, group: tuple, host: bool, loc):
+    def _run_collective(self, call, group: tuple, host: bool, site: tuple):
         # Signal operations inside a collective are its own, not hand-rolled uses of the window.
         # It runs over the comm domain of its windows: this rank's group rank among the group's ranks.
-        # Its notifies are attributed to the program's line that called it (``loc``: the one user frame above
-        # them, or for a host collective the call_site fallback), known here once rather than found per notify.
+        # Its notifies are attributed to the program's line that called it (``site``: the site entry of the one user
+        # frame above them, or for a host collective of the call_site fallback), known here once rather than found
+        # per notify.
         outer = self._coll_site
         if not self._in_collective:
-            self._coll_site = self._site_entry((loc.file, loc.line) if loc is not None else None)
+            self._coll_site = site
         self._in_collective += 1
         try:
             return collectives.run(call, group.index(self.rank), len(group), host=host)
@@ -666,13 +688,15 @@ class RankContext(context.Context):
             found = sys._getframe(depth + 1)  # _site_at <- the operation <- ...
         return None if found is None else self._here(found)
 
-    def _step_here(self, code: int) -> None:
+    def _step(self, code: int) -> None:
         """Count one operation in the rank's ledger and publish it (``code``: of ``LAST_OPS``) as the rank's last,
-        at the program's line that called it; a collective's own operations only count (its mark stands for them)."""
+        at the program's line that called it; a collective's own operations only count (its mark stands for them).
+
+        Called by the operation itself (the program's line is two frames up: the pld wrapper's caller)."""
         if self._in_collective:
             self._ledger.step(0)
             return
-        missed = self._ledger.step_at(self._call_sites, 2, code)  # _step_here <- the operation <- pld wrapper <- ...
+        missed = self._ledger.step_at(self._call_sites, 2, code)  # _step <- the operation <- pld wrapper <- ...
         if missed is not None:  # a call site not cached yet: find it, then step
             here = self._site_at(missed, 2)
             self._ledger.step(code | here[1] if here is not None else 0)
@@ -1078,10 +1102,11 @@ class RankContext(context.Context):
             shape = list(shape)
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
-        self._step_here(_REMOTE_LOAD)
+        self._step(_REMOTE_LOAD)
         start = now_ns() if self.events is not None else 0
-        if valid_shape is None:  # the whole tile is valid: the region is the tile (its checks are _region's)
-            region = w.peer_array(p)[self._region(op, w, offsets, shape)]
+        if valid_shape is None:  # the whole tile is valid: the region is the tile (plain ints checked in C)
+            sl = _plain_region(offsets, shape, w._shape) or self._region(op, w, offsets, shape)
+            region = w.peer_array(p)[sl]
             data, valid = region.copy(), None
         else:
             shape, valid = self._valid_extent(op, shape, valid_shape, w, offsets)
@@ -1103,9 +1128,15 @@ class RankContext(context.Context):
             offsets = list(offsets)
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
-        data = self._tile_data(op, tile, w)
-        sl, data = self._store_region(op, w, offsets, data)
-        self._step_here(LAST_OP_CODES[op])
+        if type(tile) is Tile and tile.dtype is w.dtype and tile.valid_shape == tile.data.shape:
+            # The usual case, checked inline: a whole tile of the window's dtype and rank, at plain ints.
+            data = tile.data
+            sl = _plain_region(offsets, data.shape, w._shape)
+            if sl is None:
+                sl, data = self._store_region(op, w, offsets, data)
+        else:
+            sl, data = self._store_region(op, w, offsets, self._tile_data(op, tile, w))
+        self._step(LAST_OP_CODES[op])
         start = now_ns() if self.events is not None else 0
         dst = w.peer_array(p)
         if atomic is AtomicType.Add:
@@ -1145,7 +1176,7 @@ class RankContext(context.Context):
         w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
         p = self._peer(op, peer, w)
         s = src if isinstance(src, RankTensor) else self._tensor(op, src, "src")
-        self._step_here(_PUT)
+        self._step(_PUT)
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
         if self.events is not None:
@@ -1162,7 +1193,7 @@ class RankContext(context.Context):
         d = dst if isinstance(dst, RankTensor) else self._tensor(op, dst, "dst")
         if not d.writable:
             self._writable(op, d)
-        self._step_here(_GET)
+        self._step(_GET)
         start = now_ns() if self.events is not None else 0
         nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),
                             *transfer)
@@ -1255,3 +1286,16 @@ def _conform_rank(spec, v):
 
 def _window_bytes(memory, buffer_id: int, rank: int):
     return memory.window_bytes(buffer_id, rank)
+
+
+def _collective_key(name: str, here, args, kwargs) -> tuple | None:
+    """What makes two calls of a kernel's collective the same checked call: its line, name, argument objects and
+    options; None for a call not to be cached (no program line found; all_to_all_v, whose counts are data; an
+    option other than a plain constant)."""
+    if here is None or name == "all_to_all_v":
+        return None
+    options = tuple(kwargs.items())
+    for _, v in options:
+        if not (v is None or type(v) in (int, str, bool) or isinstance(v, enum.Enum)):
+            return None
+    return (here[0], name, *map(id, args), *options)
