@@ -583,13 +583,17 @@ class GroupLayout:
     def __init__(self, world: int):
         self.world = world
         self.sleepers = 0          # waiters on window signal cells (ShmMemory)
-        self.ctl_sleepers = 64     # waiters on the words below
-        self.doorbell = 128        # commands published
-        self.finished = 192        # rank completions, over all commands
-        self.started = 256         # ranks that came up
-        self.abort = 320           # commands with an index below this are aborted
-        self.zero = 384            # always 0: a sleepers word for atomics that must wake no one
-        self.locks = 448
+        # Waiters on the words below, counted per side: a notifier makes the wake-up system call only when
+        # the side it notifies sleeps (a rank's report must not pay for an idle rank's sleep, nor a
+        # doorbell ring for the driver's).
+        self.rank_sleepers = 64    # idle ranks, on the doorbell
+        self.driver_sleepers = 128  # the driver, on finished and started
+        self.doorbell = 192        # commands published
+        self.finished = 256        # rank completions, over all commands
+        self.started = 320         # ranks that came up
+        self.abort = 384           # commands with an index below this are aborted
+        self.zero = 448            # always 0: a sleepers word for atomics that must wake no one
+        self.locks = 512
         self.up = _align(self.locks + 4 * world)
         self.done = _align(self.up + 4 * world)      # per rank: index + 1 of its last finished command
         self.result = _align(self.done + 4 * world)  # per rank: OK, CMD_FAILED or ABORTED
@@ -716,7 +720,7 @@ class CommandWatch:
                 self._finish()
                 break
             left = end - time.monotonic()
-            ok, _ = _atomics.wait(finished, group.ctl_sleepers, 1, self.target, group.ctl_spin_s, 0.0,
+            ok, _ = _atomics.wait(finished, group.driver_sleepers, 1, self.target, group.ctl_spin_s, 0.0,
                                   max(min(POLL_S, left), 0.0))
             if ok:
                 continue
@@ -742,7 +746,7 @@ class CommandWatch:
         while time.monotonic() < end and _atomics.load(group.addr(group.layout.finished)) < self.target:
             if group.reap():
                 return
-            _atomics.wait(group.addr(group.layout.finished), group.ctl_sleepers, 1, self.target, 0.0, 0.0,
+            _atomics.wait(group.addr(group.layout.finished), group.driver_sleepers, 1, self.target, 0.0, 0.0,
                           max(min(POLL_S, end - time.monotonic()), 0.0))
 
     def _done(self) -> set[int]:
@@ -850,7 +854,8 @@ class RankGroup:
         self._mm = mmap.mmap(-1, self.layout.total)
         self.arena = np.frombuffer(self._mm, dtype=np.uint8)
         self.base = self.arena.ctypes.data
-        self.ctl_sleepers = self.base + self.layout.ctl_sleepers
+        self.rank_sleepers = self.base + self.layout.rank_sleepers
+        self.driver_sleepers = self.base + self.layout.driver_sleepers
         self.status = StatusBoard(self.arena[self.layout.status:self.layout.status + StatusBoard.nbytes(self.world)],
                                   self.world)
         self.ctl_spin_s = CTL_SPIN_S if self.world + 1 <= _CPUS else 0.0
@@ -865,6 +870,7 @@ class RankGroup:
         self.frame_number = ctypes.c_int64.from_address(self.base + frame + 8)
         self.doorbell_addr = self.base + self.layout.doorbell
         self.finished_addr = self.base + self.layout.finished
+        self._framed: tuple | None = None  # the command whose payload the frame holds
         _LIVE_GROUPS.add(self)
 
     def addr(self, offset: int) -> int:
@@ -923,7 +929,7 @@ class RankGroup:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            ok, _ = _atomics.wait(started, self.ctl_sleepers, 1, n + 1, 0.0, 0.0, min(POLL_S, left))
+            ok, _ = _atomics.wait(started, self.driver_sleepers, 1, n + 1, 0.0, 0.0, min(POLL_S, left))
             if ok:
                 continue
             dead = self.reap()
@@ -1014,8 +1020,19 @@ class RankGroup:
         previous command must have finished.
         """
         index = self.sent
+        if fds or command != self._framed:  # the same command again: the frame holds its payload already
+            self._frame(command, fds)
+        self.frame_number.value = number
+        self.sent += 1
+        _atomics.fetch_add(self.doorbell_addr, self.rank_sleepers, 1)
+        return index
+
+    def _frame(self, command: tuple, fds: list[int]) -> None:
+        """Write ``command``'s payload into the frame (or, when too large, into a file sent to every rank), and
+        send ``fds``."""
         payload = pickle.dumps(command, protocol=pickle.HIGHEST_PROTOCOL)
         blob = None
+        self._framed = None
         if len(payload) > FRAME_BYTES:
             blob = _SharedBytes(payload)
             length = -len(payload)
@@ -1033,11 +1050,9 @@ class RankGroup:
             finally:
                 if blob is not None:
                     blob.close()
-        self.frame_number.value = number
         self.frame_length.value = length
-        self.sent += 1
-        _atomics.fetch_add(self.doorbell_addr, self.ctl_sleepers, 1)
-        return index
+        if blob is None and not fds:
+            self._framed = command
 
     def failure(self, rank: int) -> RankFailure:
         off = self.layout.results + rank * RESULT_BYTES
@@ -1129,6 +1144,7 @@ class _RankState:
         self.last_command: _Wire | None = None
         self.last_bound: tuple | None = None  # (memory, hosts) of last_command
         self.next_ctx: RankContext | None = None  # a fresh context for last_command, made while idle
+        self.checked_args: dict = {}  # kernel argument signatures that passed their checks (RankContext)
 
 
 def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> None:
@@ -1153,11 +1169,11 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
         resources.one_blas_thread()
         _rank_started(rank)
         group.words("up")[rank] = 1
-        _atomics.fetch_add(group.addr(group.layout.started), group.ctl_sleepers, 1)
+        _atomics.fetch_add(group.addr(group.layout.started), group.driver_sleepers, 1)
         doorbell = group.addr(group.layout.doorbell)
         while True:
             c = state.command + 1
-            while not _atomics.wait(doorbell, group.ctl_sleepers, 1, c + 1, group.ctl_spin_s, IDLE_YIELD_S, 1.0)[0]:
+            while not _atomics.wait(doorbell, group.rank_sleepers, 1, c + 1, group.ctl_spin_s, IDLE_YIELD_S, 1.0)[0]:
                 if os.getppid() != parent:
                     os._exit(1)
             state.command = c
@@ -1294,7 +1310,7 @@ def _run_command(state: _RankState, number: int, command: _Wire) -> tuple[int, R
             log = EventLog(rank, plan.device_ids[rank], dfx.dispatch, dump_args=dfx.dump_args)
             ctx = None
         if ctx is None:
-            ctx = RankContext(plan, rank, memory, hosts, events=log)
+            ctx = RankContext(plan, rank, memory, hosts, events=log, checked_args=state.checked_args)
         state.dispatch = (number, ctx, log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
     if dispatch_id != number:
@@ -1324,7 +1340,8 @@ def _prepare_next(state: _RankState) -> None:
         return
     try:
         memory, hosts = state.last_bound
-        state.next_ctx = RankContext(state.plans[command.plan_id][0], state.rank, memory, hosts)
+        state.next_ctx = RankContext(state.plans[command.plan_id][0], state.rank, memory, hosts,
+                                     checked_args=state.checked_args)
     except Exception:  # noqa: BLE001 - the command makes its context itself, as any other
         state.next_ctx = None
 
@@ -1380,7 +1397,7 @@ def _report(state: _RankState, code: int, failure: RankFailure | None) -> None:
     # Only the last rank wakes the driver; a failure is seen at the driver's next periodic check.
     old = _atomics.fetch_add(state.finished, state.no_sleepers, 1)
     if old + 1 >= group.world * (state.command + 1):
-        _atomics.fetch_add(state.finished, group.ctl_sleepers, 0)
+        _atomics.fetch_add(state.finished, group.driver_sleepers, 0)
 
 
 # -- a rank's environment and output (imported here, before the ranks fork) --------------------

@@ -74,7 +74,7 @@ class RankContext(context.Context):
     _OPS: dict  # op name -> unbound method; filled in below the class
 
     def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2,
-                 events: EventLog | None = None):
+                 events: EventLog | None = None, checked_args: dict | None = None):
         self.plan = plan
         self.rank = rank
         self.world = plan.world
@@ -98,7 +98,9 @@ class RankContext(context.Context):
         self._kernel_depth = 0
         self._deferred: list | None = None
         self._tasks_started = 0
-        self._checked: set[int] = set()
+        # Kernel argument signatures that passed the checks -> the kernel's parameters (_run_kernel); a
+        # long-lived rank passes one dict to every dispatch's context.
+        self._checked_args: dict = checked_args if checked_args is not None else {}
         self._spmd_blocks = 0
         self.signal_layouts: dict = {}  # window buffer id -> the collective layout it serves
         self.hand_signals: dict = {}    # window buffer id -> (shape, line) of the program's own notify/wait
@@ -159,13 +161,15 @@ class RankContext(context.Context):
                     self._run_builtin(task.function)
                     continue
                 fn: Function = task.function
-                self._dispatched_at = (fn.name, task.location)
+                name = fn.name
+                self._dispatched_at = (name, task.location)
                 args = [self._materialize(a, spec) for a, spec in zip(task.args, fn.params)]
                 self._dispatched_at = None
-                self.task = fn.name
-                self.status.set_running(self.rank, fn.name)
+                self.task = name
+                self.status.set_running(self.rank, name)
                 fn.invoke(*args)
-                self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
+                if not self.graph.idle:
+                    self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
                 self.task = None
         if self.events is not None:
             self.events.scope("end", "dispatch", self.plan.program, self.events.dispatch)
@@ -242,44 +246,55 @@ class RankContext(context.Context):
 
     def _run_kernel(self, fn: Function, args, kwargs, deps=(), tid: int | None = None, lazy: bool = False,
                     dumps=()):
-        loc = user_location(2)
         values = fn.bind_arguments(args, kwargs)
-        if id(fn.fn) not in self._checked:
+        params, events = fn.params, self.events
+        # The checks judge the arguments' kinds, dtypes and shapes only: a signature that passed them once
+        # passes again (checked_args outlives the dispatch on a long-lived rank).
+        signature = (id(params), *[(type(v), v.dtype, v.array.shape) if isinstance(v, RankTensor) else type(v)
+                                   for v in values])
+        check = self._checked_args.get(signature) is not params
+        loc = user_location(2) if check or events is not None else None
+        if check:
             checks.check_task_args_order(fn)
-            self._checked.add(id(fn.fn))
         bindings: dict = {}
-        for i, (spec, v) in enumerate(zip(fn.params, values)):
+        for i, (spec, v) in enumerate(zip(params, values)):
             v = _conform_rank(spec, v)
-            checks.check_arg(fn, spec, v, loc, self.world, bindings)
+            if check:
+                checks.check_arg(fn, spec, v, loc, self.world, bindings)
             if spec.kind == "tensor" and spec.direction is Direction.IN and v.writable \
                     and not isinstance(v, WindowTensor):
                 # A pl.Tensor parameter is an input of this kernel: a store into it is a bug, not an output.
                 v = v.read_only(f"it is parameter '{spec.name}' of {fn.kind.value} '{fn.name}' ({fn.location}), "
                                 f"declared {spec.type_name}, an input")
             values[i] = self._scalar_for(spec, v)
-        info = [self._tensor_info(spec.name, spec.direction.value, v) for spec, v in zip(fn.params, values)
-                if isinstance(v, RankTensor)] if self.events is not None else None
+        if check:
+            if len(self._checked_args) >= 4096:  # signatures of shapes long gone (dynamic dims): start afresh
+                self._checked_args.clear()
+            self._checked_args[signature] = params  # kept alive by the entry, its id names no other list
+        info = [self._tensor_info(spec.name, spec.direction.value, v) for spec, v in zip(params, values)
+                if isinstance(v, RankTensor)] if events is not None else None
+        named = list(zip((p.name for p in params), values)) if events is not None else ()
         outer = self._block_idx
         result, left = None, []
         for i, b in enumerate(range(self._spmd_blocks) if self._spmd_blocks else (outer,)):
             self._block_idx = b
-            result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=str(loc), info=info, deps=deps,
-                                     tid=tid if i == 0 else None, lazy=lazy,
-                                     tensors=list(zip((p.name for p in fn.params), values)), dumps=dumps)
+            result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=loc, info=info, deps=deps,
+                                     tid=tid if i == 0 else None, lazy=lazy, tensors=named, dumps=dumps)
             left += self._left_conditions
         self._block_idx = outer
         self._left_conditions = left
         return result
 
-    def _task_body(self, name: str, body, kind: str = "task", where: str = "", info=None, deps=(),
+    def _task_body(self, name: str, body, kind: str = "task", where: object = "", info=None, deps=(),
                    tid: int | None = None, lazy: bool = False, tensors=(), dumps=()):
         """Run ``body`` as task ``tid`` (a new id when None).  Its deferred waits are waited for at its end, or,
-        when ``lazy`` (a task of the graph), left in ``_left_conditions`` for the graph to complete it by."""
+        when ``lazy`` (a task of the graph), left in ``_left_conditions`` for the graph to complete it by.
+        ``where`` (its ``str``: the task's line) is for the event log only."""
         outer_task, outer_deferred, outer_id = self.task, self._deferred, self._task_id
         self.task, self._deferred, self._task_id = name, [], self._new_tid() if tid is None else tid
         self._kernel_depth += 1
         self.status.set_running(self.rank, name)
-        rec = self.events.task_begin(self._task_id, name, kind, where, self._block_idx, info or [], deps) \
+        rec = self.events.task_begin(self._task_id, name, kind, str(where), self._block_idx, info or [], deps) \
             if self.events is not None else None
         outer_rec, self._task_rec = self._task_rec, rec
         try:

@@ -8,6 +8,7 @@ Ranks write their own row only; the driver (``backends/``) reads every row to de
 from __future__ import annotations
 
 import ctypes
+import functools
 import signal
 import sys
 import time
@@ -82,11 +83,12 @@ class StatusBoard:
         self._sites = raw[hist_end:hist_end + SITES * SITE_BYTES * world].view(f"S{SITE_BYTES}").reshape(world, SITES)
         self._site_index: dict = {}  # in a rank: (file, line) -> slot
         self._ledgers: dict = {}  # rank -> its _atomics.Ledger, made on first use
+        self._row_words: dict[int, tuple] = {}  # rank -> what _words made for it
+        self._wait_row_words: dict[int, tuple] = {}  # rank -> what _wait_words made for it
 
     def progress_counter(self, rank: int) -> ctypes.c_int64:
         """Return rank's progress word as a ctypes int: ``.value += 1`` is the cheapest update from Python."""
-        addr = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize + STATUS_DTYPE.fields["progress"][1]
-        return ctypes.c_int64.from_address(addr)
+        return self._words(rank)[1]
 
     @staticmethod
     def nbytes(world: int) -> int:
@@ -108,11 +110,9 @@ class StatusBoard:
 
     def last_op_words(self, rank: int) -> ctypes.c_uint64 | None:
         """Rank's ``last_op`` and ``last_site`` words as one ctypes 64-bit word, ``last_op`` in its low half
-        (little-endian): ``.value = op | (slot & 0xFFFFFFFF) << 32`` writes both at once, the cheapest update."""
-        if sys.byteorder != "little":  # the one-store update assumes last_op is the low half; not kept elsewhere
-            return None
-        addr = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize + STATUS_DTYPE.fields["last_op"][1]
-        return ctypes.c_uint64.from_address(addr)
+        (little-endian): ``.value = op | (slot & 0xFFFFFFFF) << 32`` writes both at once, the cheapest update.
+        None on a big-endian machine (the one-store update assumes last_op is the low half)."""
+        return self._words(rank)[3]
 
     def last_op(self, rank: int) -> tuple[str, str]:
         """The last communication operation rank began and its ``file:line`` (``('', '')`` for none)."""
@@ -149,31 +149,71 @@ class StatusBoard:
         """Forget the notifies ``rank`` sent so far, and its last operation (a new dispatch on long-lived ranks
         starts afresh)."""
         ctypes.memset(ctypes.addressof(self._history[rank]), 0, ctypes.sizeof(self._history[rank]))
-        self.rows[rank]["last_op"] = 0
-        self.rows[rank]["last_site"] = -1
+        last_op = self._words(rank)[3]
+        if last_op is not None:
+            last_op.value = 0xFFFFFFFF << 32  # last_op 0 (none), last_site -1, in one store
+        else:
+            self.rows[rank]["last_op"] = 0
+            self.rows[rank]["last_site"] = -1
+
+    def _words(self, rank: int) -> tuple:
+        """Rank's ``state`` and ``progress`` words and ``task`` field as ctypes objects, and its last-op words
+        (:meth:`last_op_words`), made at the rank's first update.
+
+        A rank writes them at every task of every dispatch; a store through a ctypes object costs a fraction
+        of an item assignment on a structured row.
+        """
+        words = self._row_words.get(rank)
+        if words is None:
+            row = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize
+            at = STATUS_DTYPE.fields
+            last_op = ctypes.c_uint64.from_address(row + at["last_op"][1]) if sys.byteorder == "little" else None
+            words = self._row_words[rank] = (
+                ctypes.c_int32.from_address(row + at["state"][1]), ctypes.c_int64.from_address(row + at["progress"][1]),
+                (ctypes.c_char * at["task"][0].itemsize).from_address(row + at["task"][1]), last_op)
+        return words
+
+    @staticmethod
+    @functools.lru_cache(maxsize=1024)
+    def _task_field(task: str, size: int) -> bytes:
+        """``task`` as the ``size`` bytes of a ``task`` field, zero-padded (encoded once per name)."""
+        return task.encode()[:size].ljust(size, b"\0")
 
     def set_running(self, rank: int, task: str) -> None:
-        row = self.rows[rank]
-        row["task"] = task.encode()[:64]
-        row["state"] = RUNNING
-        row["progress"] += 1
+        state, progress, field, _ = self._words(rank)
+        field.raw = self._task_field(task, len(field))
+        state.value = RUNNING
+        progress.value += 1
 
     def set_waiting(self, rank: int, buffer_id: int, offset: int, cmp: int, expected: int, where: str,
                     what: str, cell0: int = -1) -> None:
-        row = self.rows[rank]
-        row["wait_cell0"] = cell0
-        row["wait_buffer"] = buffer_id
-        row["wait_offset"] = offset
-        row["wait_cmp"] = cmp
-        row["wait_expected"] = expected
-        row["where"] = where.encode()[:192]
-        row["what"] = what.encode()[:128]
-        row["since"] = time.time()
-        row["state"] = WAITING
+        fields = self._wait_words(rank)
+        for field, value in zip(fields, (cell0, buffer_id, offset, cmp, expected, time.time())):
+            field.value = value
+        for field, text in zip(fields[6:], (where, what)):
+            size = len(field)
+            field.raw = text.encode()[:size].ljust(size, b"\0")
+        self._words(rank)[0].value = WAITING  # last: a reader that sees the state finds the wait written
+
+    def _wait_words(self, rank: int) -> tuple:
+        """Rank's ``wait_cell0``, ``wait_buffer``, ``wait_offset``, ``wait_cmp``, ``wait_expected``, ``since``,
+        ``where`` and ``what`` fields as ctypes objects (a rank writes them at every wait that blocks)."""
+        words = self._wait_row_words.get(rank)
+        if words is None:
+            row = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize
+            at = STATUS_DTYPE.fields
+            kinds = {np.dtype(np.int32): ctypes.c_int32, np.dtype(np.int64): ctypes.c_int64,
+                     np.dtype(np.float64): ctypes.c_double}
+            words = self._wait_row_words[rank] = tuple(
+                (kinds.get(at[name][0]) or ctypes.c_char * at[name][0].itemsize).from_address(row + at[name][1])
+                for name in ("wait_cell0", "wait_buffer", "wait_offset", "wait_cmp", "wait_expected", "since",
+                             "where", "what"))
+        return words
 
     def finish(self, rank: int, state: int) -> None:
-        self.rows[rank]["state"] = state
-        self.rows[rank]["progress"] += 1
+        word, progress, _, _ = self._words(rank)
+        word.value = state
+        progress.value += 1
 
     def record_busy(self, rank: int, line: str) -> None:
         """Publish the line ``rank`` is running now (asked for when it stalls without waiting)."""

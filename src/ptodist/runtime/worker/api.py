@@ -249,11 +249,11 @@ class DistributedWorker:
             names = ", ".join(f"'{c.name}'" for c in self._core.programs)
             raise DispatchTypeError(f"rt(*args) is ambiguous: this worker runs {len(self._core.programs)} programs "
                                     f"({names}). Dispatch with rt.run(compiled, *args).")
-        return self._accept(self._core.programs[0], args, config, "__call__() (rt(...))").result()
+        return self._accept(self._core.programs[0], args, config, "__call__() (rt(...))", publish=False).result()
 
     def run(self, compiled, *args, config: RunConfig | None = None):
         """Dispatch ``compiled`` (one of the worker's programs) once and wait for it; return its outputs."""
-        return self._accept(compiled, args, config, "run()").result()
+        return self._accept(compiled, args, config, "run()", publish=False).result()
 
     def submit(self, compiled, *args, config: RunConfig | None = None) -> RunHandle:
         """Accept a dispatch of ``compiled`` and return at once; at most two are in flight.
@@ -265,7 +265,12 @@ class DistributedWorker:
         self._core.start_thread()
         return handle
 
-    def _accept(self, compiled, args: tuple, config, call: str) -> RunHandle:
+    def _accept(self, compiled, args: tuple, config, call: str, publish: bool = True) -> RunHandle:
+        """Accept a dispatch; with ``publish``, hand it to idle ranks at once.
+
+        A caller that waits for the dispatch right away leaves publishing to ``result()``: the ranks then
+        start when the driver is about to sleep, not while it still runs on a core they need.
+        """
         core = self._core
         core.check_usable(call)
         index = next((i for i, c in enumerate(core.programs) if c is compiled), None)
@@ -286,7 +291,8 @@ class DistributedWorker:
                 break
             core.drive(oldest, None)
         handle = core.accept(self, index, compiled, args, config, call)
-        core.poke(watch=False)  # publish at once when the ranks are idle
+        if publish:
+            core.poke(watch=False)
         return handle
 
     def register(self, compiled) -> RegistrationHandle:

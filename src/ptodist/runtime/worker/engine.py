@@ -141,8 +141,7 @@ class Engine:
                 if cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats else None
             if len(entry.plan.host_tensors) > len(hosts):  # pl.create_tensor in the host: fresh zeroed intermediates
                 hosts = hosts + self._intermediates(compiled, entry, len(hosts))
-            d = _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key)
-            d.residents = residents
+            d = _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key, residents=residents)
             self.queue.append(d)
         return handle
 
@@ -209,8 +208,7 @@ class Engine:
         finally:
             with self.state:
                 self.waiters -= 1
-                if self.thread is not None:
-                    self.wakeup.notify_all()
+                self._nudge_thread()
 
     def poke(self, watch: bool = True) -> None:
         """Advance the queue without waiting: publish what can be; with ``watch``, also look at the ranks."""
@@ -405,10 +403,18 @@ class Engine:
             if self.queue and self.queue[0] is d:
                 self.queue.popleft()
             d.handle._complete(value, error)
-            if self.thread is not None:
-                self.wakeup.notify_all()
+            self._nudge_thread()
 
     # -- the background thread ---------------------------------------------------------------------
+    def _nudge_thread(self) -> None:
+        """Wake the background thread when there is work it may take (``state`` held).
+
+        Only then: a thread woken for nothing takes the GIL from the caller's, a cost on every dispatch of
+        a caller that drives its own dispatches (``rt(x)`` after a ``submit``).
+        """
+        if self.thread is not None and self.queue and not self.waiters:
+            self.wakeup.notify_all()
+
     def start_thread(self) -> None:
         if self.group.in_process:
             return  # its commands run in the thread that drives them: the caller's, when it waits
