@@ -188,7 +188,7 @@ class RankContext(context.Context):
             entry = self._builtins[key] = (call, group, self._site_entry((b.loc.file, b.loc.line) if b.loc else None))
         call, group, site = entry
         coll_spec.check_hand_rolled(self.hand_signals, call)
-        self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), (b.loc.file, b.loc.line) if b.loc else None)
+        self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), site[0])
         with call_site(b.loc):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
@@ -388,9 +388,8 @@ class RankContext(context.Context):
     def _run_collective(self, call, group: tuple, host: bool, site: tuple):
         # Signal operations inside a collective are its own, not hand-rolled uses of the window.
         # It runs over the comm domain of its windows: this rank's group rank among the group's ranks.
-        # Its notifies are attributed to the program's line that called it (``site``: the site entry of the one user
-        # frame above them, or for a host collective of the call_site fallback), known here once rather than found
-        # per notify.
+        # Its notifies are attributed to the program's line that called it (``site``: that line's site entry; for a
+        # host collective, the host's line), known here once rather than found per notify.
         outer = self._coll_site
         if not self._in_collective:
             self._coll_site = site
