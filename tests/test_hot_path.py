@@ -175,3 +175,16 @@ def test_the_same_line_with_other_arguments_is_checked_again(backend):
     err = str(info.value.original)
     assert "the signal must be an INT32 window" in err
     assert f"test_hot_path.py:{body.__code__.co_firstlineno + 2}" in err
+
+
+def test_a_put_between_dtypes_is_the_explained_error(backend):
+    # Plain regions, but the dtypes differ: the inline copy steps aside for the full check.
+    def body(x, y, win, sig, me, n):
+        half = pl.create_tensor([1, N], pl.FP16)
+        pld.tensor.put(win, 0, half, [0, 0], [0, 0], [1, N])  # the line the error names
+
+    with pytest.raises(RankError) as info:
+        compile_body(body, 2, backend=backend)(np.zeros((2, 2, N), np.float32))
+    err = str(info.value.original)
+    assert "have different dtypes" in err and "FP16" in err
+    assert f"test_hot_path.py:{body.__code__.co_firstlineno + 2}" in err

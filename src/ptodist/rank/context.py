@@ -702,18 +702,11 @@ class RankContext(context.Context):
             found = sys._getframe(depth + 1)  # _site_at <- the operation <- ...
         return None if found is None else self._here(found)
 
-    def _step(self, code: int) -> None:
-        """Count one operation in the rank's ledger and publish it (``code``: of ``LAST_OPS``) as the rank's last,
-        at the program's line that called it; a collective's own operations only count (its mark stands for them).
-
-        Called by the operation itself (the program's line is two frames up: the pld wrapper's caller)."""
-        if self._in_collective:
-            self._ledger.step(0)
-            return
-        missed = self._ledger.step_at(self._call_sites, 2, code)  # _step <- the operation <- pld wrapper <- ...
-        if missed is not None:  # a call site not cached yet: find it, then step
-            here = self._site_at(missed, 2)
-            self._ledger.step(code | here[1] if here is not None else 0)
+    def _step_missed(self, missed, code: int, depth: int) -> None:
+        """Finish an operation's step (``code``: of ``LAST_OPS``) that ``Ledger.step_at`` could not take from the
+        call-site cache: ``missed`` is what it handed back, the caller's program line ``depth`` frames up."""
+        here = self._site_at(missed, depth + 1)
+        self._ledger.step(code | here[1] if here is not None else 0)
 
     def _tensor(self, op: str, t, what: str = "tensor") -> RankTensor:
         if isinstance(t, RankTensor):
@@ -1116,7 +1109,10 @@ class RankContext(context.Context):
             shape = list(shape)
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
-        self._step(_REMOTE_LOAD)
+        # Count the operation and make it the rank's last, at the program's line (a collective's only count).
+        missed = self._ledger.step(0) if self._in_collective else self._ledger.step_at(self._call_sites, 1, _REMOTE_LOAD)
+        if missed is not None:
+            self._step_missed(missed, _REMOTE_LOAD, 1)
         start = now_ns() if self.events is not None else 0
         if valid_shape is None:  # the whole tile is valid: the region is the tile (plain ints checked in C)
             sl = _plain_region(offsets, shape, w._shape) or self._region(op, w, offsets, shape)
@@ -1150,7 +1146,11 @@ class RankContext(context.Context):
                 sl, data = self._store_region(op, w, offsets, data)
         else:
             sl, data = self._store_region(op, w, offsets, self._tile_data(op, tile, w))
-        self._step(LAST_OP_CODES[op])
+        # Count the operation and make it the rank's last, at the program's line (a collective's only count).
+        code = LAST_OP_CODES[op]
+        missed = self._ledger.step(0) if self._in_collective else self._ledger.step_at(self._call_sites, 1, code)
+        if missed is not None:
+            self._step_missed(missed, code, 1)
         start = now_ns() if self.events is not None else 0
         dst = w.peer_array(p)
         if atomic is AtomicType.Add:
@@ -1190,9 +1190,15 @@ class RankContext(context.Context):
         w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
         p = self._peer(op, peer, w)
         s = src if isinstance(src, RankTensor) else self._tensor(op, src, "src")
-        self._step(_PUT)
+        # Count the operation and make it the rank's last, at the program's line (a collective's only count).
+        missed = self._ledger.step(0) if self._in_collective else self._ledger.step_at(self._call_sites, 1, _PUT)
+        if missed is not None:
+            self._step_missed(missed, _PUT, 1)
         start = now_ns() if self.events is not None else 0
-        nbytes = self._copy(op, w, w.peer_array(p), p, s, s.array, *transfer)
+        dst_array = w.peer_array(p)
+        nbytes = self._plain_copy(dst_array, w, s.array, s, transfer)
+        if nbytes < 0:
+            nbytes = self._copy(op, w, dst_array, p, s, s.array, *transfer)
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=nbytes, direction="write",
                       atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
@@ -1207,13 +1213,33 @@ class RankContext(context.Context):
         d = dst if isinstance(dst, RankTensor) else self._tensor(op, dst, "dst")
         if not d.writable:
             self._writable(op, d)
-        self._step(_GET)
+        # Count the operation and make it the rank's last, at the program's line (a collective's only count).
+        missed = self._ledger.step(0) if self._in_collective else self._ledger.step_at(self._call_sites, 1, _GET)
+        if missed is not None:
+            self._step_missed(missed, _GET, 1)
         start = now_ns() if self.events is not None else 0
-        nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, w.peer_array(p),
-                            *transfer)
+        src_array = w.peer_array(p)
+        nbytes = self._plain_copy(d.array, d, src_array, w, transfer)
+        if nbytes < 0:
+            nbytes = self._copy(op, d, d.array, d.rank if isinstance(d, WindowTensor) else None, w, src_array,
+                                *transfer)
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=nbytes, direction="read",
                       atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
+
+    def _plain_copy(self, dst_array, dst, src_array, src, transfer) -> int:
+        """The usual put / get, checked inline: plain-int regions of one dtype, no atomic, no pipeline, no trace.
+        Returns the bytes moved, or -1 for anything else (then :meth:`_copy` checks, explains and moves)."""
+        dst_offsets, src_offsets, shape, atomic, _, _, pipeline = transfer
+        if pipeline or atomic is AtomicType.Add or src.dtype is not dst.dtype or self._trace or shape is None:
+            return -1
+        dsl = _plain_region(dst_offsets, shape, dst_array.shape)
+        ssl = _plain_region(src_offsets, shape, src_array.shape) if dsl is not None else None
+        if ssl is None:
+            return -1
+        data = src_array[ssl]
+        dst_array[dsl] = data
+        return data.nbytes
 
     def _copy(self, op, dst, dst_array, owner, src, src_array, dst_offsets, src_offsets, shape, atomic, chunk_rows,
               chunk_cols, pipeline) -> int:
