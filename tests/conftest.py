@@ -99,6 +99,15 @@ def children() -> list[int]:
     return out
 
 
+def gone(pid: int) -> bool:
+    """Whether process ``pid`` has exited (it no longer exists, or only as a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
 def ptodist_cli(*args, cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
     """Run ``python -m ptodist ARGS`` (the environment of this process) and return what it did."""
     return subprocess.run([sys.executable, "-m", "ptodist", *map(str, args)], cwd=cwd, env=child_env(),

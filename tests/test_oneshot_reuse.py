@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import children
+from conftest import children, gone
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -195,14 +195,6 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 @pytest.mark.parametrize("how", ["exit", "kill"])
 def test_kept_ranks_end_with_the_driver_process(tmp_path, how):
     script = tmp_path / "driver.py"
@@ -212,4 +204,4 @@ def test_kept_ranks_end_with_the_driver_process(tmp_path, how):
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2, done.stdout + done.stderr
     # At a normal exit the kept group is closed; a killed driver's ranks get the parent-death signal.
-    wait_for(lambda: all(_gone(p) for p in pids), "a kept rank outlived its driver process")
+    wait_for(lambda: all(gone(p) for p in pids), "a kept rank outlived its driver process")

@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import children
+from conftest import children, gone
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -233,14 +233,6 @@ THREADED = textwrap.dedent("""
 """)
 
 
-def _gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
-
-
 def test_a_worker_prepared_in_a_thread_keeps_its_ranks_which_die_with_the_process(tmp_path):
     script = tmp_path / "threaded.py"
     script.write_text(THREADED.format(tests=os.path.dirname(HERE)))
@@ -249,9 +241,9 @@ def test_a_worker_prepared_in_a_thread_keeps_its_ranks_which_die_with_the_proces
     pids = [int(p) for p in done.stdout.split()]
     assert len(pids) == 2, done.stdout + done.stderr
     deadline = time.monotonic() + 30  # the kernel delivers the parent-death signal asynchronously
-    while not all(_gone(p) for p in pids) and time.monotonic() < deadline:
+    while not all(gone(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert all(_gone(p) for p in pids), "a rank outlived the process that prepared its worker"
+    assert all(gone(p) for p in pids), "a rank outlived the process that prepared its worker"
 
 
 # -- values and resources beyond the limits -----------------------------------------------------------
