@@ -219,6 +219,18 @@ class SimMemory:
         return nullcontext()  # one rank runs at a time and an accumulate never yields
 
 
+def _switching(name: str):
+    """A method that lets the scheduler switch to another rank, then runs RankContext's ``name``."""
+    run = getattr(RankContext, name)
+
+    def switched(self, *args):
+        self._sched.switch(self.rank)
+        return run(self, *args)
+
+    switched.__name__ = switched.__qualname__ = name
+    return switched
+
+
 class _SimRank(RankContext):
     """A rank context that lets the scheduler switch before every shared-memory operation."""
 
@@ -235,33 +247,12 @@ class _SimRank(RankContext):
         return super().memory_op(name, *args)
 
     # The signal and RMA operations have methods of their own (RankContext's hot path): each switches first too.
-    def notify(self, *args):
-        self._sched.switch(self.rank)
-        return super().notify(*args)
-
-    def wait(self, *args):
-        self._sched.switch(self.rank)
-        return super().wait(*args)
-
-    def remote_load(self, *args):
-        self._sched.switch(self.rank)
-        return super().remote_load(*args)
-
-    def remote_store(self, *args):
-        self._sched.switch(self.rank)
-        return super().remote_store(*args)
-
-    def put(self, *args):
-        self._sched.switch(self.rank)
-        return super().put(*args)
-
-    def get(self, *args):
-        self._sched.switch(self.rank)
-        return super().get(*args)
+    notify, wait, remote_load, remote_store, put, get = (
+        _switching(name) for name in ("notify", "wait", "remote_load", "remote_store", "put", "get"))
 
     def _before_read(self) -> None:
         """Switch before a read; a rank polling a value that does not change waits for the others' progress."""
-        mark = self._progress.value
+        mark = self.status.progress_counter(self.rank).value
         if mark != self._poll_mark:
             self._poll_mark, self._polls = mark, 0
         self._polls += 1

@@ -81,7 +81,6 @@ class RankContext(context.Context):
         self.device_id = plan.device_ids[rank]
         self.memory = memory
         self.status = memory.status
-        self._progress = memory.status.progress_counter(rank)
         self._ledger = memory.status.ledger(rank)  # the progress and last-operation words, the notify ring
         # The board's last-operation words (what a rank that dies without reporting was doing), when it has them.
         last_op_words = getattr(memory.status, "last_op_words", None)
@@ -140,7 +139,6 @@ class RankContext(context.Context):
         self.plan = plan
         self.memory = memory
         self.status = memory.status
-        self._progress = memory.status.progress_counter(self.rank)
         self._ledger = memory.status.ledger(self.rank)
         last_op_words = getattr(memory.status, "last_op_words", None)
         self._last_op = last_op_words(self.rank) if last_op_words is not None else None
@@ -646,7 +644,7 @@ class RankContext(context.Context):
 
     def _progressed(self) -> None:
         """Count communication progress: the hang detectors watch this word (CPU use alone is not progress)."""
-        self._progress.value += 1
+        self._ledger.step(0)
 
     def _mark(self, op: int, site) -> None:
         """Publish operation ``op`` (a code of ``LAST_OPS``) at ``site`` (``(file, line)``) as the last
@@ -1078,7 +1076,7 @@ class RankContext(context.Context):
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.blocked_in = None
             self.status.set_running(self.rank, self.task or "")
-        self._progress.value += 1  # _progressed, inline
+        self._ledger.step(0)  # _progressed, inline
         if self.events is not None:
             # loc: a deferred wait runs at its task's end, but is attributed to its defer_wait line
             self._log("wait", "pld.system.wait", start, where=loc, buffer=w.buffer.name, buffer_id=w.buffer.id,
