@@ -611,9 +611,6 @@ class _OwnBoard:
         self.board = StatusBoard(raw, 1)
         self.row = self.board.rows[0]
 
-    def progress_counter(self, rank: int):
-        return self.board.progress_counter(0)
-
     def set_running(self, rank: int, task: str) -> None:
         self.board.set_running(0, task)
 

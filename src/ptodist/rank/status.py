@@ -87,7 +87,8 @@ class StatusBoard:
         self._wait_row_words: dict[int, tuple] = {}  # rank -> what _wait_words made for it
 
     def progress_counter(self, rank: int) -> ctypes.c_int64:
-        """Return rank's progress word as a ctypes int: ``.value += 1`` is the cheapest update from Python."""
+        """Rank's progress word as a ctypes int (made once per rank; the rank's ledger, ``set_running`` and ``finish``
+        write it, the driver's hang detection reads it)."""
         return self._words(rank)[1]
 
     @staticmethod
