@@ -246,6 +246,36 @@ def test_a_worker_prepared_in_a_thread_keeps_its_ranks_which_die_with_the_proces
     assert all(gone(p) for p in pids), "a rank outlived the process that prepared its worker"
 
 
+TORCH_AFTER_FORK = textwrap.dedent("""
+    import torch
+    import ptodist.language as pl
+    from ptodist import RunConfig
+
+    torch.mm(torch.randn(256, 256), torch.randn(256, 256))   # the driver's OpenMP pool is up before any fork
+
+    @pl.jit.incore
+    def kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+        m = torch.mm(torch.ones(256, 256), torch.ones(256, 256))  # a parallel op in the rank
+        return pl.store(pl.add(pl.load(x, [0, 0], [1, 4]), float(m[0, 0])), [0, 0], y)
+
+    x = torch.ones(1, 4).share_memory_()
+    print(kernel(x, torch.zeros(1, 4))[0, 0].item(), flush=True)          # a one-shot call
+    compiled = kernel.compile(x, torch.zeros(1, 4), config=RunConfig(backend="shm"))
+    with compiled.prepare() as rt:                                       # a worker
+        print(rt(x)[0, 0].item(), flush=True)
+""")
+
+
+def test_a_torch_op_in_a_rank_runs_after_the_driver_used_torch_threads(tmp_path):
+    # A fork inherits the driver's OpenMP pool without its threads: the rank must run torch on one thread.
+    script = tmp_path / "torch_after_fork.py"
+    script.write_text(TORCH_AFTER_FORK)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PTODIST_BACKEND": "shm", "PTODIST_HANG_TIMEOUT": "60"})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["257.0", "257.0"], done.stdout + done.stderr
+
+
 # -- values and resources beyond the limits -----------------------------------------------------------
 
 def notify_program(value: int, expected: int = 1):

@@ -13,6 +13,7 @@ import functools
 import os
 import resource
 import signal
+import sys
 
 from ..errors import ResourceError
 
@@ -186,14 +187,20 @@ def _blas_calls() -> list[tuple]:
 
 
 def one_blas_thread() -> None:
-    """In a rank process: make the BLAS numpy loaded (OpenBLAS) use one thread.
+    """In a rank process: make the BLAS numpy loaded (OpenBLAS) and torch's intra-op pool use one thread.
 
     Ranks are the parallelism: several ranks each running a multi-threaded matmul on the same few cores make
     OpenBLAS's threads spin for cores the other ranks hold (a 64x128x128 product took 6 ms instead of 0.03 ms
-    on a 2-core machine). Only libraries already loaded are touched; nothing is loaded for this.
+    on a 2-core machine). torch's pool must also go to one thread because a rank is a fork: a driver that ran
+    a parallel torch op before forking leaves the child an OpenMP pool whose threads do not exist, and the
+    rank's first parallel op would wait for them forever. Only libraries already loaded are touched;
+    nothing is loaded for this.
     """
     for _get, put in _blas_calls():
         put(1)
+    torch = sys.modules.get("torch")
+    if torch is not None and hasattr(torch, "set_num_threads"):
+        torch.set_num_threads(1)
 
 
 @contextlib.contextmanager
