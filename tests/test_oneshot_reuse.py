@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from conftest import children, gone
 
+import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, RankError, RunConfig
@@ -179,6 +180,26 @@ def test_other_world_sizes_and_programs_get_their_own_ranks(clean):
     x2 = inputs(OK, 2, base=1.0)
     np.testing.assert_array_equal(two(x2), 2 * x2 + 1)
     assert len(children()) == 5
+
+
+@pl.jit.incore
+def double(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    t = pl.load(x, [0, 0], [1, 4])
+    pl.store(pl.add(t, t), [0, 0], y)
+
+
+def test_a_kernel_called_directly_reuses_its_rank_and_its_compiled_form_prepares(clean):
+    config = RunConfig(backend="shm")
+    x = np.arange(4, dtype=np.float32).reshape(1, 4)
+    np.testing.assert_array_equal(double(x, np.zeros((1, 4), np.float32), config=config), 2 * x)
+    pids = children()
+    assert len(pids) == 1
+    np.testing.assert_array_equal(double(x + 1, np.zeros((1, 4), np.float32), config=config), 2 * x + 2)
+    assert children() == pids, "a direct kernel call forked a new rank instead of reusing its program's"
+    shared = ptodist.shared_array((1, 4))
+    shared[...] = x
+    with double.compile(shared, np.zeros((1, 4), np.float32), config=config).prepare() as rt:
+        np.testing.assert_array_equal(rt(shared), 2 * x)
 
 
 SCRIPT = textwrap.dedent("""

@@ -84,7 +84,9 @@ def _referenced(f: Function) -> list[Function]:
                 ns[name] = cell.cell_contents
             except ValueError:
                 pass
-    out = []
+    # An L2 entry runs its orchestration, which for a kernel called directly is a wrapper that calls it.
+    inner = getattr(f, "orchestration", None)
+    out = [inner] if isinstance(inner, Function) else []
     codes = [f.fn.__code__]
     while codes:
         code = codes.pop()
