@@ -9,6 +9,7 @@ Each test triggers one raise site the way a user would and pins its class and ex
 
 from __future__ import annotations
 
+import inspect
 import re
 
 import numpy as np
@@ -40,6 +41,12 @@ from ptodist.rank import failures
 
 SIZE = 4
 NR = pl.dynamic("NR")
+
+
+def _at(op: str) -> str:
+    """How a message names ``op`` called by :func:`raises`: the op and the line of that call (the user's line)."""
+    lines, first = inspect.getsourcelines(raises)
+    return f"{op} at {__file__}:{first + next(i for i, t in enumerate(lines) if 'fn(*args, **kwargs)' in t)}"
 
 
 def raises(cls: type, builtin: type, message: str, fn, *args, **kwargs) -> BaseException:
@@ -287,18 +294,24 @@ def test_reshape_keeps_the_element_count():
 
 def test_slice_and_assemble_regions_need_one_entry_per_dimension():
     a = _tile(np.zeros((3, 4)))
-    raises(TileValueError, ValueError, "pl.slice: offsets [0] and shape [2, 2] must have 2 entries",
-           pl.slice, a, [2, 2], [0])
-    raises(TileValueError, ValueError, "pl.assemble: offsets [0, 0, 0] and shape [1, 2] must have 2 entries",
-           pl.assemble, a, _tile(np.zeros((1, 2))), [0, 0, 0])
+    raises(TileValueError, ValueError, f"{_at('pl.slice')}: offsets [0] and shape [2, 2] must have 2 entries, one "
+           "per dimension of the [3, 4] tile", pl.slice, a, [2, 2], [0])
+    raises(TileValueError, ValueError, f"{_at('pl.assemble')}: offsets [0, 0, 0] and shape [1, 2] must have 2 "
+           "entries, one per dimension of the [3, 4] tile", pl.assemble, a, _tile(np.zeros((1, 2))), [0, 0, 0])
 
 
 def test_slice_and_assemble_regions_must_lie_in_the_tile():
     a = _tile(np.zeros((3, 4)))
-    raises(TileIndexError, IndexError, "pl.slice: region at offsets [2, 3] with shape [2, 2] is outside [3, 4]",
-           pl.slice, a, [2, 2], [2, 3])
-    raises(TileIndexError, IndexError, "pl.assemble: region at offsets [2, 3] with shape [1, 2] is outside [3, 4]",
+    raises(TileIndexError, IndexError, f"{_at('pl.slice')}: region at offsets [2, 3] with shape [2, 2] is outside "
+           "the [3, 4] tile: dimension 0 reaches [2, 4), whose bounds are [0, 3).", pl.slice, a, [2, 2], [2, 3])
+    raises(TileIndexError, IndexError, f"{_at('pl.assemble')}: region at offsets [2, 3] with shape [1, 2] is outside "
+           "the [3, 4] tile: dimension 1 reaches [3, 5), whose bounds are [0, 4).",
            pl.assemble, a, _tile(np.zeros((1, 2))), [2, 3])
+    raises(TileIndexError, IndexError, f"{_at('pl.slice')}: region at offsets [0, 0] with shape [-1, 2] is outside "
+           "the [3, 4] tile: dimension 0 has a negative size (-1); sizes are 0 or more.", pl.slice, a, [-1, 2], [0, 0])
+    raises(TileIndexError, IndexError, f"{_at('pl.slice')}: region at offsets [9223372036854775807, 0] with shape "
+           "[1, 2] is outside the [3, 4] tile: dimension 0 reaches [9223372036854775807, 9223372036854775808), whose "
+           "bounds are [0, 3).", pl.slice, a, [1, 2], [2**63 - 1, 0])
 
 
 def test_a_tile_error_in_a_kernel_is_the_rank_errors_original_and_not_a_ptodist_bug():

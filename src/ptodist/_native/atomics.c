@@ -365,8 +365,9 @@ static PyObject *py_region(PyObject *self, PyObject *const *args, Py_ssize_t n) 
     long long o[MAX_DIMS], s[MAX_DIMS], b[MAX_DIMS];
     if (dims > MAX_DIMS || !plain_ints(args[0], dims, o) || !plain_ints(args[1], dims, s) || !plain_ints(args[2], dims, b))
         Py_RETURN_NONE;
+    /* o + s could overflow (offsets near 2^63): compare o with b - s, which cannot, as 0 <= s <= b. */
     for (Py_ssize_t i = 0; i < dims; i++)
-        if (o[i] < 0 || s[i] < 0 || o[i] + s[i] > b[i]) Py_RETURN_NONE;
+        if (o[i] < 0 || s[i] < 0 || s[i] > b[i] || o[i] > b[i] - s[i]) Py_RETURN_NONE;
     PyObject *out = PyTuple_New(dims);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < dims; i++) {
@@ -389,6 +390,7 @@ static PyObject *py_flat(PyObject *self, PyObject *const *args, Py_ssize_t n) {
     Py_ssize_t dims = PyTuple_GET_SIZE(args[1]);
     long long o[MAX_DIMS], b[MAX_DIMS], flat = 0;
     if (dims > MAX_DIMS || !plain_ints(args[0], dims, o) || !plain_ints(args[1], dims, b)) return PyLong_FromLong(-1);
+    /* With 0 <= o < b in every dimension, flat stays below the element count of a real array: no overflow. */
     for (Py_ssize_t i = 0; i < dims; i++) {
         if (o[i] < 0 || o[i] >= b[i]) return PyLong_FromLong(-1);
         flat = flat * b[i] + o[i];

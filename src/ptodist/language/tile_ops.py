@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import TileIndexError, TileTypeError, TileValueError
+from ..source import user_location
 from . import dtypes as dt
 from .dtypes import DataType
-from .scalar import Scalar
+from .scalar import Scalar, as_int
 from .spaces import MemorySpace, as_space, check_move
 
 
@@ -164,23 +165,30 @@ def move(x: Tile, target_memory: MemorySpace | None = None, blayout=None, slayou
 
 def slice_(x: Tile, shape, offsets) -> Tile:
     """Return the sub-tile of ``shape`` at ``offsets``."""
-    idx = tuple(slice(int(o), int(o) + int(s)) for o, s in zip(offsets, shape))
-    _check_region("pl.slice", x.shape, offsets, shape)
+    offsets, shape = _check_region("pl.slice", x.shape, offsets, shape)
+    idx = tuple(slice(o, o + s) for o, s in zip(offsets, shape))
     return Tile(x.data[idx].copy(), x.dtype, space=x.space)
 
 
 def assemble(dst: Tile, src: Tile, offsets) -> Tile:
     """Return ``dst`` with ``src`` written at ``offsets``."""
-    _check_region("pl.assemble", dst.shape, offsets, src.shape)
+    offsets, _ = _check_region("pl.assemble", dst.shape, offsets, src.shape)
     out = dst.data.copy()
-    out[tuple(slice(int(o), int(o) + s) for o, s in zip(offsets, src.shape))] = src.data
+    out[tuple(slice(o, o + s) for o, s in zip(offsets, src.shape))] = src.data
     return Tile(out, dst.dtype)
 
 
-def _check_region(op: str, bounds, offsets, shape) -> None:
+def _check_region(op: str, bounds, offsets, shape) -> tuple[list[int], list[int]]:
+    """``(offsets, shape)`` as ints, checked to lie inside a tile of shape ``bounds`` (any int, however large)."""
+    offsets = [as_int(o, f"{op} offset") for o in offsets]
+    shape = [as_int(s, f"{op} shape") for s in shape]
     if len(offsets) != len(bounds) or len(shape) != len(bounds):
-        raise TileValueError(f"{op}: offsets {list(offsets)} and shape {list(shape)} must have {len(bounds)} entries")
-    for o, s, b in zip(offsets, shape, bounds):
-        if int(o) < 0 or int(o) + int(s) > b:
-            raise TileIndexError(f"{op}: region at offsets {list(map(int, offsets))} with shape "
-                             f"{list(map(int, shape))} is outside {list(bounds)}")
+        raise TileValueError(f"{op} at {user_location(3)}: offsets {offsets} and shape {shape} must have "
+                             f"{len(bounds)} entries, one per dimension of the {list(bounds)} tile")
+    for i, (o, s, b) in enumerate(zip(offsets, shape, bounds)):
+        if s < 0 or o < 0 or o + s > b:
+            why = f"has a negative size ({s}); sizes are 0 or more" if s < 0 else \
+                f"reaches [{o}, {o + s}), whose bounds are [0, {b})"
+            raise TileIndexError(f"{op} at {user_location(3)}: region at offsets {offsets} with shape {shape} is "
+                                 f"outside the {list(bounds)} tile: dimension {i} {why}.")
+    return offsets, shape

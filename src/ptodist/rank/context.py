@@ -150,27 +150,69 @@ class RankContext(context.Context):
 
     # -- running the plan -------------------------------------------------------
     def run_all(self) -> None:
-        """Run this rank's dispatched tasks in order."""
+        """Run this rank's dispatched tasks in order, each after the other ranks' tasks the host orders it after."""
         if self.events is not None:
             self.events.scope("begin", "dispatch", self.plan.program, self.events.dispatch)
+        after: dict = {}  # seq -> the edges this rank's task waits for before it starts
+        then: dict = {}   # seq -> the edges this rank's task releases once complete
+        for e in self.plan.edges:
+            if e.consumer.rank == self.rank:
+                after.setdefault(e.consumer.seq, []).append(e)
+            if e.producer.rank == self.rank:
+                then.setdefault(e.producer.seq, []).append(e)
         with context.using(self):
             for task in self.plan.tasks[self.rank]:
+                if task.seq in after:
+                    self._await_order(task, after[task.seq])
                 if isinstance(task.function, BuiltinCall):
                     self._run_builtin(task.function)
-                    continue
-                fn: Function = task.function
-                name = fn.name
-                self._dispatched_at = (name, task.location)
-                args = [self._materialize(a, spec) for a, spec in zip(task.args, fn.params)]
-                self._dispatched_at = None
-                self.task = name
-                self.status.set_running(self.rank, name)
-                fn.invoke(*args)
-                if not self.graph.idle:
-                    self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
-                self.task = None
+                else:
+                    fn: Function = task.function
+                    name = fn.name
+                    self._dispatched_at = (name, task.location)
+                    args = [self._materialize(a, spec) for a, spec in zip(task.args, fn.params)]
+                    self._dispatched_at = None
+                    self.task = name
+                    self.status.set_running(self.rank, name)
+                    fn.invoke(*args)
+                    if not self.graph.idle:
+                        self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
+                    self.task = None
+                if task.seq in then:
+                    for e in then[task.seq]:  # complete, deferred waits included: release the tasks waiting for it
+                        self._order_notify(e.consumer.rank, self.rank, 1, task.location)
         if self.events is not None:
             self.events.scope("end", "dispatch", self.plan.program, self.events.dispatch)
+
+    def _await_order(self, task, edges) -> None:
+        """Wait until the producer of each edge (a task on another rank sharing host tensors with ``task``) is
+        complete: one token in cell [producer rank] of the order signal, taken back so the cell ends at zero."""
+        w = self._order_window()
+        self.task = task.name
+        try:
+            for e in edges:
+                p = e.producer.rank
+                self._block_until(w, 4 * p, [p], 1, WaitCmp.Ge, task.location,
+                                  what=f"the host's order of chip tasks: {e.describe()}")
+                self._order_notify(self.rank, p, -1, task.location)
+        finally:
+            self.task = None
+
+    def _order_notify(self, peer: int, cell: int, value: int, location: str) -> None:
+        """Add ``value`` to cell ``cell`` of ``peer``'s order signal, attributed to the host's dispatch line."""
+        file, _, line = location.rpartition(":")
+        outer = self._coll_site
+        self._coll_site = self._site_entry((file, int(line)) if line.isdigit() else None)
+        self._in_collective += 1  # the host's signalling, not the program's: no hand-rolled signal, no last op
+        try:
+            self.notify(self._order_window(), peer, [cell], value, NotifyOp.AtomicAdd)
+        finally:
+            self._in_collective -= 1
+            self._coll_site = outer
+
+    def _order_window(self) -> WindowTensor:
+        buf = self.plan.order_signal
+        return self._materialize(WindowView(buf, (self.world,), dt.INT32, buf.location), None)
 
     def _run_builtin(self, b: BuiltinCall) -> None:
         """Run a collective the host orchestrator called, as a task of this rank."""
@@ -741,7 +783,12 @@ class RankContext(context.Context):
                                    f"offsets {offsets} and shape {shape} have {len(offsets)} and {len(shape)}. "
                                    f"Give one offset and one size per dimension ({len(bounds)} each).")
         for i, (o, s, b) in enumerate(zip(offsets, shape, bounds)):
-            if o < 0 or s < 0 or o + s > b:
+            if s < 0:
+                raise KernelIndexError(
+                    f"{op} at {user_location(2)}: out of bounds on {t.describe()}: offsets {offsets} with "
+                    f"{'shape' if valid_of is None else 'valid_shape'} {shape} have a negative size in dimension "
+                    f"{i}; sizes are 0 or more.")
+            if o < 0 or o + s > b:  # Python ints: no overflow, whatever their size
                 if valid_of is None:
                     raise KernelIndexError(
                         f"{op} at {user_location(2)}: out of bounds on {t.describe()}: offsets {offsets} with shape "
@@ -803,7 +850,8 @@ class RankContext(context.Context):
             v = list(shape)
         else:
             v = [as_int(d, f"{op} valid_shape") for d in valid_shape]
-            if len(v) != len(shape) or any(a < 0 or a > b for a, b in zip(v, shape)):
+            # A negative extent is left to the region check, which names it as an out-of-bounds region.
+            if len(v) != len(shape) or any(a > b for a, b in zip(v, shape)):
                 raise KernelValueError(
                     f"{op} at {user_location(2)}: valid_shape {v} must lie within the tile shape {shape}: the "
                     "valid region is the leading part of the tile that holds data, one extent per tile dimension, "
@@ -1059,7 +1107,8 @@ class RankContext(context.Context):
         else:
             self._deferred.append(cond)
 
-    def _block_until(self, w: WindowTensor, byte: int, idx, expected: int, cmp: WaitCmp, loc) -> None:
+    def _block_until(self, w: WindowTensor, byte: int, idx, expected: int, cmp: WaitCmp, loc,
+                     what: str | None = None) -> None:
         ge = cmp is WaitCmp.Ge
         start = now_ns() if self.events is not None else 0
         # Fast path: satisfied within the first slice; what the rank waits on is published only after
@@ -1067,7 +1116,7 @@ class RankContext(context.Context):
         ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
         if not ok:
             loc = loc or user_location(2)
-            what = f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
+            what = what or f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
             self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what,
                                     int(idx[0]) if len(idx) else -1)
             if self.events is not None:
@@ -1271,7 +1320,8 @@ class RankContext(context.Context):
 # table of bound methods would make each RankContext a reference cycle, which only the garbage
 # collector frees, and with it the views of host tensors and windows the context holds.
 RankContext._OPS = {
-    "pl.load": RankContext._load, "pl.store": RankContext._store, "pl.read": RankContext._read,
+    "pl.load": RankContext._load, "pl.store": RankContext._store, "pl.assemble": RankContext._store,
+    "pl.read": RankContext._read,
     "pl.write": RankContext._write, "pl.slice": RankContext._slice, "pl.create_tensor": RankContext._create_tensor,
     "pld.system.defer_wait": RankContext._defer_wait,
 }

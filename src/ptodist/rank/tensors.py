@@ -14,6 +14,7 @@ from ..language.dtypes import DataType
 from ..language.memory_ops import load, store
 from ..language.tile_ops import Tile
 from ..language.types import DynDim, DynExpr
+from ..source import user_location
 
 
 def _text(i) -> str:
@@ -22,11 +23,16 @@ def _text(i) -> str:
     return str(i)
 
 
+def _where(t) -> str:
+    """The start of a subscript's message: the tensor, and the user's line."""
+    return f"{t.describe()} at {user_location(3)}"
+
+
 def _bound(t, v, what: str) -> int | None:
     if v is None:
         return None
     if isinstance(v, bool) or not hasattr(v, "__index__"):
-        raise KernelIndexError(f"{t.describe()}: subscript {what} must be an integer, got {v!r}")
+        raise KernelIndexError(f"{_where(t)}: subscript {what} must be an integer, got {v!r}")
     return v.__index__()
 
 
@@ -38,24 +44,24 @@ def _subscript(t, idx) -> tuple:
         at = idx.index(Ellipsis)
         idx = idx[:at] + (slice(None),) * (len(shape) - len(idx) + 1) + idx[at + 1:]
     if len(idx) > len(shape):
-        raise KernelIndexError(f"{t.describe()}: {len(idx)} subscripts for {len(shape)} dimensions")
+        raise KernelIndexError(f"{_where(t)}: {len(idx)} subscripts for {len(shape)} dimensions")
     out = []
     for i, (s, d) in enumerate(zip(idx, shape)):
         if isinstance(s, slice):
             start, stop, step = _bound(t, s.start, "start"), _bound(t, s.stop, "stop"), _bound(t, s.step, "step")
             if step not in (None, 1):
-                raise KernelIndexError(f"{t.describe()}: subscript {_text(s)}:{step} in dimension {i} has step "
+                raise KernelIndexError(f"{_where(t)}: subscript {_text(s)}:{step} in dimension {i} has step "
                                        f"{step}; regions are contiguous (step 1); copy strided data with pl.load")
             lo = 0 if start is None else start + d if start < 0 else start
             hi = d if stop is None else stop + d if stop < 0 else stop
             if not 0 <= lo <= hi <= d:
-                raise KernelIndexError(f"{t.describe()}: subscript [{_text(s)}] in dimension {i} is outside [0, {d}]; "
+                raise KernelIndexError(f"{_where(t)}: subscript [{_text(s)}] in dimension {i} is outside [0, {d}]; "
                                        f"a region must lie inside the tensor (0 <= start <= stop <= {d})")
             out.append(slice(lo, hi))
         else:
             j = _bound(t, s, "index")
             if not -d <= j < d:
-                raise KernelIndexError(f"{t.describe()}: index {j} in dimension {i} is outside [0, {d}); give an "
+                raise KernelIndexError(f"{_where(t)}: index {j} in dimension {i} is outside [0, {d}); give an "
                                        f"index in that range")
             out.append(j % d)
     return tuple(out)

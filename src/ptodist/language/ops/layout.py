@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ... import context
 from ...errors import TileTypeError, TileValueError
 from .. import dtypes as dt
 from .. import memory_ops as _m
@@ -31,7 +32,7 @@ def _assemble_tensor(target, source, offset):
     at ``offset``, in place, and returns ``target`` (``target[i:i+h, j:j+w] = source`` spelled as a call)."""
     if is_tensor(source):
         source = _m.load(source, [0] * len(source.shape), list(source.shape))
-    return _m.store(source, list(offset), target)
+    return context.current().memory_op("pl.assemble", source, list(offset), target, None)
 
 
 def _tile(name: str, x, what: str = "argument") -> Tile:
