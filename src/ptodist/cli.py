@@ -171,8 +171,7 @@ def _run(args) -> int:
                 print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
                 code = 3
             except KeyboardInterrupt:
-                print("ptodist: interrupted", file=sys.stderr)
-                code = 130
+                code = _interrupted()
                 ended_by = "SIGINT"
             except Exception as e:
                 # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
@@ -193,6 +192,18 @@ def _run(args) -> int:
             if args.report_json:
                 _write_report(args.report_json, code, found, ended_by, started)
     return code
+
+
+def _interrupted() -> int:
+    """Report Ctrl-C and return its exit status; a later Ctrl-C is ignored while the command ends.
+
+    The ranks were stopped on the way out (the runtime's clean-up); another KeyboardInterrupt now would
+    only cut the report short with a traceback of whatever Python was doing (joining threads, exiting).
+    """
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    print("ptodist: interrupted", file=sys.stderr)
+    return 130
 
 
 def _error_findings(e: Exception, fix: str) -> list:
@@ -251,8 +262,6 @@ def format_script_error(e: BaseException) -> str:
 
 
 def _check(args) -> int:
-    from .check import explore
-
     script = args.script
     if not os.path.isfile(script):
         print(f"ptodist check: no such script: {script}", file=sys.stderr)
@@ -263,52 +272,82 @@ def _check(args) -> int:
     compat.install()
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
     replay = " ".join(["ptodist check --seed {seed} --schedules 1", script, *args.args])
-    outcome = None
-    for k in range(args.schedules):
-        seed = args.seed + k
-        outcome = explore.run_schedule(script, list(args.args), seed)
-        s = outcome.session
-        error = getattr(outcome, "error", None)
-        if error is not None and not isinstance(error, PtodistError) and outcome.findings:
-            # the script's own exception: its finding comes last
-            outcome.findings[-1:] = _error_findings(error, _check_script_error_fix(bool(s.dispatches)))
-        head = f"ptodist check: schedule {k + 1}/{args.schedules} (seed {seed}"
-        head += f", {s.policy}): " if s.policy else "): "
-        if outcome.findings or outcome.exit_code:
-            n = len(outcome.findings)
-            print(head + (f"{n} finding(s)" if n else f"the script exited with status {outcome.exit_code}"),
-                  file=sys.stderr)
-            if outcome.stdout:
-                print("--- the script's output ---\n" + outcome.stdout.rstrip(), file=sys.stderr)
-            if outcome.traceback:
-                print(outcome.traceback.rstrip(), file=sys.stderr)
-            for f in outcome.findings:
-                print(f.render(), file=sys.stderr)
-            static = _schedule_independent(outcome)
-            if static:
-                print(f"ptodist check: {static}; it does not depend on the schedule, so there is no seed to replay.",
-                      file=sys.stderr)
+    outcome, seed = None, args.seed
+    with _StopSignals() as stop:
+        try:
+            for k in range(args.schedules):
+                seed = args.seed + k
+                outcome = _check_schedule(args, k, seed, replay)
+                if outcome.failed or not outcome.session.dispatches:
+                    break
             else:
-                print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
-            break
-        print(head + f"no findings ({s.world} ranks, {s.dispatches} dispatch(es), {s.events} events)",
-              file=sys.stderr)
-        if not s.dispatches:
-            print("ptodist check: the script made no dispatch; nothing was checked.", file=sys.stderr)
-            break
-    else:
-        print(f"ptodist check: no findings in {args.schedules} schedule(s) "
-              f"(seeds {args.seed}..{args.seed + args.schedules - 1}).", file=sys.stderr)
-    failed = bool(outcome.findings or outcome.exit_code)
+                print(f"ptodist check: no findings in {args.schedules} schedule(s) "
+                      f"(seeds {args.seed}..{args.seed + args.schedules - 1}).", file=sys.stderr)
+        except KeyboardInterrupt:  # the schedule's ranks were stopped on the way out; no later one runs
+            return _check_stopped(args, _interrupted(), "SIGINT", seed)
+        except Terminated as e:
+            print(f"ptodist: {e}", file=sys.stderr)
+            return _check_stopped(args, 128 + e.signum, e.name, seed)
+        finally:
+            stop.disarm()
+    failed = outcome.failed
     if args.report_json:
         doc = findings.report("findings" if outcome.findings else ("error" if failed else "ok"), outcome.findings)
         doc.update(seed=outcome.session.seed, policy=outcome.session.policy,
                    replay=None if failed and _schedule_independent(outcome) else
                    replay.format(seed=outcome.session.seed))
-        with open(args.report_json, "w") as f:
-            json.dump(doc, f, indent=2)
-            f.write("\n")
+        _write_json(args.report_json, doc)
     return 1 if failed else 0
+
+
+def _check_stopped(args, code: int, signal_name: str, seed: int) -> int:
+    """``ptodist check`` was stopped by a signal while schedule ``seed`` ran: write the report; return ``code``."""
+    if args.report_json:
+        _write_json(args.report_json, {"status": "error", "signal": signal_name, "findings": [], "seed": seed,
+                                       "policy": None, "replay": None})
+    return code
+
+
+def _write_json(path: str, doc: dict) -> None:
+    with open(path, "w") as f:
+        json.dump(doc, f, indent=2)
+        f.write("\n")
+
+
+def _check_schedule(args, k: int, seed: int, replay: str):
+    """Run schedule ``k`` of ``ptodist check`` (seed ``seed``); print its line, and its findings when it failed."""
+    from .check import explore
+
+    outcome = explore.run_schedule(args.script, list(args.args), seed)
+    s = outcome.session
+    error = getattr(outcome, "error", None)
+    if error is not None and not isinstance(error, PtodistError) and outcome.findings:
+        # the script's own exception: its finding comes last
+        outcome.findings[-1:] = _error_findings(error, _check_script_error_fix(bool(s.dispatches)))
+    head = f"ptodist check: schedule {k + 1}/{args.schedules} (seed {seed}"
+    head += f", {s.policy}): " if s.policy else "): "
+    if not outcome.failed:
+        print(head + f"no findings ({s.world} ranks, {s.dispatches} dispatch(es), {s.events} events)",
+              file=sys.stderr)
+        if not s.dispatches:
+            print("ptodist check: the script made no dispatch; nothing was checked.", file=sys.stderr)
+        return outcome
+    n = len(outcome.findings)
+    print(head + (f"{n} finding(s)" if n else f"the script exited with status {outcome.exit_code}"),
+          file=sys.stderr)
+    if outcome.stdout:
+        print("--- the script's output ---\n" + outcome.stdout.rstrip(), file=sys.stderr)
+    if outcome.traceback:
+        print(outcome.traceback.rstrip(), file=sys.stderr)
+    for f in outcome.findings:
+        print(f.render(), file=sys.stderr)
+    static = _schedule_independent(outcome)
+    if static:
+        print(f"ptodist check: {static}; it does not depend on the schedule, so there is no seed to replay.",
+              file=sys.stderr)
+    else:
+        print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
+    return outcome
 
 
 def _schedule_independent(outcome) -> str:

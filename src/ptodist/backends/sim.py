@@ -36,7 +36,7 @@ from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, current_line
 from . import resources
-from .base import Command, HostView, RunsNow, StallRule, notify_cell
+from .base import STOP_WRITE_S, Command, HostView, RunsNow, StallRule, notify_cell
 
 ALIGN = 64
 # Operations that touch no shared memory: no reason to let another rank in before them.
@@ -46,6 +46,10 @@ WATCH_S = 0.2
 # A rank whose pl.read keeps seeing what it saw, this many times in a row, is polling: it lets the
 # others run until one of them makes progress (else a "delay" schedule would starve the rank it polls).
 POLL_READS = 16
+# How long an interrupted run waits for its rank threads to stop when no rank writes DFX records. A thread
+# inside a C call (time.sleep, a blocking read) cannot be stopped before the call returns: the run stops
+# waiting for it and leaves it behind (a daemon thread with RankStopped pending, so it ends when the call does).
+STOP_WAIT_S = 0.2
 
 _RUNNABLE, _BLOCKED, _ENDED = 0, 1, 2
 
@@ -112,6 +116,8 @@ class Scheduler:
 
     def _give(self, me: int | None) -> None:
         """Hand the baton to the rank the policy picks (maybe ``me`` again); park ``me`` until it returns."""
+        if self.aborted and me is not None:
+            raise RankStopped  # the run was stopped while this rank ran (a rank that polls never parks)
         nxt = self._pick()
         if nxt is None:
             self.running = None
@@ -419,16 +425,21 @@ class _SimRun:
     def run(self) -> None:
         threads = [threading.Thread(target=self._rank_main, args=(r,), name=f"ptodist-sim-rank{r}", daemon=True)
                    for r in range(self.world)]
-        for t in threads:
-            t.start()
         try:
+            for t in threads:
+                t.start()
             self.sched.start()
             self._watch(threads)
-        finally:
-            if not self.sched.over.is_set() or self.sched.deadlock:
-                self.sched.abort()
-            for t in threads:
-                t.join()
+        except Exception:  # a hang the watch found: every rank stops at its next bytecode; wait for all
+            self._stop(threads, None)
+            raise
+        except BaseException:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, wait only a moment for them
+            self._stop(threads, STOP_WRITE_S if self.dfx is not None else STOP_WAIT_S)
+            raise
+        if self.sched.deadlock:
+            self.sched.abort()
+        for t in threads:
+            t.join()
         if self.checking:
             from ..check import hb
 
@@ -437,6 +448,26 @@ class _SimRun:
             raise RankError(sorted(self.failures, key=lambda f: f.rank))
         if self.sched.deadlock:
             raise self._hang(True)
+
+    def _stop(self, threads: list[threading.Thread], wait_s: float | None) -> None:
+        """Stop every rank thread with RankStopped and wait for them: ``wait_s`` at most (None: until they end).
+
+        The running rank gets it asynchronously (it may spin without reaching an operation); the parked
+        ones when the scheduler releases them. An interrupt while waiting (a second Ctrl-C) stops the wait.
+        """
+        running = self.sched.running
+        if not self.sched.over.is_set() and running is not None and threads[running].is_alive():
+            _raise_in(threads[running], RankStopped)
+        self.sched.abort()
+        end = None if wait_s is None else time.monotonic() + wait_s
+        try:
+            for t in threads:
+                if t.ident is not None:
+                    t.join(None if end is None else max(end - time.monotonic(), 0.0))
+        except KeyboardInterrupt:
+            if wait_s is None:
+                raise  # Ctrl-C while a hang's ranks stop: it ends the run instead of the HangError
+            # a second Ctrl-C: stop waiting; the first one's KeyboardInterrupt is on its way out already
 
     def _watch(self, threads) -> None:
         """Wait for the end; stop the ranks when none makes progress for the hang timeout.
@@ -449,15 +480,10 @@ class _SimRun:
         while not self.sched.over.wait(WATCH_S):
             found = rule.observe(rows["progress"], time.monotonic(), lambda: False)
             if found is not None:
-                running = self.sched.running
                 frames = sys._current_frames()
                 busy = {r: current_line(frames[t.ident]) for r, t in enumerate(threads)
                         if rows[r]["state"] == RUNNING and t.ident in frames}
-                error = self._hang(False, found[1], busy)
-                if running is not None:
-                    _raise_in(threads[running], RankStopped)
-                self.sched.abort()
-                raise error
+                raise self._hang(False, found[1], busy)
 
     def _hang(self, certain: bool, idle: float | None = None, busy: dict | None = None):
         loader = SimMemory(self.heaps, self.plan, -1, StatusBoard(self.board_raw, self.world), self.sched)
@@ -487,19 +513,18 @@ class _SimRun:
         ctx = self._context(rank)
         try:
             self.sched.enter(rank)
-        except RankStopped:
-            return
-        outcome = run_rank(ctx, ctx.events, self.dfx, last=self.last)
-        if outcome.stopped:
-            return
-        ctx.status.finish(rank, DONE if outcome.ok else FAILED)
-        if outcome.ok:
-            self.finished.add(rank)
-        else:
-            self.failures.append(outcome.failure)
-        try:
+            outcome = run_rank(ctx, ctx.events, self.dfx, last=self.last)
+            if outcome.stopped:
+                return
+            ctx.status.finish(rank, DONE if outcome.ok else FAILED)
+            if outcome.ok:
+                self.finished.add(rank)
+            else:
+                self.failures.append(outcome.failure)
             self.sched.end(rank)
         except RankStopped:
+            # Stopped before its first turn, after its end, or a second time while it wrote what it recorded
+            # (the asynchronous stop of a spinning rank may land after the scheduler's): nothing more to do.
             return
 
 
