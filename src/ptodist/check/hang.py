@@ -48,6 +48,9 @@ FIX_PEER_SKIPPED = ("Make the finished rank notify the cell the waiting rank wai
                     "index and any condition that skips it.")
 FIX_WRONG_CELLS = ("Make each notify's peer and offsets name the cell its receiver waits on (e.g. notify (r + 1) % n "
                    "at [r, 0] when the right neighbour waits on [left, 0]).")
+FIX_ORDER = ("Submit the chip task that notifies before the chip task that waits for it, or give the two no host "
+             "tensor in common: the host starts a chip task only once the earlier-submitted chip tasks it shares "
+             "host tensors with are complete.")
 FIX_BUSY = ("End the loop that never ends, or wait on signals with pld.system.wait instead of polling with pl.read; "
             "if the rank is legitimately computing for longer, raise RunConfig(hang_timeout_s=...) or "
             "PTODIST_HANG_TIMEOUT.")
@@ -72,6 +75,15 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
     running = [s for s in states if s["state"] == "running"]
     if running:
         return _running_cause(running, blocked, states)
+    for s in blocked:
+        producer = by_rank.get(s.get("cell0", -1)) if s.get("order") else None
+        if producer is not None and producer["state"] == "waiting" and not producer.get("order"):
+            return {"kind": "hang", "culprits": [producer["where"]], "cycle": wait_for_cycle(states), "fix": FIX_ORDER,
+                    "cause": f"rank {s['rank']} waits, by the host's order of chip tasks, for rank {producer['rank']} "
+                             "to complete an earlier-submitted chip task that shares host tensors with its next one, "
+                             f"and that task is blocked at {producer['where']} waiting for a notify that only a chip "
+                             "task submitted after it would send. Submit the notifying chip task first, or give "
+                             "the two tasks no host tensor in common."}
     if blocked and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
         return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "fix": FIX_WAIT_FIRST,
                 "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
@@ -157,7 +169,9 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
     lines = [head]
     for s in states:
         who = f"  rank {s['rank']} (device {s['device_id']})"
-        if s["state"] == "waiting":
+        if s["state"] == "waiting" and s.get("order"):
+            lines.append(f"{who}: blocked at {s['where']} by {s['wait']} (waiting {s['waiting_s']:.2f} s)")
+        elif s["state"] == "waiting":
             sym = "==" if s["cmp"] == "Eq" else ">="
             task = f" in kernel '{s['task']}'" if s.get("task") else ""
             lines.append(f"{who}: blocked at {s['where']}{task}: {s['wait']} holds {s['current']}, "
@@ -221,6 +235,9 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
                   cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
                   cmp="Ge" if row["wait_cmp"] else "Eq", current=cell_load(buffer_id, r, offset),
                   waiting_s=round(time.time() - float(row["since"]), 3))
+        order = getattr(plan, "order_signal", None)
+        if order is not None and buffer_id == order.id:
+            st["order"] = True  # the host's order of chip tasks: the rank waits before a task, not at a program line
     if st["state"] == STATE_NAMES[RUNNING] and (asked or line):
         st["line"] = line  # None: asked, but the rank did not answer
     return st

@@ -178,6 +178,24 @@ class TaskSpec:
     location: str
     seq: int
 
+    @property
+    def name(self) -> str:
+        return self.function.describe() if isinstance(self.function, BuiltinCall) else self.function.name
+
+
+@dataclass(frozen=True)
+class OrderEdge:
+    """The host's order between two chip tasks on different ranks: ``consumer`` starts only once ``producer`` is
+    complete, because they share host-tensor bytes (``shared``: the consumer's argument) and one of them writes."""
+
+    producer: TaskSpec
+    consumer: TaskSpec
+    shared: str
+
+    def describe(self) -> str:
+        return (f"'{self.consumer.name}' waits for '{self.producer.name}' on rank {self.producer.rank} "
+                f"(they share {self.shared})")
+
 
 @dataclass
 class DispatchPlan:
@@ -189,9 +207,16 @@ class DispatchPlan:
     tasks: list[list[TaskSpec]]
     window_heap_bytes: int = 0
     commless: int = 0  # chip calls made without device= (placed round-robin over the chips)
+    # The host's order of chip tasks across ranks (order_chip_tasks): the edges, and the signal window they are
+    # honoured on (cell [p] of rank r counts the completions of rank p's producers that rank r has yet to take).
+    edges: list[OrderEdge] = field(default_factory=list)
+    order_signal: WindowBuffer | None = None
 
     def to_json(self) -> dict:
         """Return a JSON-serialisable description (the plan as a reader wants it)."""
+        after: dict = {}
+        for e in self.edges:
+            after.setdefault((e.consumer.rank, e.consumer.seq), []).append(e)
         return {
             "program": self.program,
             "world_size": self.world,
@@ -211,11 +236,12 @@ class DispatchPlan:
                     "rank": r,
                     "device_id": self.device_ids[r],
                     "tasks": [
-                        {"seq": t.seq, "function": t.function.describe() if isinstance(t.function, BuiltinCall)
-                         else t.function.name, "builtin": isinstance(t.function, BuiltinCall),
+                        {"seq": t.seq, "function": t.name, "builtin": isinstance(t.function, BuiltinCall),
                          "dispatched_at": t.location, "args": [_arg_json(a) for a in t.args],
                          **({"options": {k: _option_json(v) for k, v in t.function.kwargs.items()}}
-                            if isinstance(t.function, BuiltinCall) else {})}
+                            if isinstance(t.function, BuiltinCall) else {}),
+                         **({"after": [{"rank": e.producer.rank, "seq": e.producer.seq, "shares": e.shared}
+                                       for e in after[(r, t.seq)]]} if (r, t.seq) in after else {})}
                         for t in self.tasks[r]
                     ],
                 }
@@ -246,11 +272,11 @@ def _arg_json(a) -> dict:
 
 
 def resolve_groups(plan: DispatchPlan) -> None:
-    """Fix every window buffer's comm domain and keep each host collective on its domain's ranks only.
+    """Fix every window buffer's comm domain, keep each host collective on its domain's ranks only, order the tasks.
 
     A buffer lives on the ranks its windows were dispatched to (``device=r``), merged with the domain of
     the data window of every host collective it is the signal of; a buffer no dispatch reached lives on
-    every rank.  Idempotent.
+    every rank.  Then the chip tasks are ordered across ranks (:func:`order_chip_tasks`).  Idempotent.
     """
     world = plan.world
 
@@ -279,6 +305,7 @@ def resolve_groups(plan: DispatchPlan) -> None:
                     continue
             kept.append(t)
         plan.tasks[r] = kept
+    order_chip_tasks(plan)
 
 
 def _check_builtin_group(b: BuiltinCall, group: tuple | None) -> None:
@@ -328,12 +355,131 @@ def builtin_group(b: BuiltinCall) -> tuple | None:
 def split_segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPlan]:
     """Split each rank's tasks at the host's sub-worker calls (their ``seq``s, ``boundaries``).
 
-    Segment ``j`` holds the tasks between callback ``j-1`` and callback ``j``.
+    Segment ``j`` holds the tasks between callback ``j-1`` and callback ``j``.  A callback runs once every rank
+    ended the segment before it, so a segment orders only its own tasks: its edges are its own.
     """
     out = []
     for j in range(len(boundaries) + 1):
         lo = boundaries[j - 1] if j else -1
         hi = boundaries[j] if j < len(boundaries) else float("inf")
         tasks = [[t for t in ts if lo < t.seq < hi] for ts in plan.tasks]
-        out.append(replace(plan, tasks=tasks))
+        out.append(replace(plan, tasks=tasks, edges=order_edges(tasks) if plan.edges else []))
     return out
+
+
+ORDER_SIGNAL = "chip_task_order"
+
+
+def order_chip_tasks(plan: DispatchPlan) -> None:
+    """Order the plan's chip tasks across ranks as the host submitted them: find the edges, reserve their signal.
+
+    Each rank runs its own tasks in submission order; tasks on different ranks run concurrently unless they share
+    host-tensor bytes with one of them writing.  Then the later-submitted one waits for the earlier one's
+    completion, as PyPTO's host orders chip tasks by submission and by the tensors they share.  Idempotent.
+    """
+    if plan.order_signal is not None or plan.world < 2:
+        return
+    plan.edges = order_edges(plan.tasks)
+    if not plan.edges:
+        return
+    offset = -(-plan.window_heap_bytes // WINDOW_ALIGN) * WINDOW_ALIGN
+    buf = WindowBuffer(len(plan.windows), ORDER_SIGNAL, 4 * plan.world, offset,
+                       "the host's order of chip tasks", ranks=tuple(range(plan.world)))
+    plan.windows.append(buf)
+    plan.window_heap_bytes = offset + -(-buf.nbytes // WINDOW_ALIGN) * WINDOW_ALIGN
+    plan.order_signal = buf
+
+
+def order_edges(tasks: list[list[TaskSpec]]) -> list[OrderEdge]:
+    """The edges that order ``tasks`` (each rank's list, in submission order) across ranks.
+
+    A task waits, on each other rank, for the latest earlier-submitted task whose host-tensor regions overlap its
+    own with at least one of the two writing (its own rank runs its tasks in order anyway).  An edge already implied
+    by an earlier task of the consumer's rank waiting for a later-or-equal task of the producer's rank is left out,
+    so each producer notifies each consumer rank at most once and each edge takes exactly one token.  Window
+    arguments are per-rank memory and order nothing; a collective runs on every rank of its domain and reads the
+    host tensors it is given.
+    """
+    world = len(tasks)
+    seen = _Accesses()
+    edges: list[OrderEdge] = []
+    waited: dict = {}  # (producer rank, consumer rank) -> the latest producer seq the consumer rank waited for
+    ordered = sorted((t for ts in tasks for t in ts), key=lambda t: (t.seq, t.rank))
+    by_seq: dict = {}
+    for t in ordered:
+        by_seq.setdefault(t.seq, []).append(t)
+    for group in by_seq.values():  # a collective's tasks share a seq: none of them waits for another
+        found = []
+        for t in group:
+            accesses = _accesses(t)
+            latest: dict = {}  # producer rank -> (its task, what they share)
+            for tensor, index, write, name in accesses:
+                for rank, (other, _) in seen.conflicts(tensor, index, write).items():
+                    if rank != t.rank and (rank not in latest or other.seq > latest[rank][0].seq):
+                        latest[rank] = (other, name)
+            for rank in range(world):
+                if rank in latest:
+                    other, name = latest[rank]
+                    if other.seq > waited.get((rank, t.rank), -1):
+                        waited[(rank, t.rank)] = other.seq
+                        edges.append(OrderEdge(other, t, name))
+            found.append((t, accesses))
+        for t, accesses in found:
+            for tensor, index, write, name in accesses:
+                seen.record(tensor, index, write, t, name)
+    return edges
+
+
+def _accesses(t: TaskSpec) -> list[tuple]:
+    """``(tensor index, region index, writes, name)`` of every host tensor task ``t`` is given."""
+    out: list = []
+
+    def visit(v, write: bool) -> None:
+        if isinstance(v, HostTensorRef):
+            out.append((v.tensor.index, v.index, write and v.tensor.direction is not Direction.IN, v.name))
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                visit(x, write)
+
+    if isinstance(t.function, BuiltinCall):  # a collective reads the host tensors it is given (counts, inputs)
+        visit(list(t.function.args) + list(t.function.kwargs.values()), False)
+        return out
+    params = getattr(t.function, "params", None) or []
+    for i, v in enumerate(t.args):
+        spec = params[i] if i < len(params) else None
+        # A parameter without a tensor annotation may be written: count it as a write.
+        visit(v, spec is None or spec.kind != "tensor" or spec.direction is not Direction.IN)
+    return out
+
+
+class _Accesses:
+    """Host-tensor accesses so far, by region, answering: which task on each rank last touched bytes of a region.
+
+    A region is a tensor and an index prefix (``x``, ``x[r]``, ``x[r, i]``); two regions overlap when one's index is
+    a prefix of the other's.  ``_at`` holds the accesses to exactly a region, ``_under`` those at or below it.
+    """
+
+    def __init__(self):
+        self._at: dict = {}     # (tensor, index) -> ({rank: (task, name)} of writes, of reads)
+        self._under: dict = {}  # (tensor, prefix) -> the same, over every region at or below the prefix
+
+    def conflicts(self, tensor: int, index: tuple, write: bool) -> dict:
+        """Per rank, the latest access that conflicts with a read (``write`` False) or write of the region."""
+        got: dict = {}
+        kinds = (0, 1) if write else (0,)
+        entries = [self._at.get((tensor, index[:k])) for k in range(len(index))]
+        entries.append(self._under.get((tensor, index)))
+        for entry in entries:
+            if entry is None:
+                continue
+            for kind in kinds:
+                for rank, hit in entry[kind].items():
+                    if rank not in got or hit[0].seq > got[rank][0].seq:
+                        got[rank] = hit
+        return got
+
+    def record(self, tensor: int, index: tuple, write: bool, task: TaskSpec, name: str) -> None:
+        kind = 0 if write else 1
+        self._at.setdefault((tensor, index), ({}, {}))[kind][task.rank] = (task, name)
+        for k in range(len(index) + 1):
+            self._under.setdefault((tensor, index[:k]), ({}, {}))[kind][task.rank] = (task, name)

@@ -1,0 +1,365 @@
+"""The host orders chip tasks by submission and by the host tensors they share, on every backend and path.
+
+A host loop that calls ``s = chip_a(a[r], sums[r])`` then ``chip_b(s, f[r])`` (no ``device=``: round-robin, so
+the two calls land on different chips) must give ``chip_b`` what ``chip_a`` wrote.  The planner records an edge
+from a task to each later-submitted task on another rank that shares host-tensor bytes with it (one of them
+writing); the ranks honour it with notify/wait on a signal window the plan reserves.  The sim schedules below run
+the consumer's rank first wherever it may, so a missing edge fails deterministically.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from conftest import source_line
+
+import ptodist
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig, ir
+from ptodist.check import explore
+from ptodist.errors import HangError
+
+SIZE = 16
+NR = pl.dynamic("NR")
+FILE = __file__
+
+
+def cfg(nr: int, backend: str | None, **kw) -> RunConfig:
+    return RunConfig(platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                     **({"backend": backend} if backend else {}), **kw)
+
+
+def data(nr: int) -> np.ndarray:
+    return (np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE) + 1) / 8
+
+
+# Seed 0 is a random schedule; seed s with s % (P + 1) == k > 0 runs rank k - 1 only when no other rank can run.
+SIM_SEEDS = [0, 1, 2, 3]
+
+
+@pytest.fixture(params=["shm"] + [f"sim-{s}" for s in SIM_SEEDS])
+def backend(request, monkeypatch):
+    """Every backend in this process: shm, and sim under schedules that delay each rank in turn."""
+    name = request.param
+    if name.startswith("sim"):
+        monkeypatch.setenv("PTODIST_SIM_SEED", name.split("-")[1])
+        return "sim"
+    return name
+
+
+# ---------------------------------------------------------------------------
+# The programs
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.incore
+def double_kernel(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    pl.store(pl.add(pl.load(x, [0, 0], [1, SIZE]), pl.load(x, [0, 0], [1, SIZE])), [0, 0], y)
+
+
+@pl.jit.incore
+def fill_kernel(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    pl.store(pl.full([1, SIZE], dtype=pl.FP32, value=7.0), [0, 0], y)
+
+
+@pl.jit
+def chip_a(a: pl.Tensor[[1, SIZE], pl.FP32], out: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]
+           ) -> pl.Tensor[[1, SIZE], pl.FP32]:
+    double_kernel(a, out)
+    return out
+
+
+@pl.jit
+def chip_b(s: pl.Tensor[[1, SIZE], pl.FP32], f: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    double_kernel(s, f)
+
+
+@pl.jit
+def fill(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    fill_kernel(y)
+
+
+@pl.jit.host
+def chained(a: pl.Tensor[[NR, 1, SIZE], pl.FP32], f: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    sums = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        s = chip_a(a[r], sums[r])  # no device=: call 2r runs on chip 2r % P, call 2r + 1 on the next chip
+        chip_b(s, f[r])
+
+
+@pl.jit.host
+def chained_regions(a: pl.Tensor[[NR, 1, SIZE], pl.FP32], f: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    sums = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        s = sums[r]
+        x = a[r]
+        y = f[r]
+        with pl.at(level=pl.Level.CHIP):
+            double_kernel(x, s)
+        with pl.at(level=pl.Level.CHIP):
+            double_kernel(s, y)
+
+
+@pl.jit.host
+def relay(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    tmp = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+    n = pld.world_size()
+    for r in pl.range(n):
+        chip_b(x[r], tmp[r], device=r)
+    for r in pl.range(n):
+        chip_b(tmp[(r + 1) % n], y[r], device=r)  # the neighbour's intermediate
+
+
+@pl.jit.host
+def read_then_overwrite(x: pl.InOut[pl.Tensor[[NR, 1, SIZE], pl.FP32]], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    n = pld.world_size()
+    for r in pl.range(n):
+        chip_b(x[r], y[r], device=r)
+    for r in pl.range(n):
+        fill(x[(r + 1) % n], device=r)  # overwrites what the neighbour's first task reads
+
+
+@pl.jit.host
+def separate(a: pl.Tensor[[NR, 1, SIZE], pl.FP32], f: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    sums = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        chip_b(a[r], sums[r], device=r)
+        chip_b(sums[r], f[r], device=r)
+        chip_b(a[r], sums[r])  # reads only a, which nobody writes; writes sums[r] on chip r (round-robin)
+
+
+# ---------------------------------------------------------------------------
+# The plan
+# ---------------------------------------------------------------------------
+
+
+def plan_of(compiled) -> dict:
+    return json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
+
+
+def test_the_plan_orders_each_chip_call_after_the_call_whose_result_it_reads():
+    a, f = data(2), np.zeros((2, 1, SIZE), np.float32)
+    plan = plan_of(chained.compile(a, f, config=cfg(2, "sim")))
+    a_line = f"{FILE}:{source_line(chained, 's = chip_a(')}"
+    b_line = f"{FILE}:{source_line(chained, 'chip_b(s, f[r])')}"
+    tasks = [[(t["seq"], t["function"], t["dispatched_at"], t.get("after")) for t in rank["tasks"]]
+             for rank in plan["ranks"]]
+    assert tasks == [
+        [(0, "chip_a", a_line, None), (2, "chip_a", a_line, None)],
+        [(1, "chip_b", b_line, [{"rank": 0, "seq": 0, "shares": "sums[0]"}]),
+         (3, "chip_b", b_line, [{"rank": 0, "seq": 2, "shares": "sums[1]"}])],
+    ]
+    # The edges are honoured on a signal window of one INT32 cell per rank, after the program's own windows.
+    assert plan["windows"] == [{"id": 0, "name": "chip_task_order", "nbytes": 8, "offset": 0,
+                                "defined_at": "the host's order of chip tasks", "ranks": [0, 1]}]
+
+
+def test_a_write_after_a_read_on_another_rank_is_ordered_too():
+    x, y = data(2), np.zeros((2, 1, SIZE), np.float32)
+    plan = plan_of(read_then_overwrite.compile(x, y, config=cfg(2, "sim")))
+    after = [[t.get("after") for t in rank["tasks"]] for rank in plan["ranks"]]
+    assert after == [[None, [{"rank": 1, "seq": 1, "shares": "x[1]"}]],
+                     [None, [{"rank": 0, "seq": 0, "shares": "x[0]"}]]]
+
+
+def test_tasks_that_share_no_host_bytes_get_no_edge_and_no_signal_window():
+    a, f = data(2), np.zeros((2, 1, SIZE), np.float32)
+    compiled = separate.compile(a, f, config=cfg(2, "sim"))
+    plan = plan_of(compiled)
+    assert all("after" not in t for rank in plan["ranks"] for t in rank["tasks"])
+    assert plan["windows"] == [] and plan["window_heap_bytes_per_rank"] == 0
+    compiled(a, f)
+    np.testing.assert_array_equal(f, 4 * a)
+
+
+@pl.jit.host
+def reads_twice(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]],
+                z: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    tmp = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+    chip_b(x[0], tmp[0], device=0)
+    chip_b(tmp[0], y[1], device=1)
+    chip_b(tmp[0], z[1], device=1)  # rank 1 waited for rank 0's task already: no second wait
+
+
+def test_an_edge_implied_by_an_earlier_wait_is_left_out():
+    x, y, z = data(2), np.zeros((2, 1, SIZE), np.float32), np.zeros((2, 1, SIZE), np.float32)
+    compiled = reads_twice.compile(x, y, z, config=cfg(2, "sim"))
+    plan = plan_of(compiled)
+    edges = [(r, t["seq"], e["rank"], e["seq"]) for r, rank in enumerate(plan["ranks"]) for t in rank["tasks"]
+             for e in t.get("after", [])]
+    assert edges == [(1, 1, 0, 0)]
+    compiled(x, y, z)
+    np.testing.assert_array_equal(y[1], 4 * x[0])
+    np.testing.assert_array_equal(z[1], 4 * x[0])
+
+
+# ---------------------------------------------------------------------------
+# One-shot calls: the right answer under every schedule
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_a_chip_call_without_device_reads_the_result_of_the_one_before(backend, nr):
+    a, f = data(nr), np.zeros((nr, 1, SIZE), np.float32)
+    chained(a, f, config=cfg(nr, backend))
+    np.testing.assert_array_equal(f, 4 * a)
+
+
+def test_host_chip_regions_are_ordered_like_chip_calls(backend):
+    a, f = data(2), np.zeros((2, 1, SIZE), np.float32)
+    chained_regions(a, f, config=cfg(2, backend))
+    np.testing.assert_array_equal(f, 4 * a)
+
+
+@pytest.mark.parametrize("nr", [2, 3])
+def test_device_calls_that_cross_ranks_through_a_host_intermediate(backend, nr):
+    x, y = data(nr), np.zeros((nr, 1, SIZE), np.float32)
+    relay(x, y, config=cfg(nr, backend))
+    np.testing.assert_array_equal(y, 4 * np.roll(x, -1, axis=0))
+
+
+def test_a_task_overwrites_host_bytes_only_after_another_rank_read_them(backend):
+    x, y = data(2), np.zeros((2, 1, SIZE), np.float32)
+    before = x.copy()
+    read_then_overwrite(x, y, config=cfg(2, backend))
+    np.testing.assert_array_equal(y, 2 * before)
+    np.testing.assert_array_equal(x, np.full_like(x, 7.0))
+
+
+# ---------------------------------------------------------------------------
+# The DistributedWorker: dispatches, persistent windows, segments
+# ---------------------------------------------------------------------------
+
+
+def host_array(a: np.ndarray, backend: str) -> np.ndarray:
+    """The array as the worker's backend takes it (shm: shared memory)."""
+    if backend == "sim":
+        return a.copy()
+    out = ptodist.shared_array(a.shape, a.dtype)
+    out[...] = a
+    return out
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_worker_orders_chip_calls_in_every_dispatch(backend, persistent):
+    a = data(2)
+    with chained.compile(a, np.zeros_like(a), config=cfg(2, backend)).prepare(persistent=persistent) as rt:
+        for k in range(3):  # the signal's tokens are taken back: a kept window starts every dispatch at zero
+            x, f = host_array(a * (k + 1), backend), host_array(np.zeros_like(a), backend)
+            rt(x, f)
+            np.testing.assert_array_equal(f, 4 * (k + 1) * a)
+
+
+def make_staged():
+    @pl.program
+    class Staged:
+        @pl.function(type=pl.FunctionType.InCore)
+        def kernel(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+            pl.store(pl.add(pl.load(x, [0, 0], [1, SIZE]), pl.load(x, [0, 0], [1, SIZE])), [0, 0], y)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def twice(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+            self.kernel(x, y)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker)
+        def inspect(self, t: pl.Tensor[[NR, 1, SIZE], pl.FP32]):
+            ...
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]],
+                 z: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+            n = pld.world_size()
+            for r in pl.range(n):
+                self.twice(x[r], y[r], device=r)
+            self.inspect(y)
+            for r in pl.range(n):
+                self.twice(y[r], z[r], device=(r + 1) % n)  # ordered by the callback between them
+            for r in pl.range(n):
+                self.twice(z[(r + 1) % n], y[r], device=r)  # ordered by an edge inside the segment
+
+    return Staged
+
+
+def test_a_worker_orders_the_tasks_of_each_segment(backend):
+    a = data(2)
+    compiled = ir.compile(make_staged(), config=cfg(2, backend))
+    seen = []
+    with compiled.prepare(callbacks={"inspect": lambda args: seen.append(np.array(args.tensor(0)))}) as rt:
+        x, y, z = (host_array(v, backend) for v in (a, np.zeros_like(a), np.zeros_like(a)))
+        rt(x, y, z)
+    np.testing.assert_array_equal(seen[0], 2 * a)
+    np.testing.assert_array_equal(z, 4 * a)
+    np.testing.assert_array_equal(y, 8 * np.roll(a, -1, axis=0))
+
+
+# ---------------------------------------------------------------------------
+# ptodist check, hangs
+# ---------------------------------------------------------------------------
+
+
+def test_ptodist_check_finds_no_race_and_no_hang_in_chained_chip_calls():
+    a = data(2)
+
+    def target():
+        f = np.zeros_like(a)
+        chained(a, f, config=cfg(2, None))
+        np.testing.assert_array_equal(f, 4 * a)
+
+    outcomes = list(explore.explore(target, seed=0, schedules=6))
+    assert [(o.findings, o.exit_code, o.traceback) for o in outcomes] == [([], 0, "")] * 6
+
+
+@pl.jit.incore
+def write_then_wait_kernel(x: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                           sig: pl.InOut[pld.DistributedTensor[[2], pl.INT32]]):
+    pl.store(pl.full([1, SIZE], dtype=pl.FP32, value=1.0), [0, 0], x)
+    pld.system.wait(sig, [1], 1, cmp=pld.WaitCmp.Ge)
+
+
+@pl.jit.incore
+def read_then_notify_kernel(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                            sig: pl.InOut[pld.DistributedTensor[[2], pl.INT32]]):
+    pl.store(pl.load(x, [0, 0], [1, SIZE]), [0, 0], y)
+    pld.system.notify(sig, 0, [1], 1, op=pld.NotifyOp.AtomicAdd)
+
+
+@pl.jit
+def write_then_wait(x: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[2], pl.INT32]]):
+    write_then_wait_kernel(x, sig)
+
+
+@pl.jit
+def read_then_notify(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                     sig: pl.InOut[pld.DistributedTensor[[2], pl.INT32]]):
+    read_then_notify_kernel(x, y, sig)
+
+
+@pl.jit.host
+def waits_for_a_later_task(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    sig = pld.alloc_window_buffer([2], dtype=pl.INT32)
+    tmp = pl.create_tensor([1, SIZE], dtype=pl.FP32)
+    write_then_wait(tmp, pld.window(sig, [2], dtype=pl.INT32), device=0)
+    read_then_notify(tmp, y, pld.window(sig, [2], dtype=pl.INT32), device=1)
+
+
+def test_a_hang_in_the_hosts_order_names_the_tasks_not_a_program_line():
+    y = np.zeros((1, SIZE), np.float32)
+    with pytest.raises(HangError) as info:
+        waits_for_a_later_task(y, config=cfg(2, "sim"))
+    lines = str(info.value).splitlines()
+    wait_line = f"{FILE}:{source_line(write_then_wait_kernel, 'pld.system.wait(')}"
+    submit_line = f"{FILE}:{source_line(waits_for_a_later_task, 'read_then_notify(tmp')}"
+    assert lines[1].startswith(f"  rank 0 (device 0): blocked at {wait_line} in kernel 'write_then_wait_kernel': ")
+    assert lines[3].startswith(
+        f"  rank 1 (device 1): blocked at {submit_line} by the host's order of chip tasks: 'read_then_notify' "
+        "waits for 'write_then_wait' on rank 0 (they share tmp) (waiting ")
+    assert lines[-1] == (
+        "Likely cause: rank 1 waits, by the host's order of chip tasks, for rank 0 to complete an earlier-submitted "
+        "chip task that shares host tensors with its next one, and that task is blocked at "
+        f"{wait_line} waiting for a notify that only a chip task submitted after it would send. Submit the "
+        "notifying chip task first, or give the two tasks no host tensor in common.")
+    assert info.value.diagnosis["fix"].startswith("Submit the chip task that notifies before the chip task")
+
