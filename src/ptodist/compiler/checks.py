@@ -23,7 +23,7 @@ from ..errors import (
     TaskArgsError,
 )
 from ..language.functions import Function, Kind
-from ..language.scalar import Scalar
+from ..language.scalar import Scalar, scalar_value
 from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve
 from ..source import enclosing_loop_line, param_lines
 from .plan import DispatchPlan, HostTensorRef, WindowView, resolve_groups
@@ -179,10 +179,11 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
 
     where = LazyText(lambda: f"{param_where(fn, spec)}, called at {loc}")
     if spec.kind == "scalar":
-        if not isinstance(value, (Scalar, int, float, bool)):
+        if isinstance(value, (WindowView, WindowTensor, HostTensorRef, RankTensor)):
             raise _with(ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}."),
                         f"Pass a scalar (a Python number, or a pl.Scalar) as '{spec.name}', or annotate the "
                         "parameter as a tensor (tensor parameters come before scalar ones).")
+        scalar_argument(fn, spec, value, where)
         return
     if spec.kind != "tensor":
         return
@@ -217,6 +218,15 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
 
             actual = unit_dims_reshape(tuple(ttype.shape), actual) or actual
         bind_shape(where, ttype.shape, actual, bindings, world)
+
+
+def scalar_argument(fn: Function, spec: ParamSpec, value, where=None):
+    """The exact value scalar parameter ``spec`` of ``fn`` takes from ``value`` (its dtype's rule), else a
+    ProgramTypeError / ProgramValueError naming the parameter, the value and the dtype's range."""
+    dtype = spec.ttype.dtype if spec.ttype is not None else None
+    if where is None:
+        where = LazyText(lambda: param_where(fn, spec))
+    return scalar_value(value, dtype, where, ProgramTypeError, ProgramValueError)
 
 
 class LazyText:

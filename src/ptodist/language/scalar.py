@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import operator
 
-from ..errors import OperationTypeError
+from ..errors import OperationTypeError, OperationValueError
 from . import dtypes as dt
 from .dtypes import DataType
 
@@ -198,3 +198,91 @@ def as_int(value, what: str = "value") -> int:
         return operator.index(value)
     except TypeError:
         raise OperationTypeError(f"{what} must be an integer, got {value!r} ({type(value).__name__})") from None
+
+
+# -- scalar arguments: one rule for every parameter --------------------------------------------------------------
+
+def int_range(dtype: DataType) -> tuple[int, int]:
+    """The values an integer dtype holds (BOOL: 0 and 1)."""
+    if dtype is dt.BOOL:
+        return 0, 1
+    bits = dtype.bits
+    return (-(1 << (bits - 1)), (1 << (bits - 1)) - 1) if dtype.is_signed else (0, (1 << bits) - 1)
+
+
+def _number(value):
+    """``value`` as a Python bool, int or float when it is a number of any kind, else None.
+
+    A number: a Python or numpy number, a ``Scalar``, a ctypes number, a 0-d numpy array or torch tensor.
+    """
+    t = type(value)
+    if t is int or t is float or t is bool:
+        return value
+    if t is Scalar:
+        return value.value
+    if isinstance(value, (int, float)):  # bool, np.float64 and other subclasses
+        return bool(value) if isinstance(value, bool) else int(value) if isinstance(value, int) else float(value)
+    module = t.__module__
+    if module == "numpy":
+        import numpy as np
+
+        if isinstance(value, np.ndarray):
+            return _number(value.item()) if value.ndim == 0 else None
+        if isinstance(value, (np.bool_, np.integer)):
+            return value.item()
+        return float(value) if isinstance(value, np.floating) else None
+    if module.startswith("ml_dtypes"):  # a BF16 or FP8 number
+        return float(value)
+    if module.startswith("torch"):
+        return _number(value.item()) if getattr(value, "ndim", None) == 0 and hasattr(value, "item") else None
+    if module == "ctypes" and hasattr(value, "value") and isinstance(value.value, (int, float, bool)):
+        return value.value
+    return None
+
+
+def _kind(value) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None and len(shape):
+        return f"a {type(value).__module__.split('.')[0]} {type(value).__name__} of shape {list(shape)}"
+    return f"{value!r} ({type(value).__name__})"
+
+
+def scalar_value(value, dtype: DataType | None, where, type_error: type = OperationTypeError,
+                 value_error: type = OperationValueError) -> int | float:
+    """The exact value a scalar parameter of ``dtype`` takes from ``value``, or an error naming ``where``.
+
+    Any kind of number is accepted (see :func:`_number`; a bool is 0 or 1).  An integer dtype takes integral
+    values it holds exactly: a fraction is a ``type_error``, NaN, infinity or a value outside the dtype's range a
+    ``value_error`` (as an integer tile refuses them).  A float dtype takes any real number, rounded as the dtype
+    rounds.  ``dtype`` None keeps the number's own kind (int or float).  ``where`` (anything whose ``str`` names
+    the parameter) is formatted only for an error.
+    """
+    v = _number(value)
+    if v is None:
+        raise type_error(f"{where}: expected a scalar (a Python or numpy number, a 0-d array or tensor, or a "
+                         f"pl.Scalar), got {_kind(value)}.")
+    if dtype is None:
+        return int(v) if type(v) is bool else v
+    if dtype.is_float:
+        try:
+            f = float(v)
+        except OverflowError:
+            raise value_error(f"{where}: {v} does not fit {dtype.name}; pass a value within its range") from None
+        import numpy as np
+
+        with np.errstate(over="ignore", invalid="ignore"):  # rounded as the dtype rounds: beyond its range, inf
+            return float(np.asarray(f, dtype=dtype.np_dtype))
+    lo, hi, shown = *int_range(dtype), v
+    if type(v) is float:
+        if math.isnan(v) or math.isinf(v):
+            raise value_error(f"{where}: {v!r} has no {dtype.name} value (integers {lo}..{hi}); pass a finite "
+                              "integer")
+        if not v.is_integer():
+            raise type_error(f"{where}: {v!r} has a fraction, but the parameter is {dtype.name} (integers "
+                             f"{lo}..{hi}); pass an integer, or declare the parameter with a float dtype")
+        v = int(v)
+    v = int(v)
+    if not lo <= v <= hi:
+        raise value_error(f"{where}: {shown!r} does not fit {dtype.name} (range {lo}..{hi}); pass a value in range, or "
+                          "declare the parameter with a wider dtype")
+    return v

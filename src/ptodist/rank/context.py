@@ -262,11 +262,23 @@ class RankContext(context.Context):
             return _conform_rank(spec, w)
         return self._scalar_for(spec, arg)
 
-    @staticmethod
-    def _scalar_for(spec, value):
-        if spec is not None and spec.kind == "scalar" and isinstance(value, (int, float, bool)) and spec.ttype and spec.ttype.dtype:
-            return Scalar(value, spec.ttype.dtype)
-        return value
+    def _scalar_for(self, spec, value, fn: Function | None = None):
+        """``value`` as scalar parameter ``spec`` takes it: a Scalar of its dtype, exact (or the parameter's error).
+
+        ``fn``: the function whose parameter it is (a kernel call); else the task being dispatched.
+        """
+        if spec is None or spec.kind != "scalar":
+            return value
+        dtype = spec.ttype.dtype if spec.ttype is not None else None
+        if dtype is None and type(value) is Scalar:  # no dtype of its own to take: the Scalar keeps its
+            return value
+        if fn is not None:  # as check_arg names it (the checks of a kernel's first call with these kinds)
+            where = checks.LazyText(lambda: f"{checks.param_where(fn, spec)}, called at {user_location(2)}")
+        else:
+            fname, at = self._dispatched_at or ("a task", "?")
+            where = checks.LazyText(lambda: f"{fname}() parameter '{spec.name}' ({spec.type_name}), dispatched at {at}")
+        v = checks.scalar_argument(fn, spec, value, where)
+        return v if dtype is None else Scalar(v, dtype)
 
     # -- functions and tasks ----------------------------------------------------------
     def call_function(self, fn: Function, args, kwargs, device):
@@ -306,7 +318,7 @@ class RankContext(context.Context):
                 # A pl.Tensor parameter is an input of this kernel: a store into it is a bug, not an output.
                 v = v.read_only(f"it is parameter '{spec.name}' of {fn.kind.value} '{fn.name}' ({fn.location}), "
                                 f"declared {spec.type_name}, an input")
-            values[i] = self._scalar_for(spec, v)
+            values[i] = self._scalar_for(spec, v, fn)
         if check:
             if len(self._checked_args) >= 4096:  # signatures of shapes long gone (dynamic dims): start afresh
                 self._checked_args.clear()

@@ -26,7 +26,7 @@ from ..config import RunConfig, keep_outputs_setting
 from ..errors import ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
 from ..language import dtypes as dt
 from ..language.functions import EntryFunction, Function, Kind, Program
-from ..language.scalar import Scalar
+from ..language.scalar import Scalar, scalar_value
 from ..language.types import Direction, DynDim, DynExpr, ParamSpec
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
@@ -266,7 +266,7 @@ class CompiledProgram:
                 pending_out.append(i)
                 continue
             v = next(it)
-            if p.kind == "tensor" or (p.kind == "any" and not isinstance(v, (int, float, Scalar))):
+            if p.kind == "tensor" or (p.kind == "any" and not isinstance(v, (int, float, Scalar, np.generic))):
                 h = adapt(v, p.name)
                 self._check_host(p, h, bindings)
                 if p.direction is not Direction.IN:
@@ -274,7 +274,7 @@ class CompiledProgram:
                 values.append(getattr(h, "array", None))
                 hosts.append(h)
             else:
-                values.append(v)
+                values.append(self._scalar_arg(p, v))
                 hosts.append(None)
         if self.host.params and any(p.ttype is not None and getattr(p.ttype, "shape", None) for p in params):
             checks.finish_bindings(bindings)
@@ -286,6 +286,14 @@ class CompiledProgram:
             hosts[i] = adapt(value, params[i].name)
             values[i] = getattr(hosts[i], "array", None)
         return values, hosts, created
+
+    def _scalar_arg(self, p: ParamSpec, v):
+        """The exact value scalar parameter ``p`` takes from ``v`` (its dtype's rule), or a DispatchError."""
+        if type(v) is int and p.ttype is None:  # the usual case: a plain int, no dtype to fit
+            return v
+        where = checks.LazyText(lambda: checks.param_where(self.host, p))
+        dtype = p.ttype.dtype if p.ttype is not None else None
+        return scalar_value(v, dtype, where, DispatchTypeError, DispatchValueError)
 
     def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
         where = checks.LazyText(lambda: checks.param_where(self.host, p))
