@@ -126,6 +126,13 @@ class DispatchIndexError(DispatchError, IndexError):
     """An index given to a dispatch API is out of range (a shard of a stacked tensor)."""
 
 
+class DispatchStateError(DispatchError, RuntimeError):
+    """A DistributedWorker's dispatch refused: Python state its program reads changed since ``prepare()``
+    started the ranks, so the ranks would compute with values the driver no longer has."""
+
+    kind = "state_changed"
+
+
 class DispatchValueError(DispatchError, ValueError):
     """A dispatch argument has the wrong shape, dtype or value."""
 
@@ -176,6 +183,13 @@ class PeerRangeError(KernelValueError):
 
     kind = "peer_out_of_range"
     pitfall = "8.3 step 10"
+
+
+class KernelStateError(KernelError, RuntimeError):
+    """A rank's code changed Python state the program reads (a module global, a closure cell, a global random
+    generator): the next dispatch would see it on some backends and not on others."""
+
+    kind = "state_changed"
 
 
 class TileTypeError(KernelError, TypeError):

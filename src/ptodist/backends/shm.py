@@ -232,7 +232,7 @@ class ShmBackend:
             raise
         return group
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, owner=None) -> None:
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, owner=None, stamp=None) -> None:
         """A one-shot call: a rank group forked with its command already published, or, for ``owner``, reused.
 
         The host tensors and the window heaps lie in one anonymous shared mapping made before the
@@ -240,7 +240,10 @@ class ShmBackend:
         outputs out once every rank succeeded.  Forking a torch-sized driver costs tens of
         milliseconds, so with ``owner`` (the CompiledProgram making the call) the group and its
         mapping are kept for that owner's next call (``_KEPT``): closed after an error or an
-        interrupt, after ``KEPT_IDLE_S`` idle, when the owner is collected, and at exit.
+        interrupt, after ``KEPT_IDLE_S`` idle, when the owner is collected, and at exit.  ``stamp`` is the
+        owner's program state now (``compiler.state``): kept ranks were forked with the state of their
+        first call, so a call whose stamp differs forks afresh, and its ranks see the driver's state as
+        it is (what the ranks' code changes is refused by every rank itself).
         """
         host_bytes = sum(a.nbytes for a in host_arrays if a is not None)
         resources.check_windows(plan.program, plan.windows, plan.world, host_bytes)
@@ -250,7 +253,7 @@ class ShmBackend:
             off = _align(off + (a.nbytes if a is not None else 0))
         stride = _align(max(plan.window_heap_bytes, ALIGN))
         total = off + stride * plan.world
-        kept = _KEPT.take(owner, plan.device_ids, total) if owner is not None else None
+        kept = _KEPT.take(owner, plan.device_ids, total, stamp) if owner is not None else None
         if kept is not None and not kept.accepts(plan):
             kept.close()  # a plan of functions its ranks were forked without: fork again
             kept = None
@@ -259,7 +262,7 @@ class ShmBackend:
                 mm = mmap.mmap(-1, total)
             except OSError as e:
                 raise resources.no_memory(plan.program, plan.windows, plan.world, total, e) from None
-            kept = _KeptGroup.fork_for(plan, mm) if owner is not None else None
+            kept = _KeptGroup.fork_for(plan, mm, stamp) if owner is not None else None
         else:
             kept.memory[off:total] = 0  # the window heaps start zeroed, as in a fresh mapping
         if kept is None:  # no owner, or a plan the ranks cannot be sent by value: a group used once
@@ -379,12 +382,13 @@ class _KeptGroup:
     plan whose functions the ranks were forked without cannot use the group.
     """
 
-    def __init__(self, group: RankGroup, mm: mmap.mmap, memory: np.ndarray, context: tuple):
+    def __init__(self, group: RankGroup, mm: mmap.mmap, memory: np.ndarray, context: tuple, stamp):
         self.group = group
         self.mm = mm
         self.memory = memory
         self.size = len(memory)
         self.context = context
+        self.stamp = stamp  # the program state its ranks were forked with
         self.plans: dict[int, tuple[DispatchPlan, int]] = {}  # id(plan) -> (plan, its id in the ranks)
         self.calls = 0
         self.next_plan = 0
@@ -393,12 +397,12 @@ class _KeptGroup:
         self.finalizer: weakref.finalize | None = None  # closes the group when its owner is collected
 
     @classmethod
-    def fork_for(cls, plan: DispatchPlan, mm: mmap.mmap) -> _KeptGroup | None:
+    def fork_for(cls, plan: DispatchPlan, mm: mmap.mmap, stamp) -> _KeptGroup | None:
         """A group (not yet forked) over ``mm`` that can keep serving ``plan``'s program; None if it cannot."""
         objects = _plan_objects(plan)
         memory = np.frombuffer(mm, dtype=np.uint8)
         group = RankGroup(plan.device_ids, objects, 0.0, owner=plan.program, inherited={ONE_SHOT_TOKEN: memory})
-        kept = cls(group, mm, memory, _call_context())
+        kept = cls(group, mm, memory, _call_context(), stamp)
         if not kept.accepts(plan):  # a plan that cannot travel by value: the caller uses a group once
             group.close()  # nothing was forked; ``mm`` stays the caller's
             return None
@@ -438,10 +442,10 @@ class _KeptGroup:
         self.plans[id(plan)] = (plan, plan_id)
         return number, plan_id, blob, forget
 
-    def usable(self, device_ids: list, total: int, context: tuple) -> bool:
+    def usable(self, device_ids: list, total: int, context: tuple, stamp) -> bool:
         g = self.group
         return (not g.dead and g.device_ids == list(device_ids) and total <= self.size and context == self.context
-                and not g.reap())
+                and stamp == self.stamp and not g.reap())
 
     def close(self) -> None:
         if self.finalizer is not None:
@@ -475,13 +479,14 @@ class _Kept:
                 kept.finalizer.detach()
         self._reset()
 
-    def take(self, owner, device_ids: list, total: int) -> _KeptGroup | None:
-        """``owner``'s idle group when it can run a call needing ``total`` bytes of mapping, else None."""
+    def take(self, owner, device_ids: list, total: int, stamp) -> _KeptGroup | None:
+        """``owner``'s idle group when it can run a call needing ``total`` bytes of mapping with the program
+        state ``stamp`` its ranks were forked with, else None."""
         with self.lock:
             kept = self.groups.pop(id(owner), None)
         if kept is None:
             return None
-        if kept.usable(device_ids, total, _call_context()):
+        if kept.usable(device_ids, total, _call_context(), stamp):
             return kept
         kept.close()
         return None

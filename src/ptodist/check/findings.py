@@ -19,8 +19,8 @@ from ..source import is_internal
 
 KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
          "shape_mismatch", "type_mismatch", "task_args_order", "dispatch_coverage", "window_too_small", "not_shared",
-         "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "rank_error", "rank_died",
-         "internal_error")
+         "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "state_changed", "rank_error",
+         "rank_died", "internal_error")
 
 PITFALLS_PAGE = "docs/pitfalls.md"
 
@@ -98,6 +98,9 @@ FIXES = {
                      "[2*(NR-1), NR] ring).",
     "aliasing": "Use separate windows for the collective's source, result and signal.",
     "invalid_argument": "Correct the argument named in the message.",
+    "state_changed": "Pass values a kernel needs as arguments (scalars, tensors) instead of changing module state "
+                     "between dispatches; keep what must outlive a dispatch in a tensor or window, and draw random "
+                     "numbers in the driver (or with pl.random).",
     "rank_error": "Fix the error raised in the rank (see its traceback).",
     "internal_error": "Nothing to fix in your program: this is a bug in ptodist. Please report it, with the "
                       "traceback and, if you can, the program.",

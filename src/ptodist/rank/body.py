@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..compiler.state import changed_message, rank_state
 from ..dfx import write_rank_outputs
 from ..dfx.flush import write_stopped
-from ..errors import RankFailure
+from ..errors import KernelStateError, RankFailure
 from .failures import rank_failure
 
 
@@ -42,6 +43,8 @@ def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None) -> Rank
     outcome's ``failure``.
     """
     failure = None
+    state = rank_state(ctx.plan, ctx.rank)
+    before = state.stamp() if state is not None else None
     try:
         try:
             ctx.run_all()
@@ -54,6 +57,11 @@ def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None) -> Rank
         return RankOutcome(stopped=True)
     except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
         failure = rank_failure(ctx.plan, ctx.rank, ctx.failed_task or ctx.task, e)
+    if before is not None and failure is None:
+        changed = before.changed(state.stamp())
+        if changed:  # the next dispatch would see it on some backends only: refused on every one
+            error = KernelStateError(changed_message(state, changed, f"rank {ctx.rank}'s code"))
+            failure = rank_failure(ctx.plan, ctx.rank, ctx.task, error)
     if log is not None and dfx is not None and (last or failure is not None):
         try:
             write_rank_outputs(log, dfx)

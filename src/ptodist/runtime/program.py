@@ -22,6 +22,7 @@ import numpy as np
 from .. import backends, dfx
 from ..compiler import checks, planner
 from ..compiler.plan import DispatchPlan, HostTensorSpec
+from ..compiler.state import ProgramState, state_of
 from ..config import RunConfig, keep_outputs_setting
 from ..errors import ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
 from ..language import dtypes as dt
@@ -128,6 +129,8 @@ class CompiledProgram:
         self.world = len(self.device_ids)
         self.extra_functions = list(extra_functions)
         self._plans: dict = {}
+        self._state = None  # what the program's code reads from this process (compiler.state), made when needed
+        self.stamp = None   # that state when the cached plans were made (a change empties the cache)
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
         self._sub_workers: bool | None = None  # whether the host reaches a sub-worker function (then calls go
         #                                         through a DistributedWorker used once)
@@ -353,7 +356,18 @@ class CompiledProgram:
         return shape
 
     # -- planning -----------------------------------------------------------------
+    @property
+    def state(self) -> ProgramState:
+        """The Python state this program's code reads (module globals, closure cells, ...): ``state.stamp()``."""
+        if self._state is None:
+            self._state = state_of([self.host, *self.extra_functions])
+        return self._state
+
     def _plan_for(self, args: tuple) -> tuple[DispatchPlan, list, list, bool]:
+        stamp = self.state.stamp()
+        if stamp != self.stamp:  # the host orchestrator may read what changed: plan again
+            self._plans.clear()
+            self.stamp = stamp
         values, hosts, created = self.bind(args)
         key = self.plan_key(values, hosts)
         plan = self._plans.get(key)
@@ -424,7 +438,7 @@ class CompiledProgram:
                 arrays[spec.index] = np.zeros(spec.shape, dtype=spec.dtype.np_dtype)
         dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number())
         if backend.name == "shm":  # its rank group is kept for this program's next call (forking costs ms)
-            backend.run(plan, arrays, cfg, dfx_request, owner=self)
+            backend.run(plan, arrays, cfg, dfx_request, owner=self, stamp=self.stamp)
         else:
             backend.run(plan, arrays, cfg, dfx_request)
         outs = []
