@@ -26,6 +26,9 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 
 REPO = Path(__file__).resolve().parent.parent
+# ptodist's own files: where the package is, never a guess from a path's name (a checkout is usually
+# cloned into a folder named ptodist, which holds the tests and the user's programs too).
+PACKAGE_DIR = str(Path(pl.__file__).resolve().parent.parent) + os.sep
 EXAMPLES = REPO / "examples"
 LOCAL_BACKENDS = ["shm", "sim"]
 NR = pl.dynamic("NR")

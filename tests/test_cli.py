@@ -16,7 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import PACKAGE_DIR, child_env
 
 import ptodist
 import ptodist.language as pl
@@ -227,7 +227,7 @@ def text_lines(text: str) -> list[str]:
 
 def assert_no_internal_frames(text: str) -> None:
     frames = re.findall(r'File "([^"]+)"', text)
-    internal = [f for f in frames if "/ptodist/" in f or "runpy" in f]
+    internal = [f for f in frames if f.startswith(PACKAGE_DIR) or "runpy" in f]
     assert not internal, f"ptodist-internal frames in the output: {internal}\n{text}"
 
 
