@@ -10,6 +10,7 @@ the consumer's rank first wherever it may, so a missing edge fails deterministic
 from __future__ import annotations
 
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -229,6 +230,19 @@ def test_a_task_overwrites_host_bytes_only_after_another_rank_read_them(backend)
     np.testing.assert_array_equal(x, np.full_like(x, 7.0))
 
 
+@pl.jit.host
+def overwrite_later(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.InOut[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    fill(y[0], device=1)
+    chip_b(x[0], y[0], device=0)  # submitted later: its bytes are the result, whatever the ranks' order
+
+
+@pytest.mark.parametrize("x", [data(2), np.zeros((2, 1, SIZE), np.float32)], ids=["values", "zeros"])
+def test_the_later_submitted_of_two_writes_on_different_ranks_wins(backend, x):
+    y = np.zeros((2, 1, SIZE), np.float32)
+    overwrite_later(x, y, config=cfg(2, backend))
+    np.testing.assert_array_equal(y, np.concatenate([2 * x[:1], np.zeros((1, 1, SIZE), np.float32)]))
+
+
 # ---------------------------------------------------------------------------
 # The DistributedWorker: dispatches, persistent windows, segments
 # ---------------------------------------------------------------------------
@@ -363,3 +377,102 @@ def test_a_hang_in_the_hosts_order_names_the_tasks_not_a_program_line():
         "notifying chip task first, or give the two tasks no host tensor in common.")
     assert info.value.diagnosis["fix"].startswith("Submit the chip task that notifies before the chip task")
 
+
+
+# ---------------------------------------------------------------------------
+# mpi: each process holds its own copy of the host tensors, so an edge carries the bytes too
+# ---------------------------------------------------------------------------
+
+
+def mpi_cases(p: int) -> dict:
+    """The programs above as cases for an MPI job of ``p`` processes: {name: run it, check every result}."""
+
+    def one_shot(prog, *args):
+        return lambda: prog(*args, config=cfg(p, None))
+
+    def check(run, got, want):
+        def case():
+            run()
+            np.testing.assert_array_equal(got, want)
+        return case
+
+    a, zeros = data(p), np.zeros((p, 1, SIZE), np.float32)
+    cases = {}
+    for name, prog, want in [("chained", chained, 4 * a), ("chained_regions", chained_regions, 4 * a),
+                             ("relay", relay, 4 * np.roll(a, -1, axis=0))]:
+        out = zeros.copy()
+        cases[name] = check(one_shot(prog, a, out), out, want)
+    x, y = a.copy(), zeros.copy()
+    cases["read_then_overwrite"] = check(one_shot(read_then_overwrite, x, y), (x, y), (np.full_like(a, 7.0), 2 * a))
+    if p == 2:  # programs written for two chips
+        y, z = zeros.copy(), zeros.copy()
+        cases["reads_twice"] = check(one_shot(reads_twice, a, y, z), (y[1], z[1]), (4 * a[0], 4 * a[0]))
+        for k, x in enumerate((a, zeros)):  # the later write wins, also where it writes back the original bytes
+            y = zeros.copy()
+            want = zeros.copy()
+            want[0] = 2 * x[0]
+            cases[f"overwrite_later {k}"] = check(one_shot(overwrite_later, x, y), y, want)
+
+    def worker(persistent):
+        with chained.compile(a, zeros.copy(), config=cfg(p, None)).prepare(persistent=persistent) as rt:
+            for k in range(3):
+                f = zeros.copy()
+                rt(a * (k + 1), f)
+                np.testing.assert_array_equal(f, 4 * (k + 1) * a)
+
+    cases["worker"] = lambda: worker(False)
+    cases["persistent worker"] = lambda: worker(True)
+
+    def segments():
+        seen = []
+        with ir.compile(make_staged(), config=cfg(p, None)).prepare(
+                callbacks={"inspect": lambda args: seen.append(np.array(args.tensor(0)))}) as rt:
+            y, z = zeros.copy(), zeros.copy()
+            rt(a, y, z)
+        np.testing.assert_array_equal(seen[0], 2 * a)
+        np.testing.assert_array_equal(z, 4 * a)
+        np.testing.assert_array_equal(y, 8 * np.roll(a, -1, axis=0))
+
+    cases["segments"] = segments
+    return cases
+
+
+def mpi_main(out_dir: str) -> int:
+    """Run every case in this MPI process; write ``OUT_DIR/rank<r>.json`` ({"backend": ..., "cases": {...}})."""
+    import traceback
+    from pathlib import Path
+
+    from ptodist.backends.mpi import load_mpi
+
+    comm = load_mpi().COMM_WORLD
+    results = {"backend": RunConfig().resolved_backend(), "cases": {}}
+    for name, case in mpi_cases(comm.Get_size()).items():
+        try:
+            case()
+            results["cases"][name] = "ok"
+        except BaseException as e:  # noqa: BLE001 - recorded for the test; the other cases still run
+            results["cases"][name] = "".join(traceback.format_exception(type(e), e, e.__traceback__))[-4000:]
+    (Path(out_dir) / f"rank{comm.Get_rank()}.json").write_text(json.dumps(results, indent=1))
+    return 0
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_chip_tasks_are_ordered_and_pass_their_bytes_under_mpirun(n, tmp_path):
+    from test_mpi import HAVE_MPI4PY, MPIRUN, _leftovers, _mpirun
+
+    if MPIRUN is None or not HAVE_MPI4PY:
+        pytest.skip("needs an MPI launcher and mpi4py (pip install -e '.[mpi]')")
+    proc = _mpirun(n, [sys.executable, FILE, str(tmp_path)])
+    assert proc.returncode == 0, f"mpirun exited with {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    failed = []
+    for r in range(n):
+        results = json.loads((tmp_path / f"rank{r}.json").read_text())
+        assert results["backend"] == "mpi"
+        assert list(results["cases"]) == list(mpi_cases(n))
+        failed += [f"--- process {r}: {name}\n{text}" for name, text in results["cases"].items() if text != "ok"]
+    assert not failed, "\n".join(failed)
+    assert not _leftovers(str(tmp_path)), _leftovers(str(tmp_path))
+
+
+if __name__ == "__main__":
+    raise SystemExit(mpi_main(sys.argv[1]))

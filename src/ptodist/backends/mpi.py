@@ -642,6 +642,7 @@ class MpiMemory:
         self.sizes = [w.nbytes for w in run.plan.windows]
         self.status = _OwnBoard(self.ctl_mem[CTL_BOARD:CTL_BOARD + StatusBoard.nbytes(1)])
         self._peers: dict = {}
+        self._sends: list = []  # (request, buffer) of the host-tensor bytes sent to other ranks
         self._dirty: set[int] = set()  # ranks with puts not yet completed at the target
         self._types: OrderedDict = OrderedDict()
         self._acc_types = {dt: getattr(MPI, name) for dt, name in _ACCUMULATE_TYPES.items()}
@@ -788,6 +789,38 @@ class MpiMemory:
         for t in self._types.values():
             t.Free()
         self._types.clear()
+
+    # -- host-tensor bytes between ranks (the host's order of chip tasks) -------------------------
+    # Each process holds its own copy of the host tensors: a chip task that reads what a task of another rank
+    # wrote receives those bytes, sent once the writer is complete (before the notify its edge waits for).
+    def send_host(self, rank: int, tag: int, data: np.ndarray) -> None:
+        """Send ``data`` (bytes of this rank's host tensors) to ``rank``'s task ``tag``; completes later."""
+        comm = self.run.host_comm
+        self._sends.append((comm.Isend([data, self.MPI.BYTE], rank, tag % self.run.tag_end), data))
+
+    def recv_host(self, rank: int, tag: int, nbytes: int) -> np.ndarray:
+        """The bytes ``rank`` sends this rank's task ``tag``; its edge's wait came first, so they are on their way."""
+        out = np.empty(nbytes, np.uint8)
+        req = self.run.host_comm.Irecv([out, self.MPI.BYTE], rank, tag % self.run.tag_end)
+        delay, most = self.sleep_s
+        control = self.run.control
+        while True:
+            with self.run.lock:
+                if req.Test():
+                    return out
+            control.check_abort()
+            time.sleep(delay)
+            delay = min(delay * 2, most)
+
+    def settle_sends(self, ok: bool) -> None:
+        """After every rank ended: complete the sends (all were received when the run succeeded), or let them go."""
+        if ok:
+            self.MPI.Request.Waitall([req for req, _ in self._sends])
+        else:
+            for req, data in self._sends:
+                req.Free()
+                self.run._abandoned.append(data)  # MPI may still read it
+        self._sends.clear()
 
     # -- signal cells -----------------------------------------------------------------------------
     def _atomic(self, win, rank: int, disp: int, value: int, op) -> int:
@@ -1219,6 +1252,9 @@ class _MpiRun:
             ctl.Lock_all(MPI.MODE_NOCHECK)
             self.control = _Control(self)
             self._catch_termination()
+            # The host's order of chip tasks passes host-tensor bytes on a communicator of this run's own.
+            self.host_comm = _Serialized(comm.Dup(), lock) if self.plan.edges else None
+            self.tag_end = int(comm.Get_attr(MPI.TAG_UB)) + 1
             self.memory = MpiMemory(self)
             views = self._host_views()
             pulse = _Pulse(self.memory.status.board, comm if self.session.threaded_progress else None, lock, MPI,
@@ -1233,6 +1269,9 @@ class _MpiRun:
             ctl.Unlock_all()
             self.memory.free_types()
             results = comm.allgather(self.result)
+            if self.host_comm is not None:
+                self.memory.settle_sends(outcome(results) is None)
+                self.host_comm.Free()
         finally:
             self._release_termination()
             self.heap_mem = self.ctl_mem = None
@@ -1541,6 +1580,8 @@ class _MpiRun:
         meta: dict[int, np.ndarray] = {}
         payload = []
         padded = {}
+        if self.plan.edges:
+            _reset_stale(self.plan.transfers.stale[self.rank], views, self.host_arrays)
         for spec in specs:
             orig = _byte_view(self.host_arrays[spec.index])
             new = _byte_view(views[spec.index])
@@ -1611,6 +1652,23 @@ def _say(lines: list[str]) -> None:
             os.write(2, ("\n".join(lines) + "\n").encode(errors="replace"))
         except OSError:
             pass
+
+
+def _reset_stale(ops: list, views: list, originals: list) -> None:
+    """Give back the original bytes of the regions another rank wrote after this rank's copy of them was current
+    (``ops``: ``HostTransfers.stale`` of this rank), so that only copies holding a byte's latest write count as
+    changing it in the merge."""
+    depth: dict = {}
+    for tensor, index, _ in ops:
+        depth[tensor] = max(depth.get(tensor, 0), len(index))
+    masks = {t: np.zeros(views[t].shape[:d], bool) for t, d in depth.items()
+             if views[t] is not None and views[t].flags.writeable}
+    for tensor, index, fresh in ops:
+        if tensor in masks:
+            masks[tensor][index] = not fresh
+    for tensor, mask in masks.items():
+        if mask.any():
+            views[tensor][mask] = originals[tensor][mask]
 
 
 def outcome(results: list) -> BaseException | None:

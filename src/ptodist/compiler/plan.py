@@ -137,6 +137,15 @@ class HostTensorRef:
         """Accepted for compatibility: dims bind from the actual shapes anyway."""
 
 
+@dataclass(frozen=True)
+class ScalarArg:
+    """A task's argument that is the host orchestrator's scalar parameter ``index`` as it is: the rank takes the
+    dispatch's value (``Command.scalars``), so the plan serves every value (``compiler/scalars.py``)."""
+
+    index: int
+    name: str
+
+
 @dataclass(eq=False)
 class BuiltinCall:
     """A collective the host orchestrator called: it runs as a builtin task on every rank."""
@@ -212,6 +221,11 @@ class DispatchPlan:
     edges: list[OrderEdge] = field(default_factory=list)
     order_signal: WindowBuffer | None = None
 
+    @functools.cached_property
+    def transfers(self) -> HostTransfers:
+        """What the edges carry where each rank holds its own copy of the host tensors (mpi)."""
+        return host_transfers(self.tasks)
+
     def to_json(self) -> dict:
         """Return a JSON-serialisable description (the plan as a reader wants it)."""
         after: dict = {}
@@ -266,6 +280,8 @@ def _arg_json(a) -> dict:
         return {"kind": "window", "buffer": a.buffer.name, "shape": list(a.shape), "dtype": a.dtype.name}
     if isinstance(a, Scalar):
         return {"kind": "scalar", "value": a.value, "dtype": a.dtype.name}
+    if isinstance(a, ScalarArg):
+        return {"kind": "argument", "parameter": a.name}
     if isinstance(a, (int, float, bool, str)) or a is None:
         return {"kind": "constant", "value": a}
     return {"kind": "object", "repr": repr(a)}
@@ -483,3 +499,88 @@ class _Accesses:
         self._at.setdefault((tensor, index), ({}, {}))[kind][task.rank] = (task, name)
         for k in range(len(index) + 1):
             self._under.setdefault((tensor, index[:k]), ({}, {}))[kind][task.rank] = (task, name)
+
+
+@dataclass(frozen=True)
+class HostPiece:
+    """Bytes of a host tensor as the write of task ``seq`` left them, found in rank ``rank``'s copy."""
+
+    seq: int
+    rank: int
+    tensor: int   # the host tensor's index
+    index: tuple  # the region: an index prefix of the tensor
+
+
+@dataclass
+class HostTransfers:
+    """Host-tensor bytes the ranks must pass each other when each holds its own copy of the host tensors.
+
+    ``receives[(rank, seq)]``: the pieces task ``seq`` of ``rank`` needs before it starts, oldest write first (its
+    own rank's pieces among them, so that applying them in order leaves every byte as its latest write left it);
+    ``sends[(rank, seq)]``: once task ``seq`` of ``rank`` is complete, the consumers to send their pieces of this
+    rank's copy to, as ``(consumer task, pieces)``; ``stale[rank]``: ``(tensor, index, fresh)`` in submission
+    order, where ``fresh`` False marks a region another rank wrote after this rank's copy of it was current.
+    """
+
+    receives: dict = field(default_factory=dict)
+    sends: dict = field(default_factory=dict)
+    stale: list = field(default_factory=list)
+
+
+def host_transfers(tasks: list[list[TaskSpec]]) -> HostTransfers:
+    """What the ranks pass each other, for each rank's private copy of the host tensors to read as one shared copy.
+
+    A task needs, for every byte of its host regions, the bytes as the latest earlier-submitted write left them.
+    Where that write ran on another rank, the task receives the piece from that rank's copy, sent once the piece's
+    last write on that rank is complete (the order's edges make the task wait for it).  A write is passed over
+    when a later one covers its whole piece.
+    """
+    out = HostTransfers(stale=[[] for _ in tasks])
+    latest: dict = {}  # (tensor, index) -> (seq, rank) of the latest write of exactly that region
+    below: dict = {}   # (tensor, prefix) -> the written indexes that start with the prefix
+    touched: list[set] = [set() for _ in tasks]  # per rank: the tensors its tasks were given
+    by_seq: dict = {}
+    for t in sorted((t for ts in tasks for t in ts), key=lambda t: (t.seq, t.rank)):
+        by_seq.setdefault(t.seq, []).append(t)
+    for group in by_seq.values():
+        for t in group:
+            pieces = [p for tensor, region in _outer_regions(_accesses(t))
+                      for p in _latest_pieces(tensor, region, latest, below)]
+            if any(p.rank != t.rank for p in pieces):
+                pieces.sort(key=lambda p: p.seq)
+                out.receives[(t.rank, t.seq)] = tuple(pieces)
+                for q in sorted({p.rank for p in pieces} - {t.rank}):
+                    theirs = tuple(p for p in pieces if p.rank == q)
+                    out.sends.setdefault((q, max(p.seq for p in theirs)), []).append((t, theirs))
+        for t in group:
+            for tensor, index, write, _ in _accesses(t):
+                touched[t.rank].add(tensor)
+                out.stale[t.rank].append((tensor, index, True))  # received, then written: current
+                if write:
+                    latest[(tensor, index)] = (t.seq, t.rank)
+                    for k in range(len(index) + 1):
+                        below.setdefault((tensor, index[:k]), set()).add(index)
+                    for r, seen in enumerate(touched):
+                        if r != t.rank and tensor in seen:
+                            out.stale[r].append((tensor, index, False))
+    return out
+
+
+def _outer_regions(accesses: list) -> list[tuple]:
+    """The distinct ``(tensor, index)`` regions of a task's accesses that no other of them contains."""
+    regions = {(tensor, index) for tensor, index, _, _ in accesses}
+    return sorted(r for r in regions
+                  if not any(o != r and o[0] == r[0] and r[1][:len(o[1])] == o[1] for o in regions))
+
+
+def _latest_pieces(tensor: int, region: tuple, latest: dict, below: dict) -> list[HostPiece]:
+    """The writes so far that are the latest for some byte of ``region``, each as its piece of the region."""
+    found = [(*latest[(tensor, region[:k])], region[:k]) for k in range(len(region)) if (tensor, region[:k]) in latest]
+    found += [(*latest[(tensor, index)], index) for index in below.get((tensor, region), ())]
+    found.sort()
+    pieces = []
+    for k, (seq, rank, index) in enumerate(found):
+        piece = index if len(index) >= len(region) else region
+        if not any(piece[:len(later)] == later for _, _, later in found[k + 1:]):  # not covered by a later write
+            pieces.append(HostPiece(seq, rank, tensor, piece))
+    return pieces

@@ -19,7 +19,15 @@ import numpy as np
 from .. import _atomics, collectives, context
 from ..collectives import spec as coll_spec
 from ..compiler import checks
-from ..compiler.plan import BuiltinCall, DispatchPlan, HostTensorRef, WindowView, domain_args
+from ..compiler.plan import (
+    BuiltinCall,
+    DispatchPlan,
+    HostPiece,
+    HostTensorRef,
+    ScalarArg,
+    WindowView,
+    domain_args,
+)
 from ..errors import (
     KernelIndexError,
     KernelValueError,
@@ -91,6 +99,7 @@ class RankContext(context.Context):
         self._site_slot = memory.status.site_slot
         self._coll_site: tuple = (None, 0, None)  # while a collective runs: its call site, as _here gives it
         self.host_arrays = host_arrays
+        self.scalars: tuple = ()  # the dispatch's scalar arguments, by host parameter (its backend sets them)
         self.wait_slice_s = wait_slice_s
         self.task: str | None = None
         self.failed_task: str | None = None  # the innermost task an exception escaped from
@@ -160,10 +169,14 @@ class RankContext(context.Context):
                 after.setdefault(e.consumer.seq, []).append(e)
             if e.producer.rank == self.rank:
                 then.setdefault(e.producer.seq, []).append(e)
+        # Where each rank holds its own copy of the host tensors (mpi), the edges carry the bytes too.
+        moves = self.plan.transfers if self.plan.edges and hasattr(self.memory, "send_host") else None
         with context.using(self):
             for task in self.plan.tasks[self.rank]:
                 if task.seq in after:
                     self._await_order(task, after[task.seq])
+                if moves is not None and (self.rank, task.seq) in moves.receives:
+                    self._receive_host(task, moves.receives[(self.rank, task.seq)])
                 if isinstance(task.function, BuiltinCall):
                     self._run_builtin(task.function)
                 else:
@@ -178,6 +191,8 @@ class RankContext(context.Context):
                     if not self.graph.idle:
                         self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
                     self.task = None
+                if moves is not None and (self.rank, task.seq) in moves.sends:
+                    self._send_host(moves.sends[(self.rank, task.seq)])
                 if task.seq in then:
                     for e in then[task.seq]:  # complete, deferred waits included: release the tasks waiting for it
                         self._order_notify(e.consumer.rank, self.rank, 1, task.location)
@@ -209,6 +224,33 @@ class RankContext(context.Context):
         finally:
             self._in_collective -= 1
             self._coll_site = outer
+
+    def _host_piece(self, p: HostPiece) -> np.ndarray:
+        a = self.host_arrays[p.tensor]
+        return a[p.index] if p.index else a
+
+    def _send_host(self, sends) -> None:
+        """Send each consumer the pieces of this rank's host tensors it needs (written here, complete now)."""
+        for consumer, pieces in sends:
+            data = np.concatenate([np.ascontiguousarray(self._host_piece(p)).reshape(-1).view(np.uint8)
+                                   for p in pieces])
+            self.memory.send_host(consumer.rank, consumer.seq, data)
+
+    def _receive_host(self, task, pieces) -> None:
+        """Bring this rank's copy of ``task``'s host regions up to date: every piece as its latest write left it,
+        applied oldest first (this rank's own pieces from a snapshot, the others' as received)."""
+        own = {p: self._host_piece(p).copy() for p in pieces if p.rank == self.rank}
+        got: dict = {}
+        for q in sorted({p.rank for p in pieces} - {self.rank}):
+            theirs = [p for p in pieces if p.rank == q]
+            data = self.memory.recv_host(q, task.seq, sum(self._host_piece(p).nbytes for p in theirs))
+            at = 0
+            for p in theirs:
+                view = self._host_piece(p)
+                got[p] = data[at:at + view.nbytes].view(view.dtype).reshape(view.shape)
+                at += view.nbytes
+        for p in pieces:
+            self._host_piece(p)[...] = own[p] if p.rank == self.rank else got[p]
 
     def _order_window(self) -> WindowTensor:
         buf = self.plan.order_signal
@@ -260,6 +302,8 @@ class RankContext(context.Context):
                 w = self._windows[key] = WindowTensor(name, buf, arg.shape, arg.dtype, self.rank, self.world,
                                                       functools.partial(_window_bytes, self.memory, buf.id))
             return _conform_rank(spec, w)
+        if type(arg) is ScalarArg:  # a host scalar the plan left open: this dispatch's value
+            arg = self.scalars[arg.index]
         return self._scalar_for(spec, arg)
 
     def _scalar_for(self, spec, value, fn: Function | None = None):
