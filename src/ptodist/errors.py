@@ -218,6 +218,9 @@ class RankFailure:
     # True when the exception is a bug in ptodist (raised in ptodist's own code, not on purpose; see
     # ``ptodist.rank.failures.ptodist_bug``); ``traceback`` then keeps ptodist's frames.
     internal: bool = False
+    # True when the rank's code also changed Python state the program reads (``compiler.state``): the rank's
+    # state is no longer the driver's, so ranks that live on (a worker's) must run nothing more.
+    state_changed: bool = False
 
 
 # Said under every failure that is a bug in ptodist rather than in the program.

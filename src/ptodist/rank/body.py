@@ -32,7 +32,12 @@ class RankOutcome:
         return self.failure is None and not self.stopped
 
 
-def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None) -> RankOutcome:
+# In a process that runs nothing but rank bodies (an shm rank): the program state each ProgramState read when it
+# first ran, the driver's as the process was forked (id(state) -> (state, stamp)). Later runs must end with it.
+_started: dict = {}
+
+
+def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None, dedicated: bool = False) -> RankOutcome:
     """Run ``ctx``'s tasks (a ``RankContext``) and say how they ended.
 
     ``log``/``dfx``: the rank's EventLog and the DfxRequest when diagnostic outputs are on.  The
@@ -40,11 +45,21 @@ def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None) -> Rank
     a failure (before the rank reports it, so the driver finds every rank's files when it merges),
     and, marked stopped, when the rank is stopped.  ``settle()``, when given, runs when the tasks
     end however they end (mpi: complete this rank's puts at their targets).  Never raises: whatever escaped the tasks is the
-    outcome's ``failure``.
+    outcome's ``failure``.  A run that ends with Python state the program reads changed fails with
+    ``KernelStateError`` (a failed run's failure is marked ``state_changed``).  ``dedicated``: this
+    process runs nothing but rank bodies (no driver code), so every run must end with the state the
+    process had when it first ran one.
     """
     failure = None
     state = rank_state(ctx.plan, ctx.rank)
-    before = state.stamp() if state is not None else None
+    before = None
+    if state is not None:
+        first = _started.get(id(state)) if dedicated else None
+        before = first[1] if first is not None and first[0] is state else state.stamp()
+        if dedicated and first is None:
+            _started[id(state)] = (state, before)
+            if len(_started) > 64:  # the oldest programs' (dicts keep insertion order)
+                del _started[next(iter(_started))]
     try:
         try:
             ctx.run_all()
@@ -57,11 +72,15 @@ def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None) -> Rank
         return RankOutcome(stopped=True)
     except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
         failure = rank_failure(ctx.plan, ctx.rank, ctx.failed_task or ctx.task, e)
-    if before is not None and failure is None:
-        changed = before.changed(state.stamp())
-        if changed:  # the next dispatch would see it on some backends only: refused on every one
+    changed = before.changed(state.stamp()) if before is not None else []
+    if changed:  # the next dispatch would see it on some backends only: refused on every one
+        if failure is None:
             error = KernelStateError(changed_message(state, changed, f"rank {ctx.rank}'s code"))
             failure = rank_failure(ctx.plan, ctx.rank, ctx.task, error)
+        elif not failure.state_changed:
+            failure.message += (" (before it failed, the rank's code also changed Python state the program "
+                                f"reads: {', '.join(repr(label) for label in changed[:4])})")
+        failure.state_changed = True
     if log is not None and dfx is not None and (last or failure is not None):
         try:
             write_rank_outputs(log, dfx)
