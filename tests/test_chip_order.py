@@ -257,10 +257,11 @@ def host_array(a: np.ndarray, backend: str) -> np.ndarray:
     return out
 
 
-@pytest.mark.parametrize("persistent", [False, True])
-def test_a_worker_orders_chip_calls_in_every_dispatch(backend, persistent):
+@pytest.mark.parametrize("windows", [{}, {"persistent": True}, {"persistent": True, "reset_persistent_windows": False}],
+                         ids=["fresh", "persistent", "kept"])
+def test_a_worker_orders_chip_calls_in_every_dispatch(backend, windows):
     a = data(2)
-    with chained.compile(a, np.zeros_like(a), config=cfg(2, backend)).prepare(persistent=persistent) as rt:
+    with chained.compile(a, np.zeros_like(a), config=cfg(2, backend)).prepare(**windows) as rt:
         for k in range(3):  # the signal's tokens are taken back: a kept window starts every dispatch at zero
             x, f = host_array(a * (k + 1), backend), host_array(np.zeros_like(a), backend)
             rt(x, f)
@@ -413,15 +414,16 @@ def mpi_cases(p: int) -> dict:
             want[0] = 2 * x[0]
             cases[f"overwrite_later {k}"] = check(one_shot(overwrite_later, x, y), y, want)
 
-    def worker(persistent):
-        with chained.compile(a, zeros.copy(), config=cfg(p, None)).prepare(persistent=persistent) as rt:
+    def worker(**windows):
+        with chained.compile(a, zeros.copy(), config=cfg(p, None)).prepare(**windows) as rt:
             for k in range(3):
                 f = zeros.copy()
                 rt(a * (k + 1), f)
                 np.testing.assert_array_equal(f, 4 * (k + 1) * a)
 
-    cases["worker"] = lambda: worker(False)
-    cases["persistent worker"] = lambda: worker(True)
+    cases["worker"] = worker
+    cases["persistent worker"] = lambda: worker(persistent=True)
+    cases["kept windows"] = lambda: worker(persistent=True, reset_persistent_windows=False)
 
     def segments():
         seen = []
