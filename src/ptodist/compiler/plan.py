@@ -379,7 +379,8 @@ def split_segments(plan: DispatchPlan, boundaries: list[int]) -> list[DispatchPl
         lo = boundaries[j - 1] if j else -1
         hi = boundaries[j] if j < len(boundaries) else float("inf")
         tasks = [[t for t in ts if lo < t.seq < hi] for ts in plan.tasks]
-        out.append(replace(plan, tasks=tasks, edges=order_edges(tasks) if plan.edges else []))
+        edges = order_edges(tasks) if boundaries and plan.edges else plan.edges  # one segment: the plan's own
+        out.append(replace(plan, tasks=tasks, edges=edges))
     return out
 
 
