@@ -55,6 +55,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 from collections import OrderedDict
 from contextlib import contextmanager
 from pathlib import Path
@@ -262,13 +263,13 @@ class MpiBackend:
     def __init__(self):
         _mpi4py()
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, scalars: tuple = ()) -> None:
         if _session is None and plan.world != 1 and not started_by_mpi_launcher():
             # Refused before MPI starts: a process that starts MPI without a launcher gets a helper daemon.
             raise _no_launcher(plan.program, plan.device_ids)
         # A group used once: its window heap is allocated for this call (no arena).
         hosts = [HostView(a.shape, "", True, array=a) if a is not None else None for a in host_arrays]
-        command = Command(0, 0, plan, [], 0, hosts, None, dfx, config.resolved_hang_timeout())
+        command = Command(0, 0, plan, [], 0, hosts, None, dfx, config.resolved_hang_timeout(), scalars=scalars)
         MpiGroup(_get_session(load_mpi()), list(plan.device_ids)).execute(command, host_arrays)
 
     def start(self, device_ids: list, objects: dict | None = None, startup_timeout_s: float = 0.0) -> MpiGroup:
@@ -303,7 +304,12 @@ class _Arena:
 
 
 class MpiGroup:
-    """A DistributedWorker's ranks on mpi: process r runs rank r's part of every command, in its own thread."""
+    """A DistributedWorker's ranks on mpi: process r runs rank r's part of every command, in its own thread.
+
+    Every process of the job drives its own copy of the worker, so the processes must take every step
+    together: ``agree`` exchanges whether a step that runs in each process alone (binding, planning, a
+    sub-worker callback) failed, and a process that cannot keep step ends the job (``kill``).
+    """
 
     in_process = True      # the rank sees this process's memory: host tensors are used in place
     finishes_dfx = True    # the run merges the ranks' DFX files itself (one process per output directory)
@@ -321,34 +327,53 @@ class MpiGroup:
     def submit(self, command) -> RunsNow:
         return RunsNow(lambda: self.execute(command))
 
+    def agree(self, error: BaseException | None, step: str, what: str) -> BaseException | None:
+        """Every process at ``step``: exchange whether it failed here; return the error this process fails
+        ``what`` with (None: it succeeded in every process).  See ``_exchange``."""
+        return _exchange(self.session, self.device_ids, step, what, error)[0]
+
     def execute(self, command: Command, arrays: list | None = None) -> None:
         """Run one command in this process's rank (every process of the job runs it alike).
 
         ``arrays``: the host arrays, when the caller keeps the list (a one-shot call: a read-only input
-        the job replaced by process 0's values must reach the ranks through it).
+        the job replaced by process 0's values must reach the ranks through it).  Every error it raises,
+        every process raises; a process that cannot finish the command's steps with the others (an
+        exception none of them agreed on) ends the job, since they would wait for it for ever.
         """
         plan = split_segments(command.plan, command.boundaries)[command.segment] if command.boundaries \
             else command.plan
         if command.segment == 0 or self.kept.get("number") != command.number:
             self.kept = {"number": command.number}
+        what = f"this call of '{plan.program}'" if arrays is not None else \
+            f"dispatch {command.number} of '{plan.program}'"
         if arrays is None:
             arrays = [h.array if h is not None else None for h in command.hosts]
         try:
-            _agree_on_plan(self.session, plan)
-            _sync_host_tensors(self.session, arrays)
-            _MpiRun(self.session, plan, arrays, command.hang_timeout, command.dfx, arena=command.heap,
-                    kept=self.kept, last=command.last).run()
-        except BaseException:
+            error = _agree_on_plan(self.session, plan, what)
+            if error is None:
+                _sync_host_tensors(self.session, arrays)
+                error = _MpiRun(self.session, plan, arrays, command.hang_timeout, command.dfx, arena=command.heap,
+                                kept=self.kept, last=command.last, what=what, scalars=command.scalars).run()
+        except BaseException as e:  # noqa: BLE001 - this process alone: the others wait in the next step
             self.kept = {}
+            _leave_job(self.session, plan.device_ids, e, f"running {what}")
             raise
-        if command.last:
+        if error is not None or command.last:
             self.kept = {}
+        if error is not None:
+            raise error
 
     def reap(self) -> list:
         return []  # a process that dies ends the MPI job
 
     def kill(self) -> None:
+        """The worker's driver stopped in this process alone, in the middle of a dispatch (an exception
+        escaped it, e.g. Ctrl-C): the other processes would wait for this one in the dispatch's next step
+        for ever, so the job ends."""
         self.kept = {}
+        if self.session.size > 1:
+            # Called while the worker handles the exception that stopped it: name it in the report.
+            _leave_job(self.session, self.device_ids, sys.exc_info()[1], "driving its DistributedWorker")
 
     def close(self) -> None:
         self.kept = {}
@@ -392,27 +417,161 @@ def plan_digest(plan: DispatchPlan) -> str:
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def _agree_on_plan(s: _Session, plan: DispatchPlan) -> None:
-    """Check, in every process alike, that the job has one process per rank and one plan."""
-    mine = (plan.world, plan_digest(plan))
-    everyone = s.comm.allgather(mine)
+def _agree_on_plan(s: _Session, plan: DispatchPlan, what: str) -> BaseException | None:
+    """Check, in every process alike, that the job has one process per rank and one plan; return the error
+    every process raises (a process that failed to prepare the command sends its error instead of a plan)."""
+    error, everyone = _exchange(s, plan.device_ids, "segment", what, None, (plan.world, plan_digest(plan)))
+    if error is not None:
+        return error
     worlds = sorted({w for w, _ in everyone})
     if worlds != [s.size]:
         ids = list(plan.device_ids)
         if s.size == 1 and not started_by_mpi_launcher():
-            raise _no_launcher(plan.program, plan.device_ids)
-        raise ConfigError(
+            return _no_launcher(plan.program, plan.device_ids)
+        return ConfigError(
             f"{plan.program}: the program has {plan.world} ranks (DistributedConfig(device_ids={ids})) but this "
             f"MPI job has {s.size} process{'es' if s.size != 1 else ''}, and each MPI process runs one rank. "
             f"Start it with `mpirun -n {plan.world} ...`, or give device_ids {s.size} "
             f"entr{'ies' if s.size != 1 else 'y'}.")
     differ = [p for p, (_, d) in enumerate(everyone) if d != everyone[0][1]]
     if differ:
-        raise DispatchValueError(
+        return DispatchValueError(
             f"{plan.program}: MPI process(es) {differ} planned a different dispatch than process 0 (other "
             "windows, tasks or scalar arguments). Every process runs the host orchestrator and must plan the "
             "same thing: do not derive shapes, scalar arguments or control flow of the host orchestrator from "
             "the process (its MPI rank, host name, unseeded randomness).")
+    return None
+
+
+# -- taking each step together --------------------------------------------------------------------------------
+
+PICKLED_ERROR_MAX = 1 << 20  # a larger pickled exception travels as its type and text only
+# The steps the processes take together where a step can fail in some of them (``_exchange``), as a report
+# names them.
+_STEPS = {"accept": "binding and planning a dispatch", "windows": "making a worker's window memory",
+          "segment": "the plan of a command", "callback": "a sub-worker callback", "outputs": "exchanging outputs",
+          "dfx": "exchanging DFX files", "dfx written": "writing DFX files"}
+
+
+def _exchange(s: _Session, device_ids, step: str, what: str, error: BaseException | None,
+              value=None) -> tuple[BaseException | None, list | None]:
+    """Every process of the job at ``step``: send ``value``, or ``error`` where the step failed in this process.
+
+    Returns ``(error, values)``: ``values`` every process's value when the step succeeded everywhere;
+    else ``error``, what this process fails ``what`` with, and ``values`` None.  Every process fails alike,
+    with the failure that weighs most (an interrupt, then another exit, then an ordinary exception; the
+    lowest process among equals): a process whose own failure weighs as much raises its own (with its
+    traceback), the others a copy (``_rebuild``).  A note names the process it was raised in.  Processes at
+    different steps are out of step (they made different calls): every later exchange would pair
+    unrelated data, so the job ends.
+    """
+    mine = (step, _failure(error) if error is not None else None, value)
+    if s.size == 1:
+        everyone = [mine]
+    else:
+        everyone = s.comm.allgather(mine)
+    steps = [st for st, _, _ in everyone]
+    if any(st != step for st in steps):
+        if s.rank == 0:
+            at = ", ".join(f"process {p} at {_STEPS.get(st, st)}" for p, st in enumerate(steps))
+            _say([f"ptodist: the processes of the MPI job are out of step ({at}): every process of the job must "
+                  "make the same calls on ptodist (the same dispatches and worker calls, in the same order), and "
+                  "here they did not, so the MPI job is ended with MPI_Abort."])
+        else:
+            time.sleep(END_WAIT_S)  # process 0 reports, then ends the job
+        _abort(s)
+    failed = [(p, f) for p, (_, f, _) in enumerate(everyone) if f is not None]
+    if not failed:
+        return None, [v for _, _, v in everyone]
+    if error is not None and s.size == 1:
+        return error, None
+    chosen, first = max(failed, key=lambda pf: (pf[1]["weight"], -pf[0]))
+
+    def where(p: int) -> str:
+        return f"MPI process {p} (rank {p}, device {device_ids[p]})"
+
+    others = [(p, f) for p, f in failed if p != s.rank]
+    if error is not None and _weight(error) == first["weight"]:
+        also = "".join(f"; {where(p)} failed at this step too: {f['summary']}" for p, f in others)
+        error.add_note(f"raised in {where(s.rank)}{also}. Every process of the MPI job fails {what}.")
+        return error, None
+    out = _rebuild(first)
+    note = (f"raised in {where(chosen)}, not in this process ({s.rank}). Every process of the MPI job fails "
+            f"{what}. Its traceback in process {chosen}:\n{first['traceback'].rstrip()}")
+    if error is not None:
+        note += f"\nThis process failed at this step too: {type(error).__name__}: {error}"
+    out.add_note(note)
+    return out, None
+
+
+def _weight(e: BaseException) -> int:
+    return 2 if isinstance(e, KeyboardInterrupt) else 0 if isinstance(e, Exception) else 1
+
+
+def _failure(e: BaseException) -> dict:
+    """A failure as the other processes can take it: its text, its traceback, and the exception pickled
+    (or its importable classes, most derived first, when it cannot be: a class local to a function)."""
+    try:
+        data = pickle.dumps(e)
+        data = data if len(data) <= PICKLED_ERROR_MAX else None
+    except Exception:  # noqa: BLE001 - anything may fail to pickle: the classes and the text still travel
+        data = None
+    classes = []
+    for cls in type(e).__mro__:
+        try:
+            classes.append(pickle.dumps(cls))
+        except Exception:  # noqa: BLE001 - a class that cannot be named in another process
+            continue
+    try:
+        args = pickle.dumps(e.args)
+    except Exception:  # noqa: BLE001 - its text stands for them
+        args = pickle.dumps((str(e),))
+    return {"weight": _weight(e), "summary": f"{type(e).__name__}: {e}", "args": args,
+            "traceback": "".join(traceback.format_exception(e)), "exception": data, "classes": classes}
+
+
+def _rebuild(f: dict) -> BaseException:
+    """The exception another process raised: itself if it unpickles here, else its nearest class that does,
+    made from its arguments."""
+    if f["exception"] is not None:
+        try:
+            e = pickle.loads(f["exception"])
+            if isinstance(e, BaseException):
+                return e
+        except Exception:  # noqa: BLE001 - e.g. a class whose __init__ the pickled arguments do not fit
+            pass
+    try:
+        args = pickle.loads(f["args"])
+    except Exception:  # noqa: BLE001 - arguments of a class not importable here
+        args = (f["summary"],)
+    for data in f["classes"]:
+        try:
+            e = pickle.loads(data)(*args)
+        except Exception:  # noqa: BLE001 - not importable here, or its __init__ wants other arguments
+            continue
+        if isinstance(e, BaseException):
+            return e
+    return Exception(f["summary"])
+
+
+def _abort(s: _Session) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    s.comm.Abort(1)
+
+
+def _leave_job(s: _Session, device_ids, error: BaseException | None, doing: str) -> None:
+    """This process stopped ``doing`` alone (``error`` escaped it); the others would wait for it in the next
+    collective step for ever: say so, and end the job.  Nothing to do in a job of one process."""
+    if s.size == 1:
+        return
+    lines = ["".join(traceback.format_exception(error)).rstrip()] if error is not None else []
+    why = f" ({type(error).__name__}{': ' if str(error) else ''}{error})" if error is not None else ""
+    lines.append(f"ptodist: MPI process {s.rank} (rank {s.rank}, device {device_ids[s.rank]}) stopped {doing} "
+                 f"alone{why}; the other processes would wait for it for ever in the next step they take "
+                 "together, so it ends the MPI job with MPI_Abort.")
+    _say(lines)
+    _abort(s)
 
 
 def _no_launcher(program: str, device_ids) -> ConfigError:
@@ -1208,8 +1367,10 @@ class _MpiRun:
     """One dispatch in this process: windows, this rank's tasks, the end of the run, the exchange."""
 
     def __init__(self, session: _Session, plan: DispatchPlan, host_arrays: list, hang_timeout: float, dfx,
-                 arena: _Arena | None = None, kept: dict | None = None, last: bool = True):
+                 arena: _Arena | None = None, kept: dict | None = None, last: bool = True, what: str = "",
+                 scalars: tuple = ()):
         self.session = session
+        self.scalars = scalars  # the dispatch's scalar arguments (what its plan's ScalarArgs take)
         self.MPI = session.MPI
         self.plan = plan
         self.rank = session.rank
@@ -1220,24 +1381,29 @@ class _MpiRun:
         self.arena = arena  # a worker's window heap (kept, zeroed by the worker); None: one for this run
         self.kept = kept if kept is not None else {}
         self.last = last
+        self.what = what or f"this call of '{plan.program}'"  # what a failure of this run fails, in its notes
         self.stop_wait = min(max(self.hang_timeout, STOP_WAIT_MIN_S), STOP_WAIT_MAX_S)
         self.result: dict = {"rank": self.rank, "failure": None, "stopped": False, "hang": None}
         self._abandoned: list = []  # buffers of reads from dead peers that did not complete
 
     # -- the whole run ----------------------------------------------------------------------------
-    def run(self) -> None:
+    def run(self) -> BaseException | None:
+        """Run this rank's part; return the error every process of the job raises (None: it succeeded)."""
         MPI, comm = self.MPI, self.session.comm
         if self.arena is not None:
             heap, heap_bytes = self.arena.win, self.arena.stride
         else:
             heap_bytes = max(-(-self.plan.window_heap_bytes // ALIGN) * ALIGN, ALIGN)
-            heap = _allocate(self.session, heap_bytes, self.plan.program)
+            try:
+                heap = _allocate(self.session, heap_bytes, self.plan.program)
+            except ConfigError as e:
+                return e
         try:
             ctl = MPI.Win.Allocate(CTL_BYTES, 1, comm=comm)
         except MPI.Exception as e:
             if self.arena is None:
                 heap.Free()
-            raise ConfigError(f"{self.plan.program}: MPI could not allocate its control window: {e}") from None
+            return ConfigError(f"{self.plan.program}: MPI could not allocate its control window: {e}")
         # While the rank runs, every MPI call of this process goes through one lock (see _Pulse).
         self.lock = lock = threading.Lock()
         self.heap, self.ctl, self.comm = _Serialized(heap, lock), _Serialized(ctl, lock), _Serialized(comm, lock)
@@ -1281,13 +1447,15 @@ class _MpiRun:
             ctl.Free()
         error = outcome(results)
         # A worker's dispatch writes its DFX files once, after its last segment (or its failure).
-        shared = self._share_dfx() if self.dfx is not None and (self.last or error is not None) else None
+        shared = None
+        if self.dfx is not None and (self.last or error is not None):
+            failed, shared = self._share_dfx()
+            error = error or failed
         if error is None:
-            self._merge_outputs(views)
+            error = self._merge_outputs(views)
         if shared is not None:
-            self._write_dfx(*shared)
-        if error is not None:
-            raise error
+            error = self._write_dfx(*shared) or error
+        return error
 
     def _host_views(self) -> list:
         """Private copies of the host tensors the ranks write; inputs read-only, as on ``shm``."""
@@ -1427,6 +1595,7 @@ class _MpiRun:
                 ctx = RankContext(plan, rank, memory, views, events=log)
             else:
                 ctx.next_segment(plan, memory, views)
+            ctx.scalars = self.scalars
         except BaseException as e:  # noqa: BLE001 - reported to every process like a failure of the tasks
             self.result["failure"] = rank_failure(plan, rank, None, e)
         else:
@@ -1569,35 +1738,43 @@ class _MpiRun:
         self.control.end_job()
 
     # -- outputs ----------------------------------------------------------------------------------
-    def _merge_outputs(self, views: list) -> None:
+    def _merge_outputs(self, views: list) -> BaseException | None:
         """Give every process every rank's writes: exchange the changed blocks, apply the changed bytes.
 
         All processes start from the same host tensors, so the bytes a rank changed are those that differ
-        from the original; they are applied rank by rank, in the same order everywhere.
+        from the original; they are applied rank by rank, in the same order everywhere.  Returns the error
+        every process raises when finding its changes failed in one of them.
         """
         B = MERGE_BLOCK
-        specs = [s for s in self.plan.host_tensors if s.direction is not Direction.IN]
         meta: dict[int, np.ndarray] = {}
         payload = []
         padded = {}
-        if self.plan.edges:
-            _reset_stale(self.plan.transfers.stale[self.rank], views, self.host_arrays)
-        for spec in specs:
-            orig = _byte_view(self.host_arrays[spec.index])
-            new = _byte_view(views[spec.index])
-            if orig.size == 0:
-                continue
-            nb = -(-orig.size // B)
-            o, n = np.zeros(nb * B, np.uint8), np.zeros(nb * B, np.uint8)
-            o[:orig.size], n[:new.size] = orig, new
-            padded[spec.index] = o.reshape(nb, B)
-            blocks = np.flatnonzero((o != n).reshape(nb, B).any(axis=1))
-            if blocks.size:
-                meta[spec.index] = blocks
-                payload.append(n.reshape(nb, B)[blocks].reshape(-1))
-        everyone = self.session.comm.allgather(meta)
-        mine = np.concatenate(payload) if payload else np.zeros(0, np.uint8)
-        results = {i: o.copy() for i, o in padded.items()}
+        failed = None
+        try:
+            if self.plan.edges:
+                _reset_stale(self.plan.transfers.stale[self.rank], views, self.host_arrays)
+            for spec in self.plan.host_tensors:
+                if spec.direction is Direction.IN:
+                    continue
+                orig = _byte_view(self.host_arrays[spec.index])
+                new = _byte_view(views[spec.index])
+                if orig.size == 0:
+                    continue
+                nb = -(-orig.size // B)
+                o, n = np.zeros(nb * B, np.uint8), np.zeros(nb * B, np.uint8)
+                o[:orig.size], n[:new.size] = orig, new
+                padded[spec.index] = o.reshape(nb, B)
+                blocks = np.flatnonzero((o != n).reshape(nb, B).any(axis=1))
+                if blocks.size:
+                    meta[spec.index] = blocks
+                    payload.append(n.reshape(nb, B)[blocks].reshape(-1))
+            mine = np.concatenate(payload) if payload else np.zeros(0, np.uint8)
+            results = {i: o.copy() for i, o in padded.items()}
+        except Exception as e:  # noqa: BLE001 - e.g. no memory for the copies: every process fails the call
+            failed = e
+        failed, everyone = _exchange(self.session, self.plan.device_ids, "outputs", self.what, failed, meta)
+        if failed is not None:
+            return failed
         for p, theirs in enumerate(everyone):
             size = sum(b.size for b in theirs.values()) * B
             if size == 0:
@@ -1614,35 +1791,48 @@ class _MpiRun:
         for index, out in results.items():
             target = _byte_view(self.host_arrays[index])
             target[:] = out.reshape(-1)[:target.size]
+        return None
 
     # -- diagnostic outputs -----------------------------------------------------------------------
-    def _share_dfx(self) -> tuple[list, bool]:
-        """Every rank's DFX files, for every process; and whether this process merges the swimlanes."""
-        d = self.dfx.rank_dir(self.rank)
-        mine = {}
-        if d.is_dir():
-            for p in sorted(d.rglob("*")):
-                if p.is_file():
-                    mine[str(p.relative_to(d))] = p.read_bytes()
-        everyone = self.session.comm.allgather(mine)
-        # One merge per output directory: processes that share one (same host, same path) elect the lowest.
-        key = (self.session.host, str(Path(self.dfx.root).resolve()))
-        keys = self.session.comm.allgather(key)
-        return everyone, keys.index(key) == self.rank
+    def _share_dfx(self) -> tuple[BaseException | None, tuple[list, bool] | None]:
+        """Every rank's DFX files, for every process, and whether this process merges the swimlanes; or the
+        error every process raises when reading them failed in one."""
+        failed, mine, key = None, {}, None
+        try:
+            d = self.dfx.rank_dir(self.rank)
+            if d.is_dir():
+                for p in sorted(d.rglob("*")):
+                    if p.is_file():
+                        mine[str(p.relative_to(d))] = p.read_bytes()
+            # One merge per output directory: processes that share one (same host, same path) elect the lowest.
+            key = (self.session.host, str(Path(self.dfx.root).resolve()))
+        except Exception as e:  # noqa: BLE001 - an unreadable file: every process fails the call
+            failed = e
+        failed, everyone = _exchange(self.session, self.plan.device_ids, "dfx", self.what, failed, (mine, key))
+        if failed is not None:
+            return failed, None
+        return None, ([files for files, _ in everyone], [k for _, k in everyone].index(key) == self.rank)
 
-    def _write_dfx(self, everyone: list, merger: bool) -> None:
-        for r, files in enumerate(everyone):
-            d = self.dfx.rank_dir(r)
-            for rel, data in files.items():
-                path = d / rel
-                if path.exists():
-                    continue  # written by its own rank into a directory this process shares
-                path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-        if merger:
-            finish_run(self.dfx, self.world, self.plan.device_ids)
+    def _write_dfx(self, everyone: list, merger: bool) -> BaseException | None:
+        """Write the other ranks' DFX files (and merge them); return the error every process raises when that
+        failed in one (a full disk, a folder it may not write)."""
+        failed = None
+        try:
+            for r, files in enumerate(everyone):
+                d = self.dfx.rank_dir(r)
+                for rel, data in files.items():
+                    path = d / rel
+                    if path.exists():
+                        continue  # written by its own rank into a directory this process shares
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+                    tmp.write_bytes(data)
+                    os.replace(tmp, path)
+            if merger:
+                finish_run(self.dfx, self.world, self.plan.device_ids)
+        except Exception as e:  # noqa: BLE001 - every process fails the call with it
+            failed = e
+        return _exchange(self.session, self.plan.device_ids, "dfx written", self.what, failed)[0]
 
 
 def _say(lines: list[str]) -> None:

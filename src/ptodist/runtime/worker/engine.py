@@ -12,14 +12,21 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ... import backends, dfx
 from ...backends import resources
 from ...backends.base import STOP_WRITE_S, died
 from ...compiler.plan import HostTensorRef
+from ...compiler.state import stale_message, state_of
 from ...config import RunConfig
-from ...errors import ConfigError, DispatchValueError, RankError, UsageError
+from ...errors import (
+    ConfigError,
+    DispatchStateError,
+    DispatchValueError,
+    RankError,
+    UsageError,
+)
 from ...language.scalar import Scalar
 from ...language.types import Direction
 from .binding import Arena, LocalBinding, SharedBinding, _Bound
@@ -47,6 +54,14 @@ class _Dispatch:
 
 
 _tls = threading.local()
+
+
+class _Agreed(Exception):
+    """A step's failure every process of an mpi job already agreed on: fail the dispatch with ``error``."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
 
 
 def in_callback():
@@ -86,6 +101,14 @@ class Engine:
         self.thread: threading.Thread | None = None
         self.waiters = 0             # callers driving the queue themselves (in result())
         self.last_bound: dict = {}   # program index -> _Bound of its last dispatch
+        # An mpi job's processes each drive a copy of the worker: a step that runs in each process on its
+        # own (binding, planning, a callback) ends with the processes agreeing on whether it failed anywhere.
+        self.agreement = getattr(group, "agree", None)
+        self.interrupt: BaseException | None = None  # a callback's KeyboardInterrupt, raised by the driver
+        # What the programs' code reads, as the ranks were started with it: a dispatch runs only while the
+        # driver's state is the same (compiler.state).
+        self.program_state = state_of([f for c in programs for f in (c.host, *c.extra_functions)])
+        self.started_with = self.program_state.stamp()
 
     def check_resident(self, t, where: str) -> None:
         if t._core is not self:
@@ -100,7 +123,32 @@ class Engine:
 
     def accept(self, worker, index: int, compiled, args: tuple, config: RunConfig | None,
                call: str) -> RunHandle:
+        """Bind and plan a dispatch of ``compiled`` and queue it; raise what stops it.
+
+        In an mpi job every process binds and plans on its own: the processes agree on whether that
+        succeeded everywhere before any of them queues the dispatch, so all queue it or all raise.
+        """
+        error = None
+        try:
+            d = self._prepare(worker, index, compiled, args, config)
+        except BaseException as e:  # noqa: BLE001 - raised once the processes agree on it
+            error = e
+        error = self._agree(error, "accept", f"this dispatch of '{compiled.name}' (it is not accepted)")
+        if error is not None:
+            raise error
+        with self.state:
+            d.handle.number = self.dispatches
+            self.dispatches += 1
+            k = compiled.dispatch_number()
+            if d.dfx is not None:
+                d.dfx = replace(d.dfx, dispatch=k)
+            self.queue.append(d)
+        return d.handle
+
+    def _prepare(self, worker, index: int, compiled, args: tuple, config: RunConfig | None) -> _Dispatch:
+        """Bind ``args`` and plan the dispatch: all of accepting it that can fail (numbers are taken after)."""
         self.check_ranks()
+        self.check_state(compiled)  # before planning: a plan made under other values would be kept
         cfg = config or self.config
         if config is not None:
             if config.distributed_config is not None and list(config.distributed_config.device_ids) != \
@@ -133,17 +181,12 @@ class Engine:
                 arena_key = index if self.persistent else 0
                 if self.persistent:
                     self.planner.check_layout(index, compiled, entry)
-            number = self.dispatches
-            self.dispatches += 1
-            handle = RunHandle(worker, compiled.name, number)
-            k = compiled.dispatch_number()
-            request = dfx.request_for(cfg, lambda: compiled.output_dir, k) \
+            request = dfx.request_for(cfg, lambda: compiled.output_dir, -1) \
                 if cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats else None
             if len(entry.plan.host_tensors) > len(hosts):  # pl.create_tensor in the host: fresh zeroed intermediates
                 hosts = hosts + self._intermediates(compiled, entry, len(hosts))
-            d = _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key, residents=residents)
-            self.queue.append(d)
-        return handle
+            handle = RunHandle(worker, compiled.name, -1)
+            return _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key, residents=residents)
 
     def _intermediates(self, compiled, entry, first: int) -> list:
         """The host intermediates of a dispatch (``pl.create_tensor`` in the host): zeroed, bound like arguments."""
@@ -167,6 +210,21 @@ class Engine:
                 f.message = (died(notes[f.rank], ", while the worker was idle between dispatches")
                              + "; the worker stopped its other ranks. Close it and prepare a new one.")
             raise RankError(dead)
+
+    def stale(self) -> list[str]:
+        """What of the Python state the programs read is no longer what the ranks were started with."""
+        return self.started_with.changed(self.program_state.stamp())
+
+    def check_state(self, compiled) -> None:
+        """Raise DispatchStateError when the Python state the programs read is no longer what the ranks
+        were started with."""
+        changed = self.stale()
+        if changed:
+            raise DispatchStateError(stale_message(self.program_state, changed, compiled.name))
+
+    def _agree(self, error: BaseException | None, step: str, what: str) -> BaseException | None:
+        """The error ``step`` fails ``what`` with in this process: its own, or (mpi) another process's."""
+        return error if self.agreement is None else self.agreement(error, step, what)
 
     def check_usable(self, call: str) -> None:
         """Raise UsageError when the worker is closed or broken, or ``call`` is refused in a callback."""
@@ -235,6 +293,9 @@ class Engine:
             self._stop_command(e)
             self._abandon(why)
             raise
+        interrupt, self.interrupt = self.interrupt, None
+        if interrupt is not None and threading.current_thread() is not self.thread:
+            raise interrupt  # its dispatch failed with it; no command was running, so nothing else is affected
 
     def _stop_command(self, error: BaseException) -> None:
         """Stop the command in flight, letting ranks with an event log write it; merge what they wrote."""
@@ -263,7 +324,7 @@ class Engine:
     def _advance(self, until: RunHandle | None, deadline: float | None) -> None:
         while True:
             self._kick()
-            if self.watch is None or (until is not None and until._finished):
+            if self.watch is None or (until is not None and until._finished) or self.interrupt is not None:
                 return
             left = DRIVE_SLICE_S if deadline is None else deadline - time.monotonic()
             over = self.watch.poll(max(min(left, DRIVE_SLICE_S), 0.0))
@@ -291,13 +352,21 @@ class Engine:
             kind, what = d.entry.steps[d.cursor]
             if kind == "call":
                 self._callback(d, what)
+                if self.interrupt is not None:
+                    return  # the driver raises it now
                 continue
             try:
                 self._publish(d, what)
+            except _Agreed as e:
+                self._fail(d, e.error)
             except Exception as e:  # noqa: BLE001 - a dispatch that cannot be published fails alone
-                self._fail(d, e)
+                # In an mpi job, where it failed in this process alone, the others went on to agree on the new
+                # window arena, or (publishing done) on the segment's plan: this one joins them with its error.
+                step = "windows" if self._needs_arena(d) else "segment"
+                self._fail(d, self._agree(e, step, f"dispatch {d.handle.number} of '{d.compiled.name}'"))
 
     def _publish(self, d: _Dispatch, segment: int) -> None:
+        self.check_state(d.compiled)  # again for each segment: the caller or a callback may have changed it
         with self.state:
             if d.arena_key is not None:
                 d.arena = self._arena_for(d, first=not d.published)
@@ -312,17 +381,32 @@ class Engine:
             self.watch, self.watching = watch, d
             d.published = True
 
+    def _needs_arena(self, d: _Dispatch) -> bool:
+        """Whether publishing ``d``'s first segment makes a new window arena (none yet, or one too small)."""
+        if d.arena_key is None or d.published:
+            return False
+        arena = self.arenas.get(d.arena_key)
+        return arena is None or arena.stride < d.entry.heap
+
     def _arena_for(self, d: _Dispatch, first: bool) -> Arena:
         """The window heap for ``d``, zeroed as its first segment needs (later segments keep it)."""
         heap = d.entry.heap
         arena = self.arenas.get(d.arena_key)
         if not first:
             return arena
-        if arena is None or arena.stride < heap:
+        if self._needs_arena(d):
+            error = None
+            try:
+                resources.check_windows(d.compiled.name, d.entry.plan.windows, self.world)
+            except Exception as e:  # noqa: BLE001 - raised once the processes agree on it
+                error = e
+            # In an mpi job a new arena is a collective allocation: every process makes it, or none.
+            error = self._agree(error, "windows", f"dispatch {d.handle.number} of '{d.compiled.name}'")
+            if error is not None:
+                raise _Agreed(error)
             if arena is not None:  # too small: the ranks drop it with this command
                 self.binding.drop_arena(arena)
             stride = heap if self.persistent else max(heap, 2 * arena.stride if arena else heap)
-            resources.check_windows(d.compiled.name, d.entry.plan.windows, self.world)
             arena = self.arenas[d.arena_key] = self.binding.new_arena(stride)
         if self.persistent:
             if arena.used and self.reset:
@@ -337,16 +421,29 @@ class Engine:
         self.watch = self.watching = None
         if watch.broken is not None:
             self.broken = watch.broken
+        if isinstance(watch.error, RankError) and any(f.state_changed for f in watch.error.failures):
+            # The ranks' state is no longer the driver's (in rank processes, silently so): nothing more runs.
+            self.broken = self.broken or (f"the code of dispatch {d.handle.number} changed Python state the "
+                                          "program reads (see that dispatch's error)")
         if watch.error is not None:
             self._fail(d, watch.error)
             return
         d.cursor += 1
 
     def _callback(self, d: _Dispatch, call: _HostCall) -> None:
-        fn = self.callbacks.get(call.function.name)
-        args = [self._callback_arg(d, a) for a in call.args]
+        """Run a sub-worker callback; whatever it raises fails its dispatch (``result()`` raises it).
+
+        SystemExit too: it ends the script where ``result()`` raises it, as the callback meant, whichever
+        thread ran the callback.  A KeyboardInterrupt (Ctrl-C) also leaves the call that drives the queue
+        (``_step``), so that it is not held until some ``result()``.  Nothing else is affected: no command
+        runs during a callback, and the worker stays usable.  In an mpi job every process runs the
+        callback, and the processes agree on whether it failed anywhere before going on.
+        """
+        error = None
         _tls.callback = d
         try:
+            fn = self.callbacks.get(call.function.name)
+            args = [self._callback_arg(d, a) for a in call.args]
             if fn is not None:
                 names = [p.name for p in call.function.params]
                 tensors = [isinstance(a, HostTensorRef) or is_tensor_value(v) for a, v in zip(call.args, args)]
@@ -356,13 +453,16 @@ class Engine:
         except BaseException as e:  # noqa: BLE001 - the dispatch fails with the callback's error
             e.add_note(f"raised by sub-worker callback '{call.function.name}' (called at {call.location}) in "
                        f"dispatch {d.handle.number} of '{d.compiled.name}'")
-            self._fail(d, e)
-            if not isinstance(e, Exception):
-                raise
-            return
+            error = e
         finally:
             _tls.callback = None
-        d.cursor += 1
+        error = self._agree(error, "callback", f"dispatch {d.handle.number} of '{d.compiled.name}'")
+        if error is None:
+            d.cursor += 1
+            return
+        self._fail(d, error)
+        if isinstance(error, KeyboardInterrupt):
+            self.interrupt = error
 
     @staticmethod
     def _callback_arg(d: _Dispatch, a):
