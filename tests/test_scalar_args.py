@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import math
 
 import ml_dtypes
 import numpy as np
@@ -18,7 +19,7 @@ import pytest
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RankError, RunConfig
+from ptodist import DistributedConfig, RankError, RunConfig, shared_array
 from ptodist.errors import (
     DispatchError,
     DispatchTypeError,
@@ -211,3 +212,222 @@ def test_an_integer_scalar_is_refused_the_same_way_as_an_integer_tile_refuses_it
     with pytest.raises(ValueError, match="does not fit the tile's INT32"):
         pl.add(pl.full([1, 2], 0, pl.INT32), 2**40)
     assert issubclass(ProgramTypeError, TypeError) and issubclass(ProgramValueError, ValueError)
+
+
+# -- plans: a scalar's value selects a plan only when the host orchestrator uses it ---------------------------------
+
+@pl.jit.incore
+def _put_value(y: pl.Out[pl.Tensor[[1, 2], pl.FP32]], s: pl.Scalar[pl.FP32]):
+    pl.write(y, [0, 0], s)
+    pl.write(y, [0, 1], pl.div(pl.full([1, 1], 1.0, pl.FP32), s).data[0, 0].item())  # 1 / s in FP32
+
+
+@pl.jit
+def _per_rank_value(y: pl.Out[pl.Tensor[[1, 2], pl.FP32]], s: pl.Scalar[pl.FP32]):
+    _put_value(y, s)
+
+
+@pl.jit.host
+def _passes_on(y: pl.Out[pl.Tensor[[NR, 1, 2], pl.FP32]], s: pl.Scalar[pl.FP32]):
+    print("planning _passes_on")
+    for r in pl.range(pld.world_size()):
+        _per_rank_value(y[r], s, device=r)
+
+
+@pl.jit.host
+def _uses_sign(y: pl.Out[pl.Tensor[[NR, 1, 2], pl.FP32]], s: pl.Scalar[pl.FP32]):
+    print("planning _uses_sign")
+    sign = math.copysign(1.0, s)  # the host computes with the value: the plan holds for this value only
+    for r in pl.range(pld.world_size()):
+        _per_rank_value(y[r], sign, device=r)
+
+
+def _values(compiled, value) -> list:
+    y = np.zeros((2, 1, 2), np.float32)
+    compiled(y, value)
+    assert (y[0] == y[1]).all()
+    return y[0, 0].tolist()
+
+
+def _compiled(host, backend):
+    y = np.zeros((2, 1, 2), np.float32)
+    return host.compile(y, 0.0, config=RunConfig(backend=backend, distributed_config=DistributedConfig(device_ids=[0, 1])))
+
+
+def test_a_scalar_the_host_only_passes_on_is_planned_once_and_each_dispatch_gets_its_value(backend, capsys):
+    compiled = _compiled(_passes_on, backend)
+    got = [_values(compiled, v) for v in (0.0, -0.0, 2.0, 0.5, -0.0, 0.0)]
+    assert got == [[0.0, math.inf], [-0.0, -math.inf], [2.0, 0.5], [0.5, 2.0], [-0.0, -math.inf], [0.0, math.inf]]
+    assert [math.copysign(1.0, v) for v, _ in got] == [1.0, -1.0, 1.0, 1.0, -1.0, 1.0]
+    assert capsys.readouterr().out.count("planning _passes_on") == 1
+    plan = (compiled.output_dir / "dispatch_plan.json").read_text()
+    assert '{\n              "kind": "argument",\n              "parameter": "s"\n            }' in plan
+
+
+def test_a_scalar_the_host_uses_selects_its_plan_by_its_exact_bits(backend, capsys):
+    compiled = _compiled(_uses_sign, backend)
+    # -0.0 == 0.0, but the host's copysign tells them apart: each has its own plan.
+    assert [_values(compiled, v) for v in (0.0, -0.0, 0.0, -0.0)] == [[1.0, 1.0], [-1.0, -1.0]] * 2
+    nan = float("nan")
+    assert _values(compiled, nan) == [1.0, 1.0]
+    assert _values(compiled, nan) == [1.0, 1.0]  # a NaN finds its own plan again
+    assert capsys.readouterr().out.count("planning _uses_sign") == 3
+    assert str(compiled).splitlines()[0].endswith(": 3 dispatch plan(s)")
+
+
+@pl.jit.incore
+def _put_int(y: pl.Out[pl.Tensor[[1, 2], pl.INT64]], a: pl.Scalar[pl.INDEX], b: pl.Scalar[pl.INDEX]):
+    pl.write(y, [0, 0], a)
+    pl.write(y, [0, 1], b)
+
+
+@pl.jit
+def _per_rank_int(y: pl.Out[pl.Tensor[[1, 2], pl.INT64]], a: pl.Scalar[pl.INDEX], b: pl.Scalar[pl.INDEX]):
+    _put_int(y, a, b)
+
+
+@pl.jit.host
+def _branches(y: pl.Out[pl.Tensor[[NR, 1, 2], pl.INT64]], a: pl.Scalar[pl.INDEX], b: pl.Scalar[pl.INDEX]):
+    # b is used only when a > 0: a plan made for a <= 0 holds for any b, one made for a > 0 for its b only.
+    extra = b * 10 if a > 0 else 7
+    for r in pl.range(pld.world_size()):
+        _per_rank_int(y[r], a, extra, device=r)
+
+
+def test_a_scalar_the_host_uses_only_on_some_branch_keys_the_plans_made_on_that_branch(backend):
+    y = np.zeros((2, 1, 2), np.int64)
+    compiled = _branches.compile(y, 0, 0, config=RunConfig(
+        backend=backend, distributed_config=DistributedConfig(device_ids=[0, 1])))
+    got = []
+    for a, b in [(-1, 5), (-1, 6), (1, 5), (1, 6), (-2, 9), (1, 5), (2, 6)]:
+        compiled(y, a, b)
+        got.append(y[1, 0].tolist())
+    assert got == [[-1, 7], [-1, 7], [1, 50], [1, 60], [-2, 7], [1, 50], [2, 60]]
+
+
+@pl.jit.host
+def _loops(y: pl.Out[pl.Tensor[[NR, 1, 2], pl.INT64]], n: pl.Scalar[pl.INDEX], b: pl.Scalar[pl.INDEX]):
+    for _ in range(n):  # the value shapes the plan: n dispatches per rank
+        for r in pl.range(pld.world_size()):
+            _per_rank_int(y[r], n, b, device=r)
+
+
+def test_plans_kept_are_bounded_least_recently_used_first():
+    y = np.zeros((2, 1, 2), np.int64)
+    compiled = _loops.compile(y, 1, 0, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    for n in range(300):
+        compiled.lower(y, n % 3 + 1 + 3 * (n // 3 % 100), n)  # 300 values of n the host uses; b is passed on
+    assert str(compiled).splitlines()[0].endswith(": 256 dispatch plan(s)")
+    compiled(y, 2, 41)
+    assert y[:, 0].tolist() == [[2, 41], [2, 41]]
+
+
+def test_a_worker_plans_a_step_counter_once(backend, capsys):
+    cfg = RunConfig(backend=backend, distributed_config=DistributedConfig(device_ids=[0, 1]))
+    y = shared_array((2, 1, 2), np.float32)
+    compiled = _passes_on.compile(y, 0.0, config=cfg)  # plans once for the compiled program's own calls
+    capsys.readouterr()
+    with compiled.prepare() as rt:
+        for step in range(50):
+            rt(y, float(step))
+            assert y[:, 0, 0].tolist() == [step, step]
+    assert capsys.readouterr().out.count("planning _passes_on") == 1
+
+
+@pl.jit.host
+def _host_direct(y: pl.Out[pl.Tensor[[NR, 1, 2], pl.INT64]], s: pl.Scalar[pl.INDEX]):
+    for r in pl.range(pld.world_size()):
+        _per_rank32(y[r], s, device=r)  # an INDEX value handed, as it is, to an INT32 parameter
+
+
+def test_a_value_a_per_device_parameter_cannot_hold_is_refused_before_running_whatever_the_plan_cache(backend):
+    y = np.zeros((2, 1, 2), np.int64)
+    cfg = RunConfig(backend=backend, distributed_config=DistributedConfig(device_ids=[0, 1]))
+    with pytest.raises(ProgramValueError) as fresh:
+        _host_direct.compile(y, 2**40, config=cfg)  # planned for this value
+    compiled = _host_direct.compile(y, 5, config=cfg)
+    compiled(y, -7)
+    assert y[:, 0, 0].tolist() == [-7, -7]
+    with pytest.raises(ProgramValueError) as cached:
+        compiled(y, 2**40)  # the plan made for 5 serves every value: the value is checked all the same
+    assert str(cached.value) == str(fresh.value)
+    assert "_per_rank32() parameter 's' (declared pl.Scalar[pl.INT32] at " in str(cached.value)
+    assert str(cached.value).endswith(": 1099511627776 does not fit INT32 (range -2147483648..2147483647); pass a "
+                                      "value in range, or declare the parameter with a wider dtype")
+    assert y[:, 0, 0].tolist() == [-7, -7]  # nothing ran
+
+
+@pl.jit.incore
+def _stage(x: pl.Tensor[[1, 4], pl.FP32], w: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]]):
+    pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], w)
+
+
+@pl.jit.incore
+def _take(y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], w: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]]):
+    pl.store(pl.load(w, [0, 0], [1, 4]), [0, 0], y)
+
+
+@pl.jit
+def _stage_rank(x: pl.Tensor[[1, 4], pl.FP32], w: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]]):
+    _stage(x, w)
+
+
+@pl.jit
+def _take_rank(y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], w: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]]):
+    _take(y, w)
+
+
+@pl.jit.host
+def _broadcast_from(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]], root: int):
+    buf = pld.alloc_window_buffer([1, 4], dtype=pl.FP32)
+    sbuf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    w = pld.window(buf, [1, 4], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        _stage_rank(x[r], w, device=r)
+    pld.tensor.broadcast(w, pld.window(sbuf, [pld.world_size(), 1], dtype=pl.INT32), root=root)
+    for r in pl.range(pld.world_size()):
+        _take_rank(y[r], w, device=r)
+
+
+def test_a_scalar_given_to_a_host_collective_selects_the_plan(backend):
+    x = np.arange(8, dtype=np.float32).reshape(2, 1, 4)
+    y = np.zeros_like(x)
+    compiled = _broadcast_from.compile(x, y, 0, config=RunConfig(
+        backend=backend, distributed_config=DistributedConfig(device_ids=[0, 1])))
+    for root in (0, 1, 0, np.int64(1)):
+        compiled(x, y, root)
+        assert (y == x[int(root)]).all()
+
+
+def test_a_sub_worker_callback_gets_each_dispatchs_scalar(backend):
+    @pl.program
+    class Calls:
+        @pl.function(type=pl.FunctionType.InCore)
+        def kernel(self, x: pl.InOut[pl.Tensor[[1, 4], pl.FP32]], s: pl.Scalar[pl.FP32]):
+            pl.write(x, [0, 0], s)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.InOut[pl.Tensor[[1, 4], pl.FP32]], s: pl.Scalar[pl.FP32]):
+            self.kernel(x, s)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker)
+        def inspect(self, x: pl.Tensor[[NR, 1, 4], pl.FP32], step: pl.Scalar[pl.FP32]):
+            ...
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.InOut[pl.Tensor[[NR, 1, 4], pl.FP32]], s: pl.Scalar[pl.FP32]):
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], s, device=r)
+            self.inspect(x, s)
+
+    from ptodist import ir
+
+    compiled = ir.compile(Calls, config=RunConfig(backend=backend,
+                                                  distributed_config=DistributedConfig(device_ids=[0, 1])))
+    seen = []
+    x = shared_array((2, 1, 4), np.float32)
+    with compiled.prepare(callbacks={"inspect": lambda t, step: seen.append((step, float(t[0, 0, 0])))}) as rt:
+        for v in (1.0, 2.0, -0.0):
+            rt(x, v)
+    assert seen == [(1.0, 1.0), (2.0, 2.0), (-0.0, -0.0)]
+    assert math.copysign(1.0, seen[2][0]) == -1.0

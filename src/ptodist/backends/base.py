@@ -184,6 +184,8 @@ class Command:
     fds: list = field(default_factory=list)    # shm: their descriptors
     drops: list = field(default_factory=list)  # shm: tokens of memory the ranks unmap
     forget_plans: bool = False  # shm: the ranks drop the plans they keep
+    scalars: tuple = ()         # the dispatch's scalar arguments by host parameter (None for a tensor): the values
+    #                             its plan's ScalarArgs take (one plan serves every value of a scalar passed on)
 
     @property
     def last(self) -> bool:

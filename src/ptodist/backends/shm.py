@@ -232,7 +232,8 @@ class ShmBackend:
             raise
         return group
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, owner=None, stamp=None) -> None:
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, owner=None, stamp=None,
+            scalars: tuple = ()) -> None:
         """A one-shot call: a rank group forked with its command already published, or, for ``owner``, reused.
 
         The host tensors and the window heaps lie in one anonymous shared mapping made before the
@@ -270,7 +271,7 @@ class ShmBackend:
             try:
                 group = RankGroup(plan.device_ids, {id(plan): plan}, 0.0, owner=plan.program,
                                   inherited={ONE_SHOT_TOKEN: memory}, once=True)
-                self._run_on(group, None, plan, host_arrays, config, dfx, memory, offsets, off, stride)
+                self._run_on(group, None, plan, host_arrays, config, dfx, memory, offsets, off, stride, scalars)
             finally:
                 del memory
                 try:
@@ -279,7 +280,8 @@ class ShmBackend:
                     pass  # a view is still referenced (e.g. by a traceback); the GC unmaps it later
             return
         try:
-            self._run_on(kept.group, kept, plan, host_arrays, config, dfx, kept.memory, offsets, off, stride)
+            self._run_on(kept.group, kept, plan, host_arrays, config, dfx, kept.memory, offsets, off, stride,
+                         scalars)
         except BaseException:
             kept.close()
             raise
@@ -287,7 +289,7 @@ class ShmBackend:
 
     @staticmethod
     def _run_on(group: RankGroup, kept: _KeptGroup | None, plan, host_arrays, config, dfx, memory, offsets,
-                heap_at, stride) -> None:
+                heap_at, stride, scalars: tuple = ()) -> None:
         """Run ``plan`` on ``group`` (forked now when it has no ranks yet); close it unless ``kept``."""
         hosts, views = [], []
         inputs = {spec.index for spec in plan.host_tensors if spec.direction is Direction.IN}
@@ -308,7 +310,7 @@ class ShmBackend:
         else:
             number, plan_id, blob, forget = kept.prepare(plan)
         command = Command(number, plan_id, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout(),
-                          blob=blob, forget_plans=forget)
+                          blob=blob, forget_plans=forget, scalars=scalars)
         watch = None
         try:
             watch = group.submit(command) if group.pids else group.start(first=command)
@@ -1012,7 +1014,8 @@ class RankGroup:
             heap = WindowHeap.for_plan(h.data, h.base, h.stride, command.plan)
         wire = (command.plan_id, command.blob, command.segment,
                 [None if v is None else v.key for v in command.hosts], heap_ref,
-                [(m.token, m.size) for m in command.maps], command.drops, command.dfx, command.forget_plans)
+                [(m.token, m.size) for m in command.maps], command.drops, command.dfx, command.forget_plans,
+                pickle.dumps(command.scalars) if command.scalars else b"")
         # Everything but the doorbell first: a woken rank should find the driver asleep, not busy.
         watch = CommandWatch(self, self.sent, command.plan, heap, command.hang_timeout)
         self.send(command.number, wire, command.fds)
@@ -1211,6 +1214,8 @@ class _Wire(NamedTuple):
     drops: list                # tokens of memory to unmap
     dfx: object
     forget_plans: bool
+    scalars: bytes             # the dispatch's scalar arguments, pickled: the frame is sent again when their bits
+    #                            differ (-0.0 == 0.0, but not as bytes)
 
 
 def _read_command(state: _RankState) -> tuple[int, _Wire]:
@@ -1231,6 +1236,13 @@ def _read_command(state: _RankState) -> tuple[int, _Wire]:
             _unmap(state, [])
         return number, state.last_command
     command = _Wire(*pickle.loads(payload))
+    last = state.last_command
+    if last is not None and command[:-1] == last[:-1]:
+        # The last command with other scalar arguments (a step counter): its memory and prepared context serve.
+        if state.unmapping:
+            _unmap(state, [])
+        state.last_payload, state.last_command = payload, command
+        return number, command
     state.last_payload = state.last_command = state.last_bound = state.next_ctx = None
     maps = command.maps
     fds: list[int] = []
@@ -1316,6 +1328,7 @@ def _run_command(state: _RankState, number: int, command: _Wire) -> tuple[int, R
             ctx = None
         if ctx is None:
             ctx = RankContext(plan, rank, memory, hosts, events=log, checked_args=state.checked_args)
+        ctx.scalars = pickle.loads(command.scalars) if command.scalars else ()
         state.dispatch = (number, ctx, log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
     if dispatch_id != number:

@@ -286,7 +286,7 @@ class SimBackend:
     def start(self, device_ids: list, objects: dict | None = None, startup_timeout_s: float = 0.0) -> SimGroup:
         return SimGroup(self, list(device_ids))
 
-    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None) -> None:
+    def run(self, plan: DispatchPlan, host_arrays: list, config, dfx=None, *, scalars: tuple = ()) -> None:
         """A one-shot call: a group used once, on private copies of the host tensors.
 
         Outputs reach the caller only when the dispatch succeeds; inputs are read-only to the ranks.
@@ -299,7 +299,7 @@ class SimBackend:
                 writable[spec.index] = False
         hosts = [HostView(v.shape, "", w, array=v) if v is not None else None for v, w in zip(views, writable)]
         heap = group.new_arena(_heap_bytes(plan)) if plan.windows else None
-        command = Command(0, 0, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout())
+        command = Command(0, 0, plan, [], 0, hosts, heap, dfx, config.resolved_hang_timeout(), scalars=scalars)
         findings = None
         try:
             group.execute(command)
@@ -406,6 +406,7 @@ class _SimRun:
         self.plan = split_segments(plan, command.boundaries)[command.segment] if command.boundaries else plan
         self.world = plan.world
         self.views = [None if h is None else h.array if h.writable else _read_only(h.array) for h in command.hosts]
+        self.scalars = command.scalars
         self.dfx = command.dfx
         self.last = command.last
         self.hang_timeout = command.hang_timeout
@@ -506,6 +507,7 @@ class _SimRun:
         else:
             ctx.next_segment(self.plan, memory, self.views)
             ctx._sched = self.sched
+        ctx.scalars = self.scalars
         return ctx
 
     def _rank_main(self, rank: int) -> None:

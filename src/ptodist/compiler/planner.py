@@ -34,7 +34,7 @@ from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
 from ..language.types import Direction, ParamSpec, TensorType
 from ..source import is_internal, user_location
-from . import checks
+from . import checks, scalars
 from .plan import (
     WINDOW_ALIGN,
     BuiltinCall,
@@ -244,7 +244,8 @@ class PlanningContext(context.Context):
 
     def collective(self, name, args, kwargs):
         loc = user_location(3)
-        args = list(args)
+        # A host scalar given to a collective shapes the plan (a root, counts): its value, used.
+        args, kwargs = scalars.used(list(args)), scalars.used(dict(kwargs))
         # The collective runs over its data window's comm domain (as far as the dispatches so far tell).
         members = domain_args(name, args)
         data = members[0] if members else None

@@ -220,6 +220,8 @@ def _number(value):
         return value
     if t is Scalar:
         return value.value
+    if getattr(t, "_ptodist_slot", False):  # a host scalar while its plan is made: checked, not used
+        return value.peek()
     if isinstance(value, (int, float)):  # bool, np.float64 and other subclasses
         return bool(value) if isinstance(value, bool) else int(value) if isinstance(value, int) else float(value)
     module = t.__module__

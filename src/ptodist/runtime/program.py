@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import backends, dfx
-from ..compiler import checks, planner
+from ..compiler import checks, planner, scalars
 from ..compiler.plan import DispatchPlan, HostTensorSpec
+from ..compiler.scalars import PlanCache
 from ..compiler.state import ProgramState, state_of
 from ..config import RunConfig, keep_outputs_setting
 from ..errors import ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
@@ -128,7 +129,7 @@ class CompiledProgram:
         self.device_ids = list(config.devices.device_ids)
         self.world = len(self.device_ids)
         self.extra_functions = list(extra_functions)
-        self._plans: dict = {}
+        self._plans = PlanCache()  # (plan, what finishing it found) per argument signature, bounded
         self._state = None  # what the program's code reads from this process (compiler.state), made when needed
         self.stamp = None   # that state when the cached plans were made (a change empties the cache)
         self._dispatches = 0  # k in dfx_outputs/rank{r}/d{k}
@@ -370,11 +371,17 @@ class CompiledProgram:
             self.stamp = stamp
         values, hosts, created = self.bind(args)
         key = self.plan_key(values, hosts)
-        plan = self._plans.get(key)
-        if plan is None:
-            plan = planner.make_plan(self.host, self.name, self.device_ids, self.host_specs(hosts), values)
-            self._plans[key] = plan
+        cached = self._plans.get(key, values)
+        if cached is None:
+            # The host runs with a stand-in for each scalar: one it only passes on leaves the plan open for any value.
+            proxies = scalars.slots_for(values, hosts)
+            plan = planner.make_plan(self.host, self.name, self.device_ids, self.host_specs(hosts), proxies)
+            done = scalars.finish(plan, proxies, self.param_names)
+            self._plans.put(key, values, done.used, (plan, done))
             self.write_plan(plan.to_json())
+        else:
+            plan, done = cached
+            scalars.check_values(done, values)
         return plan, values, hosts, created
 
     def dispatch_number(self) -> int:
@@ -389,9 +396,18 @@ class CompiledProgram:
 
     @staticmethod
     def plan_key(values: list, hosts: list) -> tuple:
-        """What a plan depends on: each tensor's shape and dtype, each scalar's value."""
-        return tuple((tuple(h.shape), h.dtype.name) if h is not None else _scalar_key(v)
+        """What a plan is found by: each tensor's shape and dtype, each scalar's kind (int or float).  The values of
+        the scalars the host orchestrator used select among its plans (``compiler.scalars.PlanCache``)."""
+        return tuple((tuple(h.shape), h.dtype.name) if h is not None else type(v).__name__
                      for h, v in zip(hosts, values))
+
+    @staticmethod
+    def scalar_values(values: list, hosts: list) -> tuple:
+        """A dispatch's scalar arguments by host parameter (None for a tensor): what ``ScalarArg``s of its plan take.
+        Empty when it has none."""
+        out = tuple(v if h is None else None for v, h in zip(values, hosts))
+        return out if any(h is None for h in hosts[:len(values)]) else ()
+
 
     def write_plan(self, plan_json: dict) -> None:
         path = self.output_dir / "dispatch_plan.json"
@@ -404,7 +420,7 @@ class CompiledProgram:
 
     def __str__(self) -> str:
         """The program's dispatch plans (the tasks each rank runs, windows, host tensors), as JSON."""
-        plans = [p.to_json() for p in self._plans.values()]
+        plans = [plan.to_json() for plan, _ in self._plans.items()]
         head = f"# ptodist program '{self.name}' for devices {self.device_ids}: "
         if not plans:
             return head + "no dispatch planned yet (call it, or lower(*args))"
@@ -437,10 +453,11 @@ class CompiledProgram:
                 arrays.extend([None] * (spec.index + 1 - len(arrays)))
                 arrays[spec.index] = np.zeros(spec.shape, dtype=spec.dtype.np_dtype)
         dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number())
+        scalar_args = self.scalar_values(values, hosts)
         if backend.name == "shm":  # its rank group is kept for this program's next call (forking costs ms)
-            backend.run(plan, arrays, cfg, dfx_request, owner=self, stamp=self.stamp)
+            backend.run(plan, arrays, cfg, dfx_request, owner=self, stamp=self.stamp, scalars=scalar_args)
         else:
-            backend.run(plan, arrays, cfg, dfx_request)
+            backend.run(plan, arrays, cfg, dfx_request, scalars=scalar_args)
         outs = []
         for p, h in zip(self.host.params, hosts):
             if h is not None and p.direction is not Direction.IN:
@@ -529,10 +546,6 @@ def _copy_back(original, copy) -> None:
 
         with torch.no_grad():
             original.copy_(copy)
-
-
-def _scalar_key(v):
-    return ("scalar", v.value if isinstance(v, Scalar) else v)
 
 
 def _zeros(shape: list[int], dtype: dt.DataType, like_torch: bool):

@@ -236,7 +236,8 @@ class LocalBinding:
             hosts.append(HostView(a.shape, a.dtype.name, w, array=array))
         e = d.entry
         return Command(d.handle.number, e.id, e.plan, e.boundaries, segment, hosts,
-                       d.arena.owner if d.arena is not None else None, d.dfx, d.config.resolved_hang_timeout())
+                       d.arena.owner if d.arena is not None else None, d.dfx, d.config.resolved_hang_timeout(),
+                       scalars=d.compiled.scalar_values(d.values, d.args))
 
     def sent(self, command: Command) -> None:
         pass
@@ -448,7 +449,8 @@ class SharedBinding:
         return Command(d.handle.number, entry.id, entry.plan, entry.boundaries, segment, hosts,
                        heap, d.dfx, d.config.resolved_hang_timeout(),
                        blob=entry.blob if entry.id not in self.sent_plans else None,
-                       maps=maps, fds=[m.fd for m in maps], drops=self.drops, forget_plans=self.forget_plans)
+                       maps=maps, fds=[m.fd for m in maps], drops=self.drops, forget_plans=self.forget_plans,
+                       scalars=d.compiled.scalar_values(d.values, d.args))
 
     def sent(self, command: Command) -> None:
         """The ranks have the command: its memory is theirs now, its drops done."""

@@ -1,5 +1,6 @@
-"""A worker's plans: the host orchestrator planned with its sub-worker calls, cached per argument signature,
-split into segments, and checked against what a worker allows (stacked shards, persistent layouts)."""
+"""A worker's plans: the host orchestrator planned with its sub-worker calls, cached per argument signature (and
+the values of the scalars the host used: ``compiler.scalars``), split into segments, and checked against what a
+worker allows (stacked shards, persistent layouts)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import textwrap
 from dataclasses import dataclass, field
 
 from ... import context
-from ...compiler import checks
+from ...compiler import checks, scalars
 from ...compiler.plan import DispatchPlan, HostTensorRef, WindowView, _arg_json
 from ...compiler.planner import PlanningContext
 from ...errors import DispatchTypeError, DispatchValueError, ProgramError, ProgramTypeError
@@ -69,6 +70,7 @@ class _PlanEntry:
     layout: tuple        # (name, nbytes, offset) of each window buffer
     heap: int            # bytes of window heap per rank
     refs: dict = field(default_factory=dict)  # host param index -> [(rank, index, location)]
+    done: scalars.Finished = field(default_factory=lambda: scalars.Finished(frozenset()))  # the scalars it used
     boundaries: list = field(init=False)      # the seq of each sub-worker call: where segments end
 
     def __post_init__(self):
@@ -123,24 +125,26 @@ def is_abstract(fn: Function) -> bool:
 
 
 class Planner:
-    """Plans a worker's dispatches: one cache entry per program and argument signature."""
+    """Plans a worker's dispatches: one cache entry per program and argument signature (and the values of the scalars
+    its host used), the least recently used of more than ``scalars.PLANS_KEPT`` dropped."""
 
     def __init__(self, callbacks: dict, persistent: bool, encode):
         self.callbacks = callbacks
         self.persistent = persistent
         self.encode = encode         # (plan, boundaries) -> bytes for ranks in other processes, or None
-        self.plans: dict = {}
+        self.plans = scalars.PlanCache()
         self.plan_ids = itertools.count()
         self.layouts: dict = {}      # program index -> persistent window layout
 
     def plan_for(self, index: int, compiled, values: list, hosts: list) -> _PlanEntry:
         key = (index, compiled.plan_key(values, hosts))
-        entry = self.plans.get(key)
+        entry = self.plans.get(key, values)
         if entry is not None:
+            scalars.check_values(entry.done, values)
             return entry
         specs = compiled.host_specs(hosts)
         ctx = _WorkerPlanningContext(compiled.name, compiled.device_ids, specs, compiled.host)
-        proxies = list(values)
+        proxies = scalars.slots_for(values, hosts)  # a scalar the host only passes on leaves the plan open
         for spec in specs:
             proxies[spec.index] = HostTensorRef(spec)
         with context.using(ctx):
@@ -148,6 +152,7 @@ class Planner:
         plan = ctx.plan
         checks.check_coverage(plan, compiled.host)
         calls = ctx.host_calls
+        done = scalars.finish(plan, proxies, compiled.param_names, calls)
         for call in calls:
             if call.function.name not in self.callbacks and is_abstract(call.function):
                 raise ProgramError(f"{call.function.name}() at {call.location}: sub-worker function "
@@ -162,8 +167,8 @@ class Planner:
                 "functions must be reachable from the programs given to prepare().") from None
         heap = -(-plan.window_heap_bytes // ALIGN) * ALIGN
         entry = _PlanEntry(next(self.plan_ids), plan, calls, blob, _steps(plan, calls),
-                           tuple((w.name, w.nbytes, w.offset) for w in plan.windows), heap, _host_refs(plan))
-        self.plans[key] = entry
+                           tuple((w.name, w.nbytes, w.offset) for w in plan.windows), heap, _host_refs(plan), done)
+        self.plans.put(key, values, done.used, entry)
         out = plan.to_json()
         if calls:
             out["sub_worker_calls"] = [{"seq": c.seq, "function": c.function.name, "called_at": c.location,
