@@ -264,6 +264,9 @@ class ChipWorker:
         self._require_open("run")
         local = self._adopt(compiled, "run")
         dw = self._worker()
+        if dw._core.stale():  # what the programs read changed since its ranks started: run on fresh ones
+            self._restart()
+            dw = self._dw
         names = compiled.param_names
         for i, a in enumerate(args):
             if isinstance(a, (DeviceTensor, StackedDeviceTensor)) and a._core is not dw._core:
