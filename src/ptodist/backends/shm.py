@@ -1338,7 +1338,7 @@ def _run_command(state: _RankState, number: int, command: _Wire) -> tuple[int, R
     last = segment == len(segments) - 1
     state.running, state.stopping = True, False
     try:
-        outcome = run_rank(ctx, log, dfx, last=last)
+        outcome = run_rank(ctx, log, dfx, last=last, dedicated=True)  # a rank process runs nothing else
     finally:
         state.running = False
     code = ABORTED if outcome.stopped else CMD_FAILED if outcome.failure is not None else OK
