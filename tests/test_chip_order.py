@@ -21,7 +21,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, ir
 from ptodist.check import explore
-from ptodist.errors import HangError
+from ptodist.errors import HangError, RankError
 
 SIZE = 16
 NR = pl.dynamic("NR")
@@ -308,6 +308,80 @@ def test_a_worker_orders_the_tasks_of_each_segment(backend):
     np.testing.assert_array_equal(seen[0], 2 * a)
     np.testing.assert_array_equal(z, 4 * a)
     np.testing.assert_array_equal(y, 8 * np.roll(a, -1, axis=0))
+
+
+@pl.jit.incore
+def accumulate_kernel(x: pl.Tensor[[1, SIZE], pl.FP32], acc: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+                      y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    total = pl.add(pl.load(acc, [0, 0], [1, SIZE]), pl.load(x, [0, 0], [1, SIZE]))
+    pl.store(total, [0, 0], acc)
+    pl.store(total, [0, 0], y)
+
+
+@pl.jit
+def accumulate(x: pl.Tensor[[1, SIZE], pl.FP32], acc: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+               y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    accumulate_kernel(x, acc, y)
+
+
+@pl.jit.host
+def sometimes_chained(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]],
+                      f: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]], chain: pl.Scalar[pl.INT32]):
+    buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        accumulate(x[r], pld.window(buf, [1, SIZE], dtype=pl.FP32), y[r], device=r)
+    if chain:  # the host decides by the scalar: a plan with the host's order signal, and one without
+        sums = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+        for r in pl.range(pld.world_size()):
+            chip_b(chip_a(x[r], sums[r]), f[r])
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "kept"])
+def test_persistent_windows_keep_their_layout_and_bytes_when_a_plan_adds_the_order_signal(backend, reset):
+    a = data(2)
+    x, y, f = (host_array(v, backend) for v in (a, np.zeros_like(a), np.zeros_like(a)))
+    compiled = sometimes_chained.compile(x, y, f, 0, config=cfg(2, backend))
+    with compiled.prepare(persistent=True, reset_persistent_windows=reset) as rt:
+        for k, chain in enumerate([0, 1, 0]):
+            rt(x, y, f, chain)
+            np.testing.assert_array_equal(y, a if reset else (k + 1) * a)
+        np.testing.assert_array_equal(f, 4 * a)
+
+
+@pl.jit.incore
+def refuse_negative_kernel(x: pl.Tensor[[1, SIZE], pl.FP32]):
+    if float(pl.read(x, [0, 0])) < 0:
+        raise ValueError("a negative input")
+
+
+@pl.jit
+def refuse_negative(x: pl.Tensor[[1, SIZE], pl.FP32]):
+    refuse_negative_kernel(x)
+
+
+@pl.jit.host
+def checked_chain(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], f: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)  # a window: the worker's arena holds the order signal
+    for r in pl.range(pld.world_size()):
+        refuse_negative(x[r], device=r)
+    sums = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        chip_b(chip_a(x[r], sums[r]), f[r])
+
+
+def test_tokens_a_failed_dispatch_left_in_kept_windows_do_not_release_the_next_dispatchs_waits(monkeypatch):
+    a = data(2)
+    compiled = checked_chain.compile(a, np.zeros_like(a), config=cfg(2, "sim"))
+    with compiled.prepare(persistent=True, reset_persistent_windows=False) as rt:
+        bad = a.copy()
+        bad[1, 0, 0] = -1.0
+        monkeypatch.setenv("PTODIST_SIM_SEED", "2")  # rank 1 runs only when rank 0 cannot: rank 0 notifies first
+        with pytest.raises(RankError, match="a negative input"):
+            rt(bad, np.zeros_like(a))  # rank 1 fails before it takes rank 0's token
+        monkeypatch.setenv("PTODIST_SIM_SEED", "1")  # now rank 0 runs last: rank 1's waits must hold
+        f = np.zeros_like(a)
+        rt(a, f)
+        np.testing.assert_array_equal(f, 4 * a)
 
 
 # ---------------------------------------------------------------------------

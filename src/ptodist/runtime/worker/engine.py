@@ -183,7 +183,8 @@ class Engine:
                     self.planner.check_layout(index, compiled, entry)
             request = dfx.request_for(cfg, lambda: compiled.output_dir, -1) \
                 if cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats else None
-            if len(entry.plan.host_tensors) > len(hosts):  # pl.create_tensor in the host: fresh zeroed intermediates
+            if any(t.index >= len(hosts) for t in entry.plan.host_tensors):
+                # pl.create_tensor in the host: fresh zeroed intermediates, after every parameter (scalars too)
                 hosts = hosts + self._intermediates(compiled, entry, len(hosts))
             handle = RunHandle(worker, compiled.name, -1)
             return _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key, residents=residents)
@@ -404,15 +405,24 @@ class Engine:
             error = self._agree(error, "windows", f"dispatch {d.handle.number} of '{d.compiled.name}'")
             if error is not None:
                 raise _Agreed(error)
-            if arena is not None:  # too small: the ranks drop it with this command
-                self.binding.drop_arena(arena)
+            old = arena
             stride = heap if self.persistent else max(heap, 2 * arena.stride if arena else heap)
             arena = self.arenas[d.arena_key] = self.binding.new_arena(stride)
+            if old is not None:  # too small: the ranks drop it with this command
+                if self.persistent and old.used:
+                    # The program's windows keep their layout; the heap grew by the host's chip-task order
+                    # signal (a plan with edges after one without): the windows keep their bytes.
+                    arena.rows[:, :old.stride] = old.rows
+                    arena.used = True
+                self.binding.drop_arena(old)
         if self.persistent:
             if arena.used and self.reset:
                 arena.rows[:] = 0
         else:
             arena.rows[:, :heap] = 0  # windows start zeroed in every dispatch; only the part this plan uses
+        order = d.entry.plan.order_signal
+        if order is not None:  # its tokens start at zero, whatever a failed dispatch before left in kept windows
+            arena.rows[:, order.offset:order.offset + order.nbytes] = 0
         arena.used = True
         return arena
 

@@ -167,7 +167,9 @@ class Planner:
                 "functions must be reachable from the programs given to prepare().") from None
         heap = -(-plan.window_heap_bytes // ALIGN) * ALIGN
         entry = _PlanEntry(next(self.plan_ids), plan, calls, blob, _steps(plan, calls),
-                           tuple((w.name, w.nbytes, w.offset) for w in plan.windows), heap, _host_refs(plan), done)
+                           # the program's own windows; the host's chip-task order signal is ptodist's
+                           tuple((w.name, w.nbytes, w.offset) for w in plan.windows if w is not plan.order_signal),
+                           heap, _host_refs(plan), done)
         self.plans.put(key, values, done.used, entry)
         out = plan.to_json()
         if calls:
