@@ -12,11 +12,27 @@ Tasks run on the rank's one thread, in submission order among those that are
 ready; when none is ready the rank blocks until one of the pending conditions
 holds (the hang detector sees that wait like any other).  With nothing pending
 a task runs the moment it is submitted, exactly as a plain call would.
+
+Scheduling is linear in the tasks and their edges (Kahn's algorithm): a waiting
+task counts the unfinished tasks it waits for, each task lists its dependants,
+and a task that completes makes ready the dependants whose count drops to zero;
+ready tasks wait in a heap of ids.  The unfinished tasks that touch memory are
+indexed by the byte ranges they cover (:class:`_Overlaps`), so finding what a
+new task overlaps never scans every unfinished task.  A deferred wait is polled
+(``condition_holds``) when a task naming its task in ``deps=`` is submitted;
+while the rank runs ready tasks, those named so, oldest first up to the first
+that does not hold; and before the rank blocks, every one whose completion would
+make a task ready (or that a ``wait_for`` waits for).  Only that last poll grows
+with the number of deferred waits pending at once: blocking on whichever holds
+first would need the rank context to wait on several cells.
 """
 
 from __future__ import annotations
 
+import heapq
 import weakref
+from bisect import bisect_left, insort
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -26,8 +42,10 @@ try:
 except ImportError:  # numpy < 2
     byte_bounds = np.byte_bounds
 
+_WAITING, _INCOMPLETE, _DONE = 0, 1, 2
 
-@dataclass
+
+@dataclass(eq=False)
 class Task:
     tid: int
     name: str
@@ -36,6 +54,11 @@ class Task:
     buffers: frozenset  # the byte ranges (low, high) of the task's tensor arguments
     manual: bool
     conditions: list = field(default_factory=list)
+    # The graph's bookkeeping: where the task is, how many unfinished tasks it waits for, who waits for it.
+    state: int = field(default=_WAITING, repr=False)
+    unmet: int = field(default=0, repr=False)
+    dependants: list = field(default_factory=list, repr=False)
+    named: bool = field(default=False, repr=False)  # a waiting task names it in deps=: poll it while the rank runs
 
 
 def buffer_key(t) -> tuple[int, int]:
@@ -48,6 +71,64 @@ def overlap(a, b) -> bool:
     return any(lo < h and l2 < hi for lo, hi in a for l2, h in b)
 
 
+class _Overlaps:
+    """The unfinished tasks by the byte ranges they touch: which of them a range overlaps, without a scan of all.
+
+    Ranges are kept by length class (``length.bit_length()``), each class sorted by start, so the ranges
+    that may overlap ``[a, b)`` in a class are those starting in ``(a - 2**class, b)``: a bisection and
+    a short walk.  Per range, only the tasks a newcomer must wait for are kept: the last non-manual task
+    with that range (it waited for every unfinished task overlapping it, so its completion implies
+    theirs) and the manual tasks after it.  A non-manual task also drops the ranges it contains: whoever
+    overlaps one of them overlaps it too, and waits for it.
+    """
+
+    def __init__(self):
+        self._classes: dict[int, list] = {}       # length class -> sorted [(low, high)]
+        self._entries: dict[tuple, list] = {}     # (low, high) -> [last non-manual task or None, manual tasks]
+
+    def __bool__(self) -> bool:
+        return bool(self._entries)
+
+    def add(self, task: Task) -> None:
+        """Index an unfinished task (after :meth:`overlapping` of its ranges, which dropped what it contains)."""
+        for key in task.buffers:
+            entry = self._entries.get(key)
+            if entry is None:
+                entry = self._entries[key] = [None, []]
+                insort(self._classes.setdefault((key[1] - key[0]).bit_length(), []), key)
+            if task.manual:
+                entry[1].append(task)
+            else:
+                entry[0], entry[1] = task, []
+
+    def overlapping(self, buffers, prune: bool = False) -> set[Task]:
+        """The unfinished tasks to wait for before touching ``buffers``; ``prune``: drop the ranges they contain."""
+        found: set[Task] = set()
+        for a, b in buffers:
+            for cls, keys in self._classes.items():
+                i = bisect_left(keys, (a - (1 << cls) + 1,))
+                while i < len(keys) and keys[i][0] < b:
+                    key = keys[i]
+                    if key[1] <= a:
+                        i += 1
+                        continue
+                    entry = self._entries[key]
+                    last, manual = entry
+                    if last is not None and last.state == _DONE:
+                        last = entry[0] = None
+                    if manual and any(t.state == _DONE for t in manual):
+                        manual[:] = [t for t in manual if t.state != _DONE]
+                    if last is not None:
+                        found.add(last)
+                    found.update(manual)
+                    if last is None and not manual or prune and a <= key[0] and key[1] <= b:
+                        del keys[i]
+                        del self._entries[key]
+                    else:
+                        i += 1
+        return found
+
+
 class TaskGraph:
     """The submitted-but-unfinished tasks of one rank."""
 
@@ -56,85 +137,151 @@ class TaskGraph:
         # collection frees, keeping the dispatch's tensors (and their shared-memory mappings) alive until then.
         # Its condition_holds(c) polls a deferred wait (never blocks); block_until_first(cs) blocks on them.
         self._owner = weakref.proxy(owner)
-        self.waiting: list[Task] = []      # submitted, not yet run
-        self.incomplete: dict[int, Task] = {}  # ran, but deferred conditions still pending
+        self.waiting: dict[int, Task] = {}     # submitted, not yet run
+        self.incomplete: dict[int, Task] = {}  # ran, but deferred conditions still pending (in the order they ran)
+        self._ready: list[int] = []            # heap: ids of waiting tasks that wait for nothing any more
+        self._named: deque[Task] = deque()     # incomplete tasks a waiting task names in deps=, oldest first
+        self._blocking: dict[int, Task] = {}   # incomplete tasks that waiting tasks wait for
+        self._ran: deque[Task] = deque()       # incomplete tasks in the order they ran (finished ones are skipped)
+        self._overlaps = _Overlaps()
 
     @property
     def idle(self) -> bool:
         return not self.waiting and not self.incomplete
 
-    def complete(self, tid: int) -> bool:
-        if any(w.tid == tid for w in self.waiting):
-            return False  # not even run yet
-        task = self.incomplete.get(tid)
-        if task is None:
-            return True
-        task.conditions = [c for c in task.conditions if not self._owner.condition_holds(c)]
-        if task.conditions:
-            return False
-        del self.incomplete[tid]
-        return True
-
-    def _blocked_by(self, task: Task, earlier: list[Task]) -> bool:
-        if not all(self.complete(d) for d in task.deps):
-            return True
-        if task.manual:
-            return False
-        others = [*earlier, *self.incomplete.values()]
-        return any(overlap(o.buffers, task.buffers) for o in others if o.tid != task.tid)
+    def _unfinished(self, tid: int) -> Task | None:
+        return self.waiting.get(tid) or self.incomplete.get(tid)
 
     def submit(self, task: Task) -> bool:
         """Run ``task`` now if nothing it depends on is unfinished, else queue it; True when it ran."""
-        if not self._blocked_by(task, self.waiting):
-            self._run(task)
+        if self._overlaps and self.idle:
+            self._overlaps = _Overlaps()  # every task it holds is complete
+        if self.idle and (self._named or self._ran):
+            self._named.clear()
+            self._ran.clear()
+        blockers: set[Task] = set()
+        polling = True  # as the deps are read in order: poll an incomplete one until one is found pending
+        for d in task.deps:
+            t = self._unfinished(d)
+            if t is None:
+                continue
+            if polling and t.state == _INCOMPLETE and self._poll(t):
+                continue
+            polling = False
+            blockers.add(t)
+        if not task.manual and task.buffers and (self.waiting or self.incomplete):
+            blockers |= self._overlaps.overlapping(task.buffers, prune=True)
+        if not blockers:
+            self._run(task, indexed=False)
             self.progress()
             return True
-        self.waiting.append(task)
+        task.unmet = len(blockers)
+        for t in blockers:
+            t.dependants.append(task)
+            if t.state == _INCOMPLETE:
+                self._blocking[t.tid] = t
+        for d in task.deps:
+            t = self._unfinished(d)
+            if t is not None and not t.named:
+                t.named = True
+                if t.state == _INCOMPLETE:
+                    self._named.append(t)
+        self.waiting[task.tid] = task
+        if task.buffers:
+            self._overlaps.add(task)
         self.progress()
         return False
 
-    def _run(self, task: Task) -> None:
+    def _run(self, task: Task, indexed: bool = True) -> None:
+        """Run a task whose dependencies are complete; ``indexed``: it waited, so the overlap index has it."""
+        self.waiting.pop(task.tid, None)
         task.conditions = [c for c in task.run() if not self._owner.condition_holds(c)]
+        if not task.conditions:
+            self._finish(task)
+            return
+        task.state = _INCOMPLETE
+        self.incomplete[task.tid] = task
+        self._ran.append(task)
+        if task.dependants:
+            self._blocking[task.tid] = task
+        if task.named:
+            self._named.append(task)
+        if not indexed and task.buffers:
+            self._overlaps.add(task)  # it blocks the tasks that overlap it until its conditions hold
+
+    def _poll(self, task: Task) -> bool:
+        """Poll an incomplete task's deferred waits; True (and the task finished) when they all hold."""
+        task.conditions = [c for c in task.conditions if not self._owner.condition_holds(c)]
         if task.conditions:
-            self.incomplete[task.tid] = task
+            return False
+        del self.incomplete[task.tid]
+        self._blocking.pop(task.tid, None)
+        self._finish(task)
+        return True
+
+    def _finish(self, task: Task) -> None:
+        """``task`` is complete: its dependants wait for one task fewer."""
+        task.state = _DONE
+        for t in task.dependants:
+            t.unmet -= 1
+            if t.unmet == 0:
+                heapq.heappush(self._ready, t.tid)
+        task.dependants = []
+
+    def _poll_named(self) -> None:
+        """Poll the incomplete tasks that waiting tasks name in deps=, oldest first, up to one still pending."""
+        named = self._named
+        while named:
+            if named[0].state == _INCOMPLETE and not self._poll(named[0]):
+                return
+            named.popleft()
 
     def progress(self) -> bool:
         """Run every waiting task that has become ready (in submission order); True when any ran."""
-        ran_any, again = False, True
-        while again:
-            again = False
-            for i, task in enumerate(self.waiting):
-                if not self._blocked_by(task, self.waiting[:i]):
-                    del self.waiting[i]
-                    self._run(task)
-                    ran_any = again = True
-                    break
-        return ran_any
+        ran_any = False
+        while True:
+            if self._named:
+                self._poll_named()
+            if not self._ready:
+                return ran_any
+            self._run(self.waiting[heapq.heappop(self._ready)])
+            ran_any = True
 
     def wait_for(self, tids=None) -> None:
-        """Block until the tasks ``tids`` (all, when None) are complete, running what becomes ready meanwhile."""
+        """Block until the tasks ``tids`` (all, when None) are complete, running what becomes ready meanwhile.
+
+        When nothing is ready it polls the deferred waits that matter (those of incomplete tasks that
+        waiting tasks wait for, and of the tasks in ``tids``) and, if none holds, blocks on the oldest
+        pending one.  The others need no poll: completing them would make nothing ready.
+        """
         def pending() -> bool:
             if tids is None:
                 return not self.idle
-            return any(t in self.incomplete or any(w.tid == t for w in self.waiting) for t in tids)
+            return any(t in self.incomplete or t in self.waiting for t in tids)
 
         while pending():
             if self.progress():
                 continue
-            for tid in list(self.incomplete):
-                self.complete(tid)
+            polled = list(self._blocking.values())
+            if tids is not None:
+                polled += [self.incomplete[t] for t in tids if t in self.incomplete and t not in self._blocking]
+            for task in polled:
+                if task.state == _INCOMPLETE:
+                    self._poll(task)
             if self.progress() or not pending():
                 continue
             if not self.incomplete:
-                names = ", ".join(f"{t.name} (task {t.tid}, deps {t.deps})" for t in self.waiting)
+                names = ", ".join(f"{t.name} (task {t.tid}, deps {t.deps})" for t in self.waiting.values())
                 raise AssertionError(f"task graph stuck with nothing to wait for: {names}")
-            self._owner.block_until_first([c for t in self.incomplete.values() for c in t.conditions])
+            while self._ran[0].state != _INCOMPLETE:
+                self._ran.popleft()
+            oldest = self._ran[0]
+            self._owner.block_until_first(oldest.conditions)
+            if self._poll(oldest):
+                self.progress()
 
     def wait_overlapping(self, buffers: frozenset) -> None:
         """Block until no unfinished task touches ``buffers`` (before a plain call or read that touches them)."""
-        def tids():
-            return [t.tid for t in (*self.waiting, *self.incomplete.values()) if overlap(t.buffers, buffers)]
-
-        pending = tids()
+        pending = [t.tid for t in self._overlaps.overlapping(buffers)]
         if pending:
-            self.wait_for(pending)
+            self.wait_for(sorted(pending))
