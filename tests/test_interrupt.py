@@ -15,7 +15,6 @@ import subprocess
 import sys
 
 import pytest
-
 from conftest import child_env
 
 SAFETY_S = 30
