@@ -308,3 +308,19 @@ def test_under_mpirun_a_call_reads_the_state_of_its_call_and_a_rank_change_is_re
     proc = _mpirun(1, [sys.executable, str(script)])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "RESULT 1.0 3.0 KernelStateError" in proc.stdout, proc.stdout + proc.stderr[-4000:]
+
+
+@pl.jit.incore
+def tile_random_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
+    pl.random(1, 2, 0, 0, 0, 0, [1, 4], dtype=pl.INT32)  # pl.random: not numpy's generator
+    pl.store(pl.add(pl.load(x, [0, 0], [1, 4]), float(np.float32(0))), [0, 0], y)
+
+
+def test_drawing_from_numpy_in_the_driver_does_not_stale_a_worker_whose_kernel_uses_pl_random():
+    # The kernel names np and random, but never np.random: the attribute chains decide what it reads.
+    x = ptodist.shared_array((1, 4))
+    compiled = tile_random_kernel.compile(x, np.zeros((1, 4), np.float32), config=RunConfig(backend="shm"))
+    with compiled.prepare() as rt:
+        rt(x)
+        np.random.rand(3)
+        rt(x)

@@ -10,10 +10,11 @@ do not, so they compare stamps: the shm backend forks afresh when a kept group's
 the driver's, a worker refuses a dispatch when the driver's state changed since ``prepare()``, and a
 rank whose code changed the state fails its dispatch (``KernelStateError``), the same on every backend.
 
-What is read is found from the code, once per program: every global name a function's code (and its
-nested code: regions, comprehensions, lambdas) refers to, its closure cells, the attributes those
-names are looked up with on modules, and the user's own helper functions it reaches (not library
-code: the standard library, installed packages, ptodist).  A stamp holds each value by identity
+What is read is found from the code's instructions, once per program: every global name a function's
+code (and its nested code: regions, comprehensions, lambdas) loads or stores, its closure cells, the
+attribute chains it looks up on them (``np.random.rand``: the module ``numpy.random``, and numpy's
+global generator), and the user's own helper functions it reaches (not library code: the standard
+library, installed packages, ptodist).  A stamp holds each value by identity
 (kept alive by the stamp, so an address is never reused under it) plus what can change in place:
 the content of numbers, strings, containers, numpy arrays and the user's own objects, a torch
 tensor's version counter, a random generator's state.
@@ -25,6 +26,8 @@ import argparse
 import array
 import collections
 import dataclasses
+import dis
+import functools
 import random
 import sys
 import types
@@ -37,6 +40,7 @@ from ..source import is_library, is_ptodist
 from .checks import reachable_functions
 
 _MISSING = object()
+_NO_PATHS: dict = {}
 _BUDGET = 4096          # values a stamp looks into, at most; beyond, containers count by identity and length
 _DEPTH = 4              # how deep a stamp looks into nested values and module attributes
 # torch functions that draw from (or seed) its global generator: a program naming one reads that state.
@@ -48,10 +52,9 @@ _TORCH_RANDOM = frozenset({
 class _Reader:
     """One stamp's reading: what it may still look into, and the values it holds by identity."""
 
-    __slots__ = ("budget", "keep", "modules", "present")
+    __slots__ = ("budget", "keep", "modules")
 
-    def __init__(self, present: dict):
-        self.present = present  # (module, names) -> the names the module had when first read (its state's)
+    def __init__(self):
         self.budget = _BUDGET
         self.keep: list = []      # held, so that no id in the stamp is reused while the stamp lives
         self.modules: set = set()  # modules already read (a module's attributes are read once a stamp)
@@ -90,14 +93,14 @@ class Stamp:
 class _Site:
     """One place a value is read from: a global of a module, or a closure cell of a function."""
 
-    __slots__ = ("label", "space", "name", "cell", "names")
+    __slots__ = ("label", "space", "name", "cell", "paths")
 
-    def __init__(self, label: str, names: tuple, space: dict | None = None, name: str = "", cell=None):
+    def __init__(self, label: str, paths: dict, space: dict | None = None, name: str = "", cell=None):
         self.label = label
         self.space = space
         self.name = name
         self.cell = cell
-        self.names = names  # the attribute names the code may look up on the value
+        self.paths = paths  # the attribute chains the code looks up on the value, as a trie {name: {name: ...}}
 
     def value(self):
         if self.cell is not None:
@@ -113,7 +116,6 @@ class ProgramState:
 
     def __init__(self, functions):
         self.sites: list[_Site] = []
-        self._present: dict = {}
         self._where: dict[str, str] = {}  # a site's label -> the function (file:line) that reads it
         self._walk(functions)
 
@@ -133,18 +135,18 @@ class ProgramState:
             if id(fn) in seen_fn:
                 continue
             seen_fn.add(id(fn))
-            names = _names(fn.__code__)
+            globals_, cells = _paths(fn.__code__)
             where = f"{fn.__qualname__} ({fn.__code__.co_filename}:{fn.__code__.co_firstlineno})"
             space = fn.__globals__
             module = space.get("__name__", "?")
-            for name in names:
+            for name, paths in globals_.items():
                 if name not in space or name.startswith("__"):
                     continue
                 key = (id(space), name)
                 if key not in seen_site:
                     seen_site.add(key)
                     label = f"{module}.{name}"
-                    self.sites.append(_Site(label, names, space=space, name=name))
+                    self.sites.append(_Site(label, paths, space=space, name=name))
                     self._where.setdefault(label, where)
                 todo.extend(_reached(space[name]))
             for name, cell in zip(fn.__code__.co_freevars, fn.__closure__ or ()):
@@ -152,7 +154,7 @@ class ProgramState:
                 if key not in seen_site:
                     seen_site.add(key)
                     label = f"{name} (a variable {fn.__qualname__} closes over)"
-                    self.sites.append(_Site(label, names, cell=cell))
+                    self.sites.append(_Site(label, cells.get(name, {}), cell=cell))
                     self._where.setdefault(label, where)
                 try:
                     todo.extend(_reached(cell.cell_contents))
@@ -161,12 +163,12 @@ class ProgramState:
 
     # -- reading them --------------------------------------------------------------------------
     def stamp(self) -> Stamp:
-        r = _Reader(self._present)
+        r = _Reader()
         entries = []
         for site in self.sites:
             value = site.value()
             try:
-                key = _key(value, site.names, r, 0)
+                key = _key(value, site.paths, r, 0)
             except Exception:  # noqa: BLE001 - a value that cannot be looked into is compared by identity
                 key = r.same(value)
             entries.append((site.label, key))
@@ -223,17 +225,35 @@ def _reached(value) -> list:
     return out
 
 
-def _names(code) -> tuple:
-    """Every name ``code`` and its nested code look up (globals and attributes), sorted."""
-    names, todo = set(), [code]
+_LOADS = frozenset({"LOAD_GLOBAL", "LOAD_NAME", "STORE_GLOBAL", "DELETE_GLOBAL"})
+_CELL_LOADS = frozenset({"LOAD_DEREF", "LOAD_CLASSDEREF", "STORE_DEREF"})
+_ATTRS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+@functools.lru_cache(maxsize=4096)  # by code object: a rank forked from the driver finds the driver's reading
+def _paths(code) -> tuple[dict, dict]:
+    """The global names and the free variables ``code`` and its nested code load or store, each with the
+    attribute chains looked up on it, as tries: ``np.random.rand()`` gives ``{"np": {"random": {"rand": {}}}}``."""
+    globals_: dict = {}
+    cells: dict = {}
+    todo = [code]
     while todo:
         c = todo.pop()
-        names.update(c.co_names)
         todo.extend(k for k in c.co_consts if isinstance(k, types.CodeType))
-    return tuple(sorted(names))
+        node = None
+        for ins in dis.get_instructions(c):
+            if ins.opname in _ATTRS and node is not None:
+                node = node.setdefault(ins.argval, {})
+            elif ins.opname in _LOADS:
+                node = globals_.setdefault(ins.argval, {})
+            elif ins.opname in _CELL_LOADS:
+                node = cells.setdefault(ins.argval, {})
+            else:
+                node = None
+    return globals_, cells
 
 
-def _key(v, names: tuple, r: _Reader, depth: int):
+def _key(v, paths: dict, r: _Reader, depth: int):
     """What of ``v`` can tell a change: its value for plain data, else its identity plus what changes in place."""
     r.budget -= 1
     t = type(v)
@@ -251,14 +271,14 @@ def _key(v, names: tuple, r: _Reader, depth: int):
     if r.budget <= 0 or depth > _DEPTH:
         return (r.same(v), len(v)) if kind in ("items", "dict") else r.same(v)
     if kind == "items":
-        return (t, r.same(v), tuple(_key(x, names, r, depth + 1) for x in v))
+        return (t, r.same(v), tuple(_key(x, _NO_PATHS, r, depth + 1) for x in v))
     if kind == "dict":
-        return (t, r.same(v), tuple((_key(k, names, r, depth + 1), _key(x, names, r, depth + 1))
+        return (t, r.same(v), tuple((_key(k, _NO_PATHS, r, depth + 1), _key(x, _NO_PATHS, r, depth + 1))
                                     for k, x in v.items()))
     if kind == "buffer":
         return (t, r.same(v), bytes(v))
     if kind == "module":
-        return _module_key(v, names, r, depth)
+        return _module_key(v, paths, r, depth)
     if kind == "ndarray":
         return (r.same(v), v.shape, v.dtype.str, _digest(v, r))
     if kind == "npscalar":
@@ -272,7 +292,7 @@ def _key(v, names: tuple, r: _Reader, depth: int):
         rng = _rng_state(owner) if owner is not None else None
         return (r.same(v), rng)
     state = getattr(v, "__dict__", None)  # "object": the program's own data
-    return (r.same(v), _key(state, names, r, depth + 1) if isinstance(state, dict) else None)
+    return (r.same(v), _key(state, _NO_PATHS, r, depth + 1) if isinstance(state, dict) else None)
 
 
 _KINDS: dict = {type(None): "plain", bool: "plain", int: "plain", str: "plain", bytes: "plain", float: "float",
@@ -309,32 +329,28 @@ def _kind_of(t: type) -> str:
     return kind
 
 
-def _module_key(m: types.ModuleType, names: tuple, r: _Reader, depth: int):
-    """A module by identity, plus the attributes the code may look up on it (a module attribute replaced by
-    a monkeypatch shows), plus the global random state it draws from (``random``, ``numpy.random``, and
-    ``torch`` when the code names a random function)."""
-    if m in r.modules:
+def _module_key(m: types.ModuleType, paths: dict, r: _Reader, depth: int):
+    """A module by identity, plus the attributes the code looks up on it (a module attribute replaced by a
+    monkeypatch shows), plus the global random state it draws from (``random``, ``numpy.random``, and
+    ``torch`` when the code calls a random function of it)."""
+    if m in r.modules and not paths:
         return r.same(m)
     r.modules.add(m)
     space = m.__dict__
-    key = (id(m), id(names))  # both live as long as the ProgramState (sys.modules, its sites)
-    present = r.present.get(key)
-    if present is None:
-        present = r.present[key] = tuple(n for n in names if n in space)
     attrs = []
-    for n in present:
-        x = space.get(n, _MISSING)
+    for name, sub in paths.items():
+        x = space.get(name, _MISSING)
         if _KINDS.get(type(x)) == "same":  # most attributes (functions, classes): inline, they are many
             r.keep.append(x)
             attrs.append(id(x))
         else:
-            attrs.append(_key(x, names, r, depth + 1))
+            attrs.append(_key(x, sub, r, depth + 1))
     rng = None
     if m is random:
         rng = hash(random.getstate())
     elif m.__name__ == "numpy.random":
         rng = _rng_state(np.random.mtrand._rand)
-    elif m.__name__ == "torch" and not _TORCH_RANDOM.isdisjoint(names):
+    elif m.__name__ == "torch" and not _TORCH_RANDOM.isdisjoint(paths):
         rng = zlib.crc32(m.random.get_rng_state().numpy().tobytes())
     return (r.same(m), tuple(attrs), rng)
 
