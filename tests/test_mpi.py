@@ -253,6 +253,7 @@ def _collective_cases(p: int) -> dict:
     cases["strided and atomic RMA FP16"] = lambda: _strided_rma(p, pl.FP16)
     cases["strided and atomic RMA INT32"] = lambda: _strided_rma(p, pl.INT32)
     cases["inputs come from process 0"] = lambda: _inputs_from_process_zero(p)
+    cases["scalar arguments must agree"] = lambda: _scalars_must_agree(p)
     cases["diagnostic outputs in every process"] = lambda: _dfx_outputs(p)
     cases["a hang leaves every rank's records"] = lambda: _hang_records(p)
     return cases
@@ -360,6 +361,43 @@ def _inputs_from_process_zero(p: int) -> None:
     want = np.broadcast_to(np.arange(p, dtype=np.float32).reshape(p, 1, 1), (p, 1, 4))
     np.testing.assert_array_equal(x, want)
     np.testing.assert_array_equal(y, want)
+
+
+def _scalars_must_agree(p: int) -> None:
+    # A scalar argument reaches the ranks as the dispatch's value, not in the plan: processes that pass
+    # different values (here each its MPI rank) are refused in every process, as different plans are.
+    import ptodist.language as pl
+    import ptodist.language.distributed as pld
+    from ptodist import DistributedConfig, RunConfig
+    from ptodist.backends.mpi import load_mpi
+    from ptodist.errors import DispatchValueError
+
+    me = load_mpi().COMM_WORLD.Get_rank()
+    nr = pl.dynamic("NR")
+
+    @pl.jit.incore
+    def fill(y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], s: pl.Scalar[pl.FP32]):
+        pl.store(pl.full([1, 4], s, pl.FP32), [0, 0], y)
+
+    @pl.jit
+    def chip(y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], s: pl.Scalar[pl.FP32]):
+        fill(y, s)
+
+    @pl.jit.host
+    def host(y: pl.Out[pl.Tensor[[nr, 1, 4], pl.FP32]], s: pl.Scalar[pl.FP32]):
+        for r in pl.range(pld.world_size()):
+            chip(y[r], s, device=r)
+
+    y = np.zeros((p, 1, 4), np.float32)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p))))
+    host(y, 2.5, config=cfg)
+    assert (y == 2.5).all()
+    try:
+        host(y, float(me), config=cfg)
+    except DispatchValueError as e:
+        assert "planned a different dispatch than process 0 (other windows, tasks or scalar arguments)" in str(e)
+    else:
+        raise AssertionError("processes with different scalar arguments ran")
 
 
 def _hang_records(p: int) -> None:

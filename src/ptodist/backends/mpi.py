@@ -349,7 +349,7 @@ class MpiGroup:
         if arrays is None:
             arrays = [h.array if h is not None else None for h in command.hosts]
         try:
-            error = _agree_on_plan(self.session, plan, what)
+            error = _agree_on_plan(self.session, plan, what, command.scalars)
             if error is None:
                 _sync_host_tensors(self.session, arrays)
                 error = _MpiRun(self.session, plan, arrays, command.hang_timeout, command.dfx, arena=command.heap,
@@ -406,21 +406,24 @@ def _arg_key(a):
     return type(a).__name__
 
 
-def plan_digest(plan: DispatchPlan) -> str:
-    """A digest of what the ranks will do: windows, host tensors, and every rank's tasks and arguments."""
+def plan_digest(plan: DispatchPlan, scalars: tuple = ()) -> str:
+    """A digest of what the ranks will do: windows, host tensors, every rank's tasks and arguments, and the
+    dispatch's scalar arguments (exactly: ``-0.0`` is not ``0.0``)."""
     tasks = [[(t.function.describe() if isinstance(t.function, BuiltinCall) else t.function.name,
                tuple(_arg_key(a) for a in t.args)) for t in ts] for ts in plan.tasks]
     parts = (plan.program, plan.world, tuple(plan.device_ids), plan.window_heap_bytes,
              tuple((w.name, w.offset, w.nbytes) for w in plan.windows),
              tuple((t.index, t.name, tuple(t.shape), t.dtype.name, t.direction.value) for t in plan.host_tensors),
-             tasks)
+             tasks, tuple((type(v).__name__, v.hex() if isinstance(v, float) else repr(v)) for v in scalars))
     return hashlib.sha256(repr(parts).encode()).hexdigest()[:16]
 
 
-def _agree_on_plan(s: _Session, plan: DispatchPlan, what: str) -> BaseException | None:
-    """Check, in every process alike, that the job has one process per rank and one plan; return the error
-    every process raises (a process that failed to prepare the command sends its error instead of a plan)."""
-    error, everyone = _exchange(s, plan.device_ids, "segment", what, None, (plan.world, plan_digest(plan)))
+def _agree_on_plan(s: _Session, plan: DispatchPlan, what: str, scalars: tuple = ()) -> BaseException | None:
+    """Check, in every process alike, that the job has one process per rank and one plan (with the same scalar
+    arguments: each process's rank takes its own); return the error every process raises (a process that failed
+    to prepare the command sends its error instead of a plan)."""
+    error, everyone = _exchange(s, plan.device_ids, "segment", what, None,
+                                (plan.world, plan_digest(plan, scalars)))
     if error is not None:
         return error
     worlds = sorted({w for w, _ in everyone})
