@@ -4,13 +4,14 @@ Each dispatch's ranks see the driver's state as it is when the dispatch starts (
 closure cells, module attributes, tensors changed in place, sys.path), and what a rank's code changes
 there is refused on every backend.  The shm backend keeps a program's ranks between one-shot calls
 and closes them after ``KEPT_IDLE_S`` idle: a call made while they are kept must give what a call
-made after they were closed gives.  Closing the kept groups by hand is exactly what the idle timer
-does, so the tests need no pause.
+made after they were closed gives.  The test that passes the idle limit shortens it and waits for the
+event (the timer closed the group), polling with a deadline: nothing sleeps to let things settle.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 import types
 
 import numpy as np
@@ -71,10 +72,15 @@ def restore(monkeypatch):
 def test_a_constant_changed_between_calls_gives_the_same_answer_kept_or_after_the_idle_limit(backend, pause,
                                                                                             restore):
     compiled = scale_all.compile(config=cfg(backend))
+    if pause:
+        restore.setattr(shm, "KEPT_IDLE_S", 0.01)  # the idle limit, shortened: the pause is waited for, not slept
     first = compiled(ones())
     restore.setattr(sys.modules[__name__], "SCALE", 3.0)
     if pause:
-        shm.close_kept_groups()  # what KEPT_IDLE_S of idle time does
+        deadline = time.monotonic() + 30
+        while shm._KEPT.groups:  # the kept ranks are closed by the idle timer
+            assert time.monotonic() < deadline, "the idle kept group was not closed"
+            time.sleep(0.01)
     second = compiled(ones())
     assert (first == 1).all() and (second == 3).all(), (first.ravel(), second.ravel())
 
