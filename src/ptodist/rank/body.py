@@ -75,8 +75,9 @@ def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None, dedicat
     changed = before.changed(state.stamp()) if before is not None else []
     if changed:  # the next dispatch would see it on some backends only: refused on every one
         if failure is None:
-            error = KernelStateError(changed_message(state, changed, f"rank {ctx.rank}'s code"))
+            error = KernelStateError(changed_message(state, changed, "the rank's code"))
             failure = rank_failure(ctx.plan, ctx.rank, ctx.task, error)
+            failure.traceback = ""  # found after the tasks, at no line of theirs: the message names the readers
         elif not failure.state_changed:
             failure.message += (" (before it failed, the rank's code also changed Python state the program "
                                 f"reads: {', '.join(repr(label) for label in changed[:4])})")
