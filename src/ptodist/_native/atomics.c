@@ -276,15 +276,30 @@ static PyObject *ledger_step_py(Ledger *self, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
-/* notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot) -> old: the atomic add (or
- * exchange) on a shared-memory cell, the wake-up of its sleepers, the step and the ring entry. */
+/* The wake slot of a rank (three words): `armed` counts the rank's waits for any of several cells; while
+ * it is non-zero every notify to that rank also increments `seq` and wakes the rank if it sleeps on it
+ * (`seq_sleepers`).  The cell's update comes before the load of `armed`, and the waiter increments
+ * `armed` before it reads `seq` and then the cells, all sequentially consistent: either the notifier
+ * sees the waiter armed (and moves `seq` after the cell, which the waiter then sees move), or the
+ * waiter sees the cell's new value (Dekker's argument again). */
+static inline void wake_any_waiter(int32_t *slot) {
+    if (__atomic_load_n(slot, __ATOMIC_SEQ_CST) > 0) {
+        __atomic_fetch_add(slot + 1, 1, __ATOMIC_SEQ_CST);
+        publish(slot + 1, slot + 2);
+    }
+}
+
+/* notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot[, wake]) -> old: the atomic add
+ * (or exchange) on a shared-memory cell, the wake-up of its sleepers and of the owner's wait for any cell
+ * (`wake`: the owner's wake slot, 0 for none), the step and the ring entry. */
 static PyObject *ledger_notify(Ledger *self, PyObject *const *args, Py_ssize_t n) {
-    long long v[9];
-    if (n != 9) {
-        PyErr_SetString(PyExc_TypeError, "Ledger.notify takes 9 arguments");
+    long long v[10];
+    if (n != 9 && n != 10) {
+        PyErr_SetString(PyExc_TypeError, "Ledger.notify takes 9 or 10 arguments");
         return NULL;
     }
-    for (int i = 0; i < 9; i++)
+    v[9] = 0;
+    for (int i = 0; i < n; i++)
         if (i != 4 && !as_ll(args[i], &v[i])) return NULL;
     unsigned long long word = PyLong_AsUnsignedLongLong(args[4]);
     if (word == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
@@ -293,6 +308,7 @@ static PyObject *ledger_notify(Ledger *self, PyObject *const *args, Py_ssize_t n
     int32_t old = v[3] ? __atomic_exchange_n(cell, value, __ATOMIC_SEQ_CST)
                        : __atomic_fetch_add(cell, value, __ATOMIC_SEQ_CST);
     publish(cell, as_word((unsigned long long)v[1]));
+    if (v[9]) wake_any_waiter(as_word((unsigned long long)v[9]));
     ledger_step(self, word);
     ledger_record(self, v[5], v[6], v[7], (int)v[3], value, old, v[8]);
     return PyLong_FromLong(old);
@@ -319,7 +335,7 @@ static PyMethodDef ledger_methods[] = {
     {"step_at", (PyCFunction)(void (*)(void))ledger_step_at, METH_FASTCALL,
      "step_at(cache, depth, code) -> None, or the frame (NotImplemented) whose call site is not cached yet"},
     {"notify", (PyCFunction)(void (*)(void))ledger_notify, METH_FASTCALL,
-     "notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot) -> old value"},
+     "notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot[, wake]) -> old value"},
     {"sent", (PyCFunction)(void (*)(void))ledger_sent, METH_FASTCALL,
      "sent(buffer, owner, offset, is_set, value, old, slot): record a notify made elsewhere"},
     {NULL, NULL, 0, NULL},
