@@ -250,8 +250,9 @@ def _from_hang(exc: HangError) -> list[Finding]:
     # Root cause first: the clobbering Set notifies, when that is the cause; then the blocked waits.
     locations = list(diagnosis.get("culprits", []))
     for s in blocked:
-        if s.get("where") and s["where"] not in locations:
-            locations.append(s["where"])
+        for w in (s, *s.get("others", ())):  # a rank waiting for any of several deferred waits: each one's line
+            if w.get("where") and w["where"] not in locations:
+                locations.append(w["where"])
     kind = diagnosis.get("kind", "hang")
     pitfall = "8.1 signal never reaches expected; 8.3 step 04" if kind == "set_clobber" else HangError.pitfall
     pitfall = diagnosis.get("pitfall", pitfall)  # a cause that is another row of SPEC §8

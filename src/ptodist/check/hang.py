@@ -1,9 +1,10 @@
 """Explain a hang: every rank's state, what each blocked cell received, the wait-for cycle, the likely cause.
 
 Inputs are the driver's snapshot of the status board (``states``: one dict per
-rank; blocked ranks carry their cell, expected and current value) and every
-rank's recent sent notifies (``sent``: buffer, owner rank, cell offset, op,
-value, resulting value, source line).
+rank; blocked ranks carry their cell, expected and current value, and a rank
+blocked until any of several deferred waits holds carries the others in
+``others``) and every rank's recent sent notifies (``sent``: buffer, owner rank,
+cell offset, op, value, resulting value, source line).
 """
 
 from __future__ import annotations
@@ -11,13 +12,18 @@ from __future__ import annotations
 import time
 
 from ..errors import HangError
-from ..rank.status import DONE, RUNNING, STATE_NAMES, WAITING
+from ..rank.status import DONE, OTHER_WAITS, RUNNING, STATE_NAMES, WAITING
 
 
 def received(state: dict, sent: list[dict]) -> list[dict]:
     """The notifies that reached the cell ``state`` waits on, in each sender's order."""
     return [e for e in sent if e["buffer"] == state["buffer_id"] and e["owner"] == state["rank"]
             and e["offset"] == state["offset"]]
+
+
+def waits(state: dict) -> list[dict]:
+    """Every wait a blocked rank's ``state`` names: its own, then the others it waits on at the same time."""
+    return [state, *state.get("others", ())]
 
 
 def wait_for_cycle(states: list[dict]) -> list[int]:
@@ -89,7 +95,7 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                 "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
                          "it notifies. Put the notify loop before the wait loop (or, if the send is in another "
                          "task, order it first with pl.submit(..., deps=[send_task]))."}
-    for s in blocked:
+    for s in (w for b in blocked for w in waits(b)):
         zeros = [e for e in received(s, sent) if e["op"] == "AtomicAdd" and e["value"] == 0]
         if zeros and s["current"] < s["expected"]:
             return {"kind": "hang", "culprits": _lines(zeros), "cycle": wait_for_cycle(states), "fix": FIX_ZERO_NOTIFY,
@@ -110,7 +116,7 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                     "cause": f"rank {peer['rank']} {peer['state']} without notifying the cell rank {s['rank']} "
                              f"waits on (cell {s['wait'].rsplit('cell ', 1)[-1]}): check the peer index of its "
                              "notify, or a condition that skipped it."}
-    if blocked and not any(received(s, sent) for s in blocked):
+    if blocked and not any(received(w, sent) for s in blocked for w in waits(s)):
         senders = [e for e in sent if e["rank"] in {s["rank"] for s in blocked}]
         return {"kind": "hang", "culprits": _lines(senders), "cycle": wait_for_cycle(states), "fix": FIX_WRONG_CELLS,
                 "cause": "the blocked ranks did notify, but none of their notifies reached a cell that a blocked "
@@ -176,15 +182,20 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
             task = f" in kernel '{s['task']}'" if s.get("task") else ""
             lines.append(f"{who}: blocked at {s['where']}{task}: {s['wait']} holds {s['current']}, "
                          f"needs {sym} {s['expected']} (waiting {s['waiting_s']:.2f} s)")
-            got = s.get("received")
-            if got is not None:
-                if got:
-                    shown = ", ".join(f"{'+' if e['op'] == 'AtomicAdd' else '='}{e['value']} from rank {e['rank']}"
-                                      + (f" at {e['where']}" if e["where"] else "") for e in got[-4:])
-                    more = f" (and {len(got) - 4} earlier)" if len(got) > 4 else ""
-                    lines.append(f"      received {len(got)} notify(s): {shown}{more}")
-                else:
-                    lines.append("      received no notify")
+            _received_lines(s, lines)
+            others = s.get("others")
+            if others:
+                n = 1 + len(others) + s.get("unlisted", 0)
+                lines.append(f"      it waits for whichever of its {n} pending deferred waits holds first; "
+                             "the others:")
+                for o in others:
+                    sym = "==" if o["cmp"] == "Eq" else ">="
+                    lines.append(f"    - at {o['where']}: {o['wait']} holds {o['current']}, needs {sym} "
+                                 f"{o['expected']}")
+                    if o.get("received"):  # (most received nothing: saying so for each would bury the rest)
+                        _received_lines(o, lines)
+                if s.get("unlisted"):
+                    lines.append(f"    - and {s['unlisted']} more (only the {OTHER_WAITS + 1} oldest are listed)")
         elif s["state"] == "running":
             task = f" task '{s['task']}'" if s.get("task") else ""
             if s.get("line"):
@@ -215,12 +226,28 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
     return "\n".join(lines)
 
 
-def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = None, asked: bool = False) -> dict:
+def _received_lines(s: dict, lines: list[str]) -> None:
+    """The notifies the cell of wait ``s`` received, as report lines (nothing when they are not known)."""
+    got = s.get("received")
+    if got is None:
+        return
+    if got:
+        shown = ", ".join(f"{'+' if e['op'] == 'AtomicAdd' else '='}{e['value']} from rank {e['rank']}"
+                          + (f" at {e['where']}" if e["where"] else "") for e in got[-4:])
+        more = f" (and {len(got) - 4} earlier)" if len(got) > 4 else ""
+        lines.append(f"      received {len(got)} notify(s): {shown}{more}")
+    else:
+        lines.append("      received no notify")
+
+
+def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = None, asked: bool = False,
+               others=()) -> dict:
     """What rank ``r``'s status row says, for a hang report: its state, and the wait it is blocked in.
 
     ``finished``: the rank already ended (its row may still say what it did last); ``cell_load(buffer_id,
     rank, offset)`` reads the cell a waiting rank waits on; ``line``: where a running rank was sampled
-    (``asked``: it was asked, so a missing line means it did not answer).
+    (``asked``: it was asked, so a missing line means it did not answer); ``others``: the rank's rows of the
+    board's other waits (a rank blocked until any of several deferred waits holds).
     """
     st = {"rank": r, "device_id": plan.device_ids[r], "state": STATE_NAMES.get(int(row["state"]), "unknown"),
           "task": row["task"].decode(errors="replace") or None}
@@ -238,6 +265,15 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
         order = getattr(plan, "order_signal", None)
         if order is not None and buffer_id == order.id:
             st["order"] = True  # the host's order of chip tasks: the rank waits before a task, not at a program line
+        more = int(row["wait_others"])
+        listed = [o for o in others[:min(more, OTHER_WAITS)] if 0 <= int(o["buffer"]) < len(plan.windows)]
+        if listed:
+            st["others"] = [{"rank": r, "wait": o["what"].decode(errors="replace"),
+                             "where": o["where"].decode(errors="replace"), "buffer": plan.windows[int(o["buffer"])].name,
+                             "buffer_id": int(o["buffer"]), "offset": int(o["offset"]), "cell0": int(o["cell0"]),
+                             "expected": int(o["expected"]), "cmp": "Ge" if o["cmp"] else "Eq",
+                             "current": cell_load(int(o["buffer"]), r, int(o["offset"]))} for o in listed]
+            st["unlisted"] = more - len(listed)
     if st["state"] == STATE_NAMES[RUNNING] and (asked or line):
         st["line"] = line  # None: asked, but the rank did not answer
     return st
@@ -248,7 +284,8 @@ def hang_from_states(states: list[dict], sent: list[dict], certain: bool, idle_s
     """The one translation of every rank's state (``rank_state``) and sent notifies into a HangError."""
     for st in states:
         if "buffer_id" in st:
-            st["received"] = received(st, sent)
+            for w in waits(st):
+                w["received"] = received(w, sent)
     diagnosis = diagnose_hang(states, sent)
     return HangError(hang_report(states, certain, idle_s, timeout_s, diagnosis), states, certain, diagnosis)
 
@@ -260,6 +297,7 @@ def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s
     ``busy``: the line each running rank was sampled at (rank -> ``file:line in function``), when asked.
     """
     states = [rank_state(plan, r, board.rows[r], r in finished, cell_load,
-                         busy.get(r) if busy is not None else None, busy is not None) for r in range(plan.world)]
+                         busy.get(r) if busy is not None else None, busy is not None, board.others[r])
+              for r in range(plan.world)]
     sent = [e for r in range(plan.world) for e in board.sent(r)]
     return hang_from_states(states, sent, certain, idle_s, timeout_s)

@@ -1,7 +1,8 @@
 """The status board: what each rank publishes about itself while it runs, for the driver to read.
 
 One row per rank (state, task, the wait it is blocked in, its progress word, the line it was last
-sampled at, its last communication operation) plus each rank's ring of the latest notifies it sent.
+sampled at, its last communication operation), the other waits of a rank that waits for whichever of
+several deferred waits holds first, and each rank's ring of the latest notifies it sent.
 Ranks write their own row only; the driver (``backends/``) reads every row to detect and explain hangs.
 """
 
@@ -41,6 +42,21 @@ STATUS_DTYPE = np.dtype([
     ("busy", "S192"),          # the rank's current line when last sampled (a running rank that stalls)
     ("last_op", np.int32),     # the last communication operation the rank began (an index of LAST_OPS; 0: none)
     ("last_site", np.int32),   # its source line, a slot of the rank's site table (-1: unknown)
+    ("wait_others", np.int32),  # how many more waits the rank waits on at once (any one that holds ends the wait);
+                                # the first OTHER_WAITS of them are in its rows of ``others``
+])
+
+# A rank blocked until any of its pending deferred waits holds: the row holds the oldest, these the next ones.
+OTHER_WAITS = 16
+OTHER_DTYPE = np.dtype([
+    ("buffer", np.int32),
+    ("cmp", np.int32),
+    ("cell0", np.int32),
+    ("pad", np.int32),
+    ("offset", np.int64),
+    ("expected", np.int64),
+    ("where", "S192"),
+    ("what", "S128"),
 ])
 
 # The operations ``last_op`` names: the ones a rank communicates with (written only by them, so cheaply).
@@ -75,10 +91,14 @@ class StatusBoard:
     def __init__(self, raw: np.ndarray, world: int):
         self.world = world
         rows_end = STATUS_DTYPE.itemsize * world
-        hist_end = rows_end + ctypes.sizeof(Sent) * HISTORY * world
+        others_end = rows_end + OTHER_DTYPE.itemsize * OTHER_WAITS * world
+        hist_end = others_end + ctypes.sizeof(Sent) * HISTORY * world
         self.rows = raw[:rows_end].view(STATUS_DTYPE)  # structured array of STATUS_DTYPE, length world
+        # [world, OTHER_WAITS] of OTHER_DTYPE: right after the rows, so that reading a rank's row and its other
+        # waits is one contiguous read (mpi's watchers read them remotely)
+        self.others = raw[rows_end:others_end].view(OTHER_DTYPE).reshape(world, OTHER_WAITS)
         base = raw.ctypes.data
-        self._history = [(Sent * HISTORY).from_address(base + rows_end + r * ctypes.sizeof(Sent) * HISTORY)
+        self._history = [(Sent * HISTORY).from_address(base + others_end + r * ctypes.sizeof(Sent) * HISTORY)
                          for r in range(world)]
         self._sites = raw[hist_end:hist_end + SITES * SITE_BYTES * world].view(f"S{SITE_BYTES}").reshape(world, SITES)
         self._site_index: dict = {}  # in a rank: (file, line) -> slot
@@ -93,7 +113,8 @@ class StatusBoard:
 
     @staticmethod
     def nbytes(world: int) -> int:
-        return (STATUS_DTYPE.itemsize + ctypes.sizeof(Sent) * HISTORY + SITES * SITE_BYTES) * world
+        return (STATUS_DTYPE.itemsize + OTHER_DTYPE.itemsize * OTHER_WAITS + ctypes.sizeof(Sent) * HISTORY
+                + SITES * SITE_BYTES) * world
 
     def site_slot(self, rank: int, site) -> int:
         """The slot of ``site`` (the user's ``(file, line)``) in rank's site table, added if new; -1 if none."""
@@ -187,18 +208,30 @@ class StatusBoard:
         progress.value += 1
 
     def set_waiting(self, rank: int, buffer_id: int, offset: int, cmp: int, expected: int, where: str,
-                    what: str, cell0: int = -1) -> None:
+                    what: str, cell0: int = -1, others=(), more: int = 0, task: str | None = None) -> None:
+        """Publish that ``rank`` waits on a cell; ``others``: more waits it waits on at the same time, any one
+        of which ends the wait (``(buffer_id, offset, cmp, expected, where, what, cell0)``, at most
+        OTHER_WAITS are kept), ``more`` of them in all; ``task``: the task the wait belongs to, when it is
+        not the one the row names (a deferred wait's)."""
         fields = self._wait_words(rank)
-        for field, value in zip(fields, (cell0, buffer_id, offset, cmp, expected, time.time())):
+        if task is not None:
+            field = self._words(rank)[2]
+            field.raw = self._task_field(task, len(field))
+        for field, value in zip(fields, (cell0, buffer_id, offset, cmp, expected, time.time(), more)):
             field.value = value
-        for field, text in zip(fields[6:], (where, what)):
+        for field, text in zip(fields[7:], (where, what)):
             size = len(field)
             field.raw = text.encode()[:size].ljust(size, b"\0")
+        if more:
+            table = self.others[rank]
+            for i, (b, off, c, exp, at, text, c0) in enumerate(others[:OTHER_WAITS]):
+                table[i] = (b, c, c0, 0, off, exp, at.encode()[:192], text.encode()[:128])
         self._words(rank)[0].value = WAITING  # last: a reader that sees the state finds the wait written
 
     def _wait_words(self, rank: int) -> tuple:
         """Rank's ``wait_cell0``, ``wait_buffer``, ``wait_offset``, ``wait_cmp``, ``wait_expected``, ``since``,
-        ``where`` and ``what`` fields as ctypes objects (a rank writes them at every wait that blocks)."""
+        ``wait_others``, ``where`` and ``what`` fields as ctypes objects (a rank writes them at every wait that
+        blocks)."""
         words = self._wait_row_words.get(rank)
         if words is None:
             row = self.rows.ctypes.data + rank * STATUS_DTYPE.itemsize
@@ -208,7 +241,7 @@ class StatusBoard:
             words = self._wait_row_words[rank] = tuple(
                 (kinds.get(at[name][0]) or ctypes.c_char * at[name][0].itemsize).from_address(row + at[name][1])
                 for name in ("wait_cell0", "wait_buffer", "wait_offset", "wait_cmp", "wait_expected", "since",
-                             "where", "what"))
+                             "wait_others", "where", "what"))
         return words
 
     def finish(self, rank: int, state: int) -> None:
@@ -224,6 +257,15 @@ class StatusBoard:
 
     def busy_line(self, rank: int) -> str:
         return self.rows[rank]["busy"].decode(errors="replace")
+
+
+def waited_cells(row, others) -> list[tuple[int, int, bool, int]]:
+    """The cells a waiting rank's status row (and its rows of ``others``) says it waits on, any one of which
+    ends its wait: ``(buffer_id, byte offset, whether >=, expected)``, the row's first."""
+    cells = [(int(row["wait_buffer"]), int(row["wait_offset"]), bool(row["wait_cmp"]), int(row["wait_expected"]))]
+    for o in others[:min(int(row["wait_others"]), OTHER_WAITS)]:
+        cells.append((int(o["buffer"]), int(o["offset"]), bool(o["cmp"]), int(o["expected"])))
+    return cells
 
 
 def current_line(frame) -> str:
