@@ -114,6 +114,14 @@ class RankMemory(Protocol):
     def cell_wait(self, buffer_id: int, offset: int, ge: bool, expected: int, timeout_s: float) -> tuple[bool, int]:
         """Block until the local cell is ``== expected`` (or ``>=`` if ``ge``), at most ``timeout_s``."""
 
+    def cells(self, buffer_id: int) -> np.ndarray:
+        """This rank's copy of buffer ``buffer_id`` as INT32 cells, as they are now (to look at many at once;
+        a hit is confirmed with ``cell_wait``)."""
+
+    def wait_any(self, check, timeout_s: float) -> bool:
+        """Block until ``check()`` (a look at this rank's cells through ``cells``) is true, at most ``timeout_s``
+        (0: look once); return whether it is.  Every notify to this rank makes the waiter look again."""
+
     def locked(self, rank: int) -> AbstractContextManager:
         """Hold rank ``rank``'s accumulate lock (atomic tile adds into its windows)."""
 

@@ -83,7 +83,8 @@ from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.failures import rank_failure
-from ..rank.status import DONE, FAILED, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING, StatusBoard, current_line
+from ..rank.status import (DONE, FAILED, OTHER_DTYPE, OTHER_WAITS, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING,
+                           StatusBoard, current_line, waited_cells)
 from .base import Command, HostView, RunsNow, StallRule, notify_cell
 from .shm import GRACE_S
 
@@ -118,7 +119,8 @@ CTL_ENDER = 32
 ENDER_WORDS = 8
 ENDER_RANKS = 32 * (ENDER_WORDS - 1)
 CTL_BOARD = 64
-CTL_PEEK_END = CTL_BOARD + STATUS_DTYPE.itemsize  # what a watcher reads of each rank, from CTL_ARRIVED
+# What a watcher reads of each rank, from CTL_ARRIVED: its status row and its other waits (they follow the row).
+CTL_PEEK_END = CTL_BOARD + STATUS_DTYPE.itemsize + OTHER_DTYPE.itemsize * OTHER_WAITS
 CTL_RESULT = -(-(CTL_BOARD + StatusBoard.nbytes(1)) // ALIGN) * ALIGN
 CTL_BYTES = CTL_RESULT + RESULT_BYTES
 
@@ -809,6 +811,7 @@ class MpiMemory:
         self._types: OrderedDict = OrderedDict()
         self._acc_types = {dt: getattr(MPI, name) for dt, name in _ACCUMULATE_TYPES.items()}
         self._value = np.zeros(1, np.int32)
+        self._snapshots: dict = {}  # buffer id -> the array cells() reads the buffer's cells into
         self._compare = np.zeros(1, np.int32)
         self._result = np.zeros(1, np.int32)
         self._sum, self._replace, self._no_op = MPI.SUM, MPI.REPLACE, MPI.NO_OP
@@ -1046,6 +1049,49 @@ class MpiMemory:
             time.sleep(delay)
             delay = min(delay * 2, most)
 
+    def cells(self, buffer_id: int) -> np.ndarray:
+        """This rank's copy of buffer ``buffer_id`` as INT32 cells, read now: one atomic read of every cell
+        (``MPI_Get_accumulate`` with ``MPI_NO_OP``, element-wise atomic with the peers' notifies, whatever the
+        window's memory model)."""
+        n = self.sizes[buffer_id] // 4
+        out = self._snapshots.get(buffer_id)
+        if out is None:
+            out = self._snapshots[buffer_id] = np.zeros(n, np.int32)
+        INT = self.MPI.INT32_T
+        self.heap.Get_accumulate([out, n, INT], [out, n, INT], self.rank, (self.offsets[buffer_id], n, INT),
+                                 self._no_op)
+        self.heap.Flush(self.rank)
+        return out
+
+    def wait_any(self, check, timeout_s: float) -> bool:
+        """Poll ``check()`` (a look at this rank's cells) until it holds, at most ``timeout_s``, as cell_wait
+        polls one cell: MPI has no wake-up for a cell."""
+        now = start = time.monotonic()
+        deadline = start + timeout_s
+        spin_end = start + self.spin_s
+        yield_end = spin_end + self.yield_s
+        delay, most = self.sleep_s
+        next_check = start + CHECK_S
+        control = self.run.control
+        while True:
+            if check():
+                self.heap.Sync()  # the peers' puts that came before the notifies are now visible locally
+                return True
+            self._progress()
+            now = time.monotonic()
+            if now >= next_check:
+                next_check = now + CHECK_S
+                control.poll(now, watching=int(self.status.row["state"]) == WAITING)
+            if now >= deadline:
+                return False
+            if now < spin_end:
+                continue
+            if now < yield_end:
+                os.sched_yield()
+                continue
+            time.sleep(delay)
+            delay = min(delay * 2, most)
+
     @contextmanager
     def locked(self, rank: int):
         """Hold rank ``rank``'s accumulate lock: a compare-and-swap word in its control window."""
@@ -1081,11 +1127,13 @@ class MpiMemory:
 class _Peek:
     """What a watcher reads of one rank: has it finished, its status row."""
 
-    __slots__ = ("arrived", "row")
+    __slots__ = ("arrived", "row", "others")
 
     def __init__(self, raw: np.ndarray):
         self.arrived = bool(raw[CTL_ARRIVED:CTL_ARRIVED + 4].view(np.int32)[0])
-        self.row = raw[CTL_BOARD:CTL_PEEK_END].view(STATUS_DTYPE)[0]
+        row_end = CTL_BOARD + STATUS_DTYPE.itemsize
+        self.row = raw[CTL_BOARD:row_end].view(STATUS_DTYPE)[0]
+        self.others = raw[row_end:CTL_PEEK_END].view(OTHER_DTYPE)
 
 
 class _Control:
@@ -1177,14 +1225,17 @@ class _Control:
 
     def _all_blocked(self, peeks: list[_Peek], pending: list[int]) -> bool:
         memory = self.run.memory
+        windows = len(self.run.plan.windows)
         for r in pending:
             row = peeks[r].row
-            if int(row["state"]) != WAITING or not 0 <= int(row["wait_buffer"]) < len(self.run.plan.windows):
+            if int(row["state"]) != WAITING:
                 return False
-            value = memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"]))
-            expected = int(row["wait_expected"])
-            if (value >= expected) if row["wait_cmp"] else (value == expected):
-                return False
+            for buffer_id, offset, ge, expected in waited_cells(row, peeks[r].others):
+                if not 0 <= buffer_id < windows:
+                    return False
+                value = memory.cell_load(buffer_id, r, offset)
+                if (value >= expected) if ge else (value == expected):
+                    return False
         return True
 
     # -- peer processes ---------------------------------------------------------------------------
@@ -1672,7 +1723,8 @@ class _MpiRun:
             board, arrived, _raw = self._board(r)
             row = board.rows[0]
             # A running rank's line is where its pulse thread found it, running without progress.
-            states.append(rank_state(self.plan, r, row, arrived, self.memory.cell_load, self._busy_line(row)))
+            states.append(rank_state(self.plan, r, row, arrived, self.memory.cell_load, self._busy_line(row),
+                                     others=board.others[0]))
             for e in board.sent(0):
                 e["rank"] = r
                 sent.append(e)

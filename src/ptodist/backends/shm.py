@@ -48,7 +48,7 @@ from ..language.types import Direction
 from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
-from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, install_line_sampler
+from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, install_line_sampler, waited_cells
 from . import resources
 from .base import STOP_WRITE_S, Command, HostView, SharedHeap, StallRule, died, last_activity, sample_lines
 
@@ -96,6 +96,11 @@ class ShmMemory:
         self.world = world
         self.base = arena.ctypes.data
         self.sleepers_addr = self.base + layout.sleepers
+        # Each rank's wake slot (armed, seq, seq sleepers): a notify to a rank waiting for any of several
+        # cells wakes it through its slot (wait_any).
+        self._wake = [self.base + layout.wakes + WAKE_BYTES * r for r in range(world)]
+        self._zero = self.base + layout.zero
+        self._cells: dict = {}  # buffer id -> this rank's copy of the buffer as INT32 cells
         self.heap = heap
         self._heap_base = heap.arena.ctypes.data
         # Each buffer's address on each rank, [buffer_id][rank]: a cell's address is two lookups and an add
@@ -121,7 +126,7 @@ class ShmMemory:
 
     def notify(self, ledger, buffer_id, rank, offset, value, is_set, word, slot):
         return ledger.notify(self._at[buffer_id][rank] + offset, self.sleepers_addr, value, is_set, word, buffer_id,
-                             rank, offset, slot)
+                             rank, offset, slot, self._wake[rank])
 
     def cell_add(self, buffer_id, rank, offset, value):
         return _atomics.fetch_add(self._at[buffer_id][rank] + offset, self.sleepers_addr, value)
@@ -135,6 +140,52 @@ class ShmMemory:
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
         return _atomics.wait(self._addr(buffer_id, self.rank, offset), self.sleepers_addr, int(ge), expected,
                              self.spin_s, self.yield_s, timeout_s)
+
+    def cells(self, buffer_id):
+        view = self._cells.get(buffer_id)
+        if view is None:
+            raw = self.window_bytes(buffer_id, self.rank)
+            view = self._cells[buffer_id] = raw[:len(raw) // 4 * 4].view(np.int32)
+        return view
+
+    def wait_any(self, check, timeout_s):
+        """Block until ``check()`` (a look at this rank's cells) is true, at most ``timeout_s``.
+
+        The rank arms its wake slot, so that every notify to it moves the slot's ``seq`` word and wakes it
+        there; it reads ``seq`` before each look, and sleeps only while ``seq`` has not moved since (a notify
+        between the look and the sleep ends the sleep at once).  A cell written without a notify is seen at
+        the next slice.
+        """
+        if check():
+            return True
+        if timeout_s <= 0:
+            return False
+        armed = self._wake[self.rank]
+        seq, seq_sleepers = armed + 4, armed + 8
+        _atomics.fetch_add(armed, self._zero, 1)
+        try:
+            end = time.monotonic() + timeout_s
+            spin, yld = self.spin_s, self.yield_s
+            while True:
+                seen = _atomics.load(seq)
+                if seen > _SEQ_WRAP:  # only this rank reads it: start again from 0 long before INT32 wraps
+                    _atomics.exchange(seq, self._zero, 0)
+                    seen = 0
+                if check():
+                    return True
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False
+                _atomics.wait(seq, seq_sleepers, 1, seen + 1, spin, yld, min(left, self._slice_s))
+                self._between_slices()
+                spin = yld = 0.0
+        finally:
+            _atomics.fetch_add(armed, self._zero, -1)
+
+    _slice_s = 0.05  # how soon a watched cell written without a notify is seen
+
+    def _between_slices(self) -> None:
+        """Called between two slices of a wait (a group's rank checks for an abort here)."""
 
     def locked(self, rank: int) -> _Lock:
         return _Lock(self.base + self.layout.locks + 4 * rank)
@@ -180,14 +231,15 @@ class _Monitor:
         pending = [r for r in range(self.world) if r not in done]
         if not pending:
             return False
+        others = self.memory.status.others
         for r in pending:
             row = self.rows[r]
             if row["state"] != WAITING:
                 return False
-            value = self.memory.cell_load(int(row["wait_buffer"]), r, int(row["wait_offset"]))
-            expected = int(row["wait_expected"])
-            if (value >= expected) if row["wait_cmp"] else (value == expected):
-                return False
+            for buffer_id, offset, ge, expected in waited_cells(row, others[r]):
+                value = self.memory.cell_load(buffer_id, r, offset)
+                if (value >= expected) if ge else (value == expected):
+                    return False
         return True
 
     def hang(self, certain: bool, idle: float, done: set[int]) -> HangError:
@@ -558,6 +610,8 @@ FRAME_BYTES = 1 << 20      # one command, pickled; a larger one travels as a sha
 FRAME_HEAD = 16
 RESULT_BYTES = 256 << 10   # one rank's failure report, pickled
 ABORT_POLL_S = 0.02        # a rank blocked in a wait notices an abort this often
+WAKE_BYTES = 64            # a rank's wake slot (armed, seq, seq sleepers), a cache line of its own
+_SEQ_WRAP = 1 << 30        # a wake slot's seq is reset before it comes near INT32's end
 STOP_S = 2.0               # ranks that do not stop this long after an abort are killed
 FDS_PER_MESSAGE = 200      # below the kernel's SCM_MAX_FD
 # Waiting for a command or for the ranks to finish: spin a moment when every process has a core of its
@@ -604,7 +658,8 @@ class GroupLayout:
         self.up = _align(self.locks + 4 * world)
         self.done = _align(self.up + 4 * world)      # per rank: index + 1 of its last finished command
         self.result = _align(self.done + 4 * world)  # per rank: OK, CMD_FAILED or ABORTED
-        self.status = _align(self.result + 4 * world)
+        self.wakes = _align(self.result + 4 * world)  # per rank: its wake slot (ShmMemory.wait_any)
+        self.status = _align(self.wakes + WAKE_BYTES * world)
         self.frame = _align(self.status + StatusBoard.nbytes(world))
         self.results = _align(self.frame + FRAME_HEAD + FRAME_BYTES)
         self.total = self.results + RESULT_BYTES * world
@@ -617,6 +672,13 @@ class _GroupMemory(ShmMemory):
         super().__init__(*args, **kwargs)
         self.abort_addr = abort_addr
         self.state = state
+
+    _slice_s = ABORT_POLL_S
+
+    def _between_slices(self) -> None:
+        if _atomics.load(self.abort_addr) > self.state.command:
+            self.state.stopping = True  # the abort signal, arriving now, must not stop the stop
+            raise RankStopped()
 
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
         addr = self._at[buffer_id][self.rank] + offset

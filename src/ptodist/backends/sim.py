@@ -176,23 +176,24 @@ class SimMemory:
     def __init__(self, heaps: list[np.ndarray], plan: DispatchPlan, rank: int, status: StatusBoard,
                  sched: Scheduler):
         self.heaps = heaps
-        self.cells = [h.view(np.int32) for h in heaps]
+        self._words = [h.view(np.int32) for h in heaps]  # each rank's heap as INT32 cells
         self.offsets = [w.offset for w in plan.windows]
         self.sizes = [w.nbytes for w in plan.windows]
         self.rank = rank
         self.world = plan.world
         self.status = status
         self._sched = sched
+        self._cells: dict = {}  # buffer id -> this rank's copy of the buffer as INT32 cells
 
     def window_bytes(self, buffer_id: int, rank: int) -> np.ndarray:
         off = self.offsets[buffer_id]
         return self.heaps[rank][off:off + self.sizes[buffer_id]]
 
     def cell_load(self, buffer_id, rank, offset):
-        return int(self.cells[rank][(self.offsets[buffer_id] + offset) >> 2])
+        return int(self._words[rank][(self.offsets[buffer_id] + offset) >> 2])
 
     def _update(self, buffer_id, rank, offset, new) -> int:
-        cells, i = self.cells[rank], (self.offsets[buffer_id] + offset) >> 2
+        cells, i = self._words[rank], (self.offsets[buffer_id] + offset) >> 2
         old = int(cells[i])
         cells[i] = np.int32(((new(old) + 2**31) % 2**32) - 2**31)  # INT32 wraps, as the device's atomics do
         return old
@@ -207,7 +208,7 @@ class SimMemory:
         return self._update(buffer_id, rank, offset, lambda old: value)
 
     def cell_wait(self, buffer_id, offset, ge, expected, timeout_s):
-        cells, i = self.cells[self.rank], (self.offsets[buffer_id] + offset) >> 2
+        cells, i = self._words[self.rank], (self.offsets[buffer_id] + offset) >> 2
 
         def ready() -> bool:
             v = int(cells[i])
@@ -220,6 +221,23 @@ class SimMemory:
             return False, int(cells[i])
         self._sched.block(self.rank, ready)
         return True, int(cells[i])
+
+    def cells(self, buffer_id):
+        view = self._cells.get(buffer_id)
+        if view is None:
+            off = self.offsets[buffer_id]
+            view = self._cells[buffer_id] = self._words[self.rank][off >> 2:(off + self.sizes[buffer_id]) >> 2]
+        return view
+
+    def wait_any(self, check, timeout_s):
+        """Until ``check()`` holds: the scheduler runs the other ranks and evaluates it whenever it chooses,
+        so a deadlock stays exact.  The first miss returns (the rank then publishes what it waits on)."""
+        if check():
+            return True
+        if timeout_s <= 0 or self.status.rows[self.rank]["state"] != WAITING:
+            return False
+        self._sched.block(self.rank, check)
+        return True
 
     def locked(self, rank: int):
         return nullcontext()  # one rank runs at a time and an accumulate never yields
