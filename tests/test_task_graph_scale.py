@@ -1,9 +1,10 @@
 """A rank's TaskGraph schedules in time linear in its tasks, whatever the shape, with the same semantics.
 
-The graph runs here under a stand-in for the rank context: a deferred wait is a name, and it holds
-once the test says so, or when the graph blocks on it (the peer's notify arrives while the rank waits).
-Work is counted, not timed: the lines of ``rank/tasks.py`` the graph executes, a deterministic measure
-that a quadratic rescan of the pending tasks exceeds within a few hundred tasks.
+The graph runs here under a stand-in for the rank context: a deferred wait is a name for a cell of one
+signal buffer (a numpy array), and it holds once its cell is 1: when the test says so, or when the rank
+blocks and a peer's notify arrives (the oldest pending wait's, unless the test gives the peer an order).
+Work is counted, not timed: the lines of ``rank/tasks.py`` and ``rank/deferred.py`` the graph executes, a
+deterministic measure that a quadratic rescan of the pending tasks exceeds within a few hundred tasks.
 """
 
 from __future__ import annotations
@@ -11,31 +12,56 @@ from __future__ import annotations
 import random
 import sys
 
+import numpy as np
 import pytest
 
+from ptodist.rank import deferred as deferred_mod
 from ptodist.rank import tasks as tasks_mod
 from ptodist.rank.tasks import Task, TaskGraph, overlap
 
 N = 2000
+MANY = 10_000  # deferred waits pending at once, satisfied one at a time
 ROW = 64
 LINES_PER_TASK = 250  # the shapes below take 35 to 130
 
 
 class Rank:
-    """The graph's owner: ``condition_holds`` polls a condition, ``block_until_first`` waits for the first."""
+    """The graph's owner: ``condition_holds`` polls a condition, ``watched`` names its cell,
+    ``block_until_any`` waits until some pending condition holds (a peer notifies while the rank blocks)."""
 
     def __init__(self):
-        self.holding: set = set()
-        self.blocked_on: list = []
+        self.cells = np.zeros(1 << 15, np.int32)  # the signal buffer (id 0); a condition holds once its cell is 1
+        self.index: dict = {}  # condition -> its cell
+        self.blocked_on: list = []  # per block (a call that found nothing holding): what held when it returned
         self.peers = True  # a wait not yet satisfied is satisfied while the rank blocks (False: it hangs)
+        self.order: list | None = None  # the conditions the peer satisfies, one per block (None: the oldest)
+
+    def cell(self, cond) -> int:
+        i = self.index.get(cond)
+        if i is None:
+            i = self.index[cond] = len(self.index)
+        return i
+
+    def hold(self, *conds) -> None:
+        for c in conds:
+            self.cells[self.cell(c)] = 1
 
     def condition_holds(self, cond) -> bool:
-        return cond in self.holding
+        return bool(self.cells[self.cell(cond)])
 
-    def block_until_first(self, conds) -> None:
-        assert self.peers or conds[0] in self.holding, f"the rank hangs in a wait for {conds[0]!r}"
-        self.blocked_on.append(conds[0])
-        self.holding.add(conds[0])
+    def watched(self, cond):
+        return 0, self.cell(cond), 1, True
+
+    def block_until_any(self, pending) -> list:
+        held = pending.holding(lambda buffer_id: self.cells)
+        if held:
+            return held  # something holds already: no block
+        while not held:
+            assert self.peers, f"the rank hangs in a wait for {[d.cond for d in pending.oldest(4)]!r}"
+            self.hold(self.order.pop() if self.order else pending.oldest(1)[0].cond)
+            held = pending.holding(lambda buffer_id: self.cells)
+        self.blocked_on.append([d.cond for d in held])
+        return held
 
 
 class Program:
@@ -106,13 +132,24 @@ SHAPES = ["behind a deferred task (deps)", "behind a deferred task (tensor)", "c
           "fan-out", "fan-in", "one tensor", "independent of the deferred task", "deferred tasks nothing waits for"]
 
 
+def _many_pending(p: Program, n: int, dependants: str) -> None:
+    """``n`` tasks whose deferred waits are all pending at once, each with a dependant (``deps``: it names the
+    task; ``tensor``: it shares the task's row) or none; then the rank waits for all of them."""
+    for i in range(n):
+        p.task(rows=[i], conds=[f"c{i}"])
+        if dependants != "none":
+            p.task(deps=[2 * i] if dependants == "deps" else (), rows=[i] if dependants == "tensor" else ())
+    p.graph.wait_for()
+
+
 class _OverBudget(Exception):
     pass
 
 
 def _count_lines(fn, budget: int) -> int:
-    """Run ``fn()`` and return how many lines of rank/tasks.py it executed; stop once past ``budget``."""
-    path, count = tasks_mod.__file__, 0
+    """Run ``fn()`` and return how many lines of rank/tasks.py and rank/deferred.py it executed; stop once past
+    ``budget``."""
+    paths, count = {tasks_mod.__file__, deferred_mod.__file__}, 0
 
     def local(frame, event, arg):
         nonlocal count
@@ -123,7 +160,7 @@ def _count_lines(fn, budget: int) -> int:
         return local
 
     def calls(frame, event, arg):
-        return local if frame.f_code.co_filename == path else None
+        return local if frame.f_code.co_filename in paths else None
 
     saved = sys.gettrace()
     sys.settrace(calls)
@@ -145,7 +182,35 @@ def test_scheduling_work_grows_linearly_with_the_tasks(shape):
     assert sorted(p.ran) == list(range(p.next_tid)) and p.graph.idle
     if shape != "deferred tasks nothing waits for":
         assert p.ran == sorted(p.ran)  # behind one task, the queue runs in submission order
-        assert p.rank.blocked_on == ["c"]
+        assert p.rank.blocked_on == [["c"]]
+
+
+def _peer_order(n: int, order: str) -> list:
+    """The conditions of ``_many_pending`` in the order a peer satisfies them (popped from the end)."""
+    conds = [f"c{i}" for i in range(n)]
+    if order == "oldest first":
+        conds.reverse()
+    elif order == "random":
+        random.Random(7).shuffle(conds)
+    return conds
+
+
+@pytest.mark.parametrize("dependants", ["deps", "tensor", "none"])
+@pytest.mark.parametrize("order", ["oldest first", "youngest first", "random"])
+def test_many_pending_deferred_waits_satisfied_one_at_a_time_schedule_in_linear_work(order, dependants):
+    """10,000 deferred waits pending at once, each satisfied alone while the rank blocks, in any order: the
+    rank looks at every pending wait's cell at once when it blocks, so the work per wait stays bounded."""
+    p = Program()
+    p.rank.order = _peer_order(MANY, order)
+    tasks = MANY if dependants == "none" else 2 * MANY
+    budget = LINES_PER_TASK * tasks
+    lines = _count_lines(lambda: _many_pending(p, MANY, dependants), budget)
+    assert lines <= budget, f"{order}, {dependants}: more than {LINES_PER_TASK} lines per task ({tasks} tasks)"
+    assert p.graph.idle and sorted(p.ran) == list(range(tasks))
+    assert len(p.rank.blocked_on) == MANY and all(len(held) == 1 for held in p.rank.blocked_on)
+    assert [held[0] for held in p.rank.blocked_on] == _peer_order(MANY, order)[::-1]
+    if dependants != "none":  # each dependant runs as soon as its task completed, before the next block
+        assert [f"c{t // 2}" for t in p.ran if t % 2] == _peer_order(MANY, order)[::-1]
 
 
 # -- the semantics, on small programs ----------------------------------------------------------------
@@ -159,7 +224,7 @@ def test_a_task_runs_at_once_unless_something_it_needs_is_unfinished():
     assert p.task(rows=[0], manual=True)       # 4: a manual scope ignores the overlap
     assert not p.task(ranges=[(ROW // 2, 3 * ROW)])  # 5: part of row 0, row 1 and row 2
     assert p.ran == [0, 2, 4]
-    p.rank.holding.add("c")
+    p.rank.hold("c")
     p.graph.wait_for([3])
     assert p.ran == [0, 2, 4, 1, 3, 5]
     assert p.rank.blocked_on == []  # the condition held when polled: no block
@@ -191,8 +256,8 @@ def test_a_younger_deferred_wait_that_holds_is_found_before_the_rank_blocks_on_t
     p.rank.peers = False
     p.task(conds=["after 2"])
     p.task(conds=["now"])
-    p.task(deps=[1], on_run=lambda tid: p.rank.holding.add("after 2"))
-    p.rank.holding.add("now")
+    p.task(deps=[1], on_run=lambda tid: p.rank.hold("after 2"))
+    p.rank.hold("now")
     p.graph.wait_for()
     assert p.ran == [0, 1, 2] and p.graph.idle
 
@@ -205,7 +270,7 @@ def test_ready_tasks_run_in_submission_order_when_one_completion_makes_several_r
     p.task(deps=[2])                             # 3
     p.task(deps=[0])                             # 4
     p.task(rows=[0])                             # 5: behind 1
-    p.rank.holding |= {"a", "b"}
+    p.rank.hold("a", "b")
     p.graph.wait_for()
     assert p.ran == [0, 2, 1, 3, 4, 5]
 
@@ -219,7 +284,7 @@ def _random_program(rng: random.Random, p: Program, log: list) -> None:
         for c in list(spontaneous):
             spontaneous[c] -= 1
             if spontaneous[c] <= 0:
-                p.rank.holding.add(c)
+                p.rank.hold(c)
                 del spontaneous[c]
 
     for i in range(rng.randrange(1, 40)):
@@ -257,7 +322,8 @@ def _random_program(rng: random.Random, p: Program, log: list) -> None:
 def test_random_programs_keep_the_task_graph_rules(seed):
     """Every task runs once, after its deps and the earlier tasks it overlaps (outside a manual scope) are
     complete; a queued task runs before no older one that was ready; a wait returns with what it waits for
-    complete; the rank blocks only when nothing is ready, on the oldest incomplete task's pending wait."""
+    complete; the rank blocks only when nothing is ready, watching every pending deferred wait, and comes
+    back with every one that holds, oldest first."""
     rng = random.Random(seed)
     p = Program()
     tasks: list = []   # (deps, ranges, manual, conds) by tid
@@ -273,7 +339,7 @@ def test_random_programs_keep_the_task_graph_rules(seed):
             known_complete(u) for u in range(tid) if overlap(tasks[u][1], ranges)))
 
     rank = p.rank
-    holds, blocks = rank.condition_holds, rank.block_until_first
+    holds, blocks = rank.condition_holds, rank.block_until_any
 
     def condition_holds(c):
         ok = holds(c)
@@ -281,15 +347,18 @@ def test_random_programs_keep_the_task_graph_rules(seed):
             seen.add(c)
         return ok
 
-    def block_until_first(conds):
+    def block_until_any(pending):
         waiting = [t for t in range(len(tasks)) if t not in ran_order]
         assert not [t for t in waiting if ready(t)], "blocked while a task was ready"
-        oldest = next(t for t in ran_order if not known_complete(t))
-        assert conds[0] == next(c for c in tasks[oldest][3] if c not in seen)
-        blocks(conds)
-        seen.add(conds[0])
+        # The graph watches every pending wait, oldest first: the tasks in the order they ran, each one's in order.
+        unseen = [c for t in ran_order for c in tasks[t][3] if c not in seen]
+        assert [d.cond for d in pending.oldest(len(pending))] == unseen
+        held = blocks(pending)
+        assert [d.cond for d in held] == [c for c in unseen if holds(c)]
+        seen.update(d.cond for d in held)
+        return held
 
-    rank.condition_holds, rank.block_until_first = condition_holds, block_until_first
+    rank.condition_holds, rank.block_until_any = condition_holds, block_until_any
     submitting: list = []
 
     def checked(tid):

@@ -48,7 +48,7 @@ from ..language.types import Direction
 from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
-from .status import LAST_OP_CODES
+from .status import LAST_OP_CODES, OTHER_WAITS
 from .tasks import Task, TaskGraph, buffer_key, overlap
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
@@ -662,14 +662,75 @@ class RankContext(context.Context):
     def condition_holds(self, cond) -> bool:
         """Poll a deferred wait without blocking; once it holds it is recorded like a wait that returned."""
         w, byte, _idx, expected, cmp, _loc = cond
-        if not self.memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, 0.0)[0]:
-            return False
-        self._block_until(*cond)
-        return True
+        start = now_ns() if self.events is not None else 0
+        ok, seen = self.memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, 0.0)
+        if ok:
+            self._satisfied(cond, seen, start)
+        return ok
 
-    def block_until_first(self, conds) -> None:
-        # The oldest pending condition: tasks complete in submission order as far as this rank can tell.
-        self._block_until(*conds[0])
+    @staticmethod
+    def watched(cond) -> tuple[int, int, int, bool]:
+        """The cell a deferred wait watches: buffer id, INT32 cell index in the buffer, expected, whether ``>=``."""
+        w, byte, _idx, expected, cmp, _loc = cond
+        return w.buffer.id, byte >> 2, expected, cmp is WaitCmp.Ge
+
+    def block_until_any(self, pending) -> list:
+        """Block until some of ``pending`` (the task graph's deferred waits) hold; return those that do, oldest
+        first, each recorded as a wait that returned (the checker joins the clocks of the notifies it needed).
+
+        Every pending wait's cell is looked at in one vectorised pass per signal buffer (``PendingWaits``), and
+        the backend's ``wait_any`` sleeps until a notify to this rank; a hit is confirmed with the backend's
+        atomic read (an ``Eq`` cell may have moved on since the look).  A wait that lasts past its first slice
+        is published on the status board: the oldest pending wait in the row, the next ones with it.
+        """
+        memory, cells = self.memory, self.memory.cells
+        start = now_ns() if self.events is not None else 0
+
+        def check() -> bool:
+            return pending.any_holds(cells)
+
+        published = False
+        while True:
+            found = pending.holding(cells)
+            if found:
+                if published:
+                    published = False
+                    self.blocked_in = None
+                    self.status.set_running(self.rank, self.task or "")
+                held = []
+                for d in found:
+                    w, byte, _idx, expected, cmp, _loc = d.cond
+                    ok, seen = memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, 0.0)
+                    if ok:
+                        self._satisfied(d.cond, seen, start)
+                        held.append(d)
+                if held:
+                    return held
+            elif published:
+                memory.wait_any(check, self.wait_slice_s)
+            elif not memory.wait_any(check, self.wait_slice_s):
+                self._publish_pending(pending, start)
+                published = True
+
+    def _publish_pending(self, pending, start: int) -> None:
+        """Say on the status board that this rank waits until any of ``pending`` holds (for a hang report)."""
+        first, *others = pending.oldest(1 + OTHER_WAITS)
+        here = user_location(3)
+
+        def described(cond) -> tuple:
+            w, byte, idx, expected, cmp, loc = cond
+            cell = [int(i) for i in idx]
+            return (w.buffer.id, byte, int(cmp is WaitCmp.Ge), expected, str(loc or here),
+                    f"pld.system.defer_wait on '{w.name}' (buffer '{w.buffer.name}') cell {cell}",
+                    cell[0] if cell else -1)
+
+        buffer_id, byte, ge, expected, where, what, cell0 = described(first.cond)
+        self.status.set_waiting(self.rank, buffer_id, byte, ge, expected, where, what, cell0,
+                                others=[described(d.cond) for d in others], more=len(pending) - 1,
+                                task=first.task.name)
+        if self.events is not None:
+            w, byte, idx, expected, cmp, loc = first.cond
+            self.blocked_in = (w, byte, idx, expected, cmp, loc or here, start, self._task_rec, loop_indices())
 
     def spmd(self, n: int):
         return _Spmd(self, n)
@@ -1181,8 +1242,13 @@ class RankContext(context.Context):
                 ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
             self.blocked_in = None
             self.status.set_running(self.rank, self.task or "")
+        self._satisfied((w, byte, idx, expected, cmp, loc), seen, start)
+
+    def _satisfied(self, cond, seen: int, start: int) -> None:
+        """A wait returned (its cell held ``seen``): a step of progress, and its record in the event log."""
         self._ledger.step(0)  # _progressed, inline
         if self.events is not None:
+            w, byte, idx, expected, cmp, loc = cond
             # loc: a deferred wait runs at its task's end, but is attributed to its defer_wait line
             self._log("wait", "pld.system.wait", start, where=loc, buffer=w.buffer.name, buffer_id=w.buffer.id,
                       owner=self.rank, cell=[int(i) for i in idx], offset=byte, cmp=cmp.name, expected=expected,

@@ -9,9 +9,12 @@ independent tasks run.  That is what lets a waiter submitted before its
 publisher in program order finish instead of hanging.
 
 Tasks run on the rank's one thread, in submission order among those that are
-ready; when none is ready the rank blocks until one of the pending conditions
-holds (the hang detector sees that wait like any other).  With nothing pending
-a task runs the moment it is submitted, exactly as a plain call would.
+ready; when none is ready the rank blocks until *any* pending condition holds
+(as a device's scheduler waits for whichever completes first: an older
+condition may need a younger task's dependants to run first), then completes
+every one that holds, oldest first.  The hang detector sees that wait like any
+other.  With nothing pending a task runs the moment it is submitted, exactly as
+a plain call would.
 
 Scheduling is linear in the tasks and their edges (Kahn's algorithm): a waiting
 task counts the unfinished tasks it waits for, each task lists its dependants,
@@ -19,12 +22,12 @@ and a task that completes makes ready the dependants whose count drops to zero;
 ready tasks wait in a heap of ids.  The unfinished tasks that touch memory are
 indexed by the byte ranges they cover (:class:`_Overlaps`), so finding what a
 new task overlaps never scans every unfinished task.  A deferred wait is polled
-(``condition_holds``) when a task naming its task in ``deps=`` is submitted;
-while the rank runs ready tasks, those named so, oldest first up to the first
-that does not hold; and before the rank blocks, every one whose completion would
-make a task ready (or that a ``wait_for`` waits for).  Only that last poll grows
-with the number of deferred waits pending at once: blocking on whichever holds
-first would need the rank context to wait on several cells.
+(``condition_holds``) when it is registered; when a task naming its task in
+``deps=`` is submitted; and while the rank runs ready tasks, those named so,
+oldest first up to the first that does not hold.  Every pending one is watched
+in :class:`~ptodist.rank.deferred.PendingWaits`, which the rank context checks
+in one vectorised pass per signal buffer while it blocks
+(``block_until_any``): no poll walks the pending conditions one by one.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
+
+from .deferred import Deferred, PendingWaits
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -53,7 +58,8 @@ class Task:
     deps: list
     buffers: frozenset  # the byte ranges (low, high) of the task's tensor arguments
     manual: bool
-    conditions: list = field(default_factory=list)
+    conditions: list = field(default_factory=list)  # its deferred waits that did not hold when it ran (Deferred)
+    left: int = 0  # how many of them still do not hold
     # The graph's bookkeeping: where the task is, how many unfinished tasks it waits for, who waits for it.
     state: int = field(default=_WAITING, repr=False)
     unmet: int = field(default=0, repr=False)
@@ -135,14 +141,15 @@ class TaskGraph:
     def __init__(self, owner):
         # The rank context, by a weak proxy: a strong reference would make a cycle that only a full garbage
         # collection frees, keeping the dispatch's tensors (and their shared-memory mappings) alive until then.
-        # Its condition_holds(c) polls a deferred wait (never blocks); block_until_first(cs) blocks on them.
+        # Its condition_holds(c) polls a deferred wait (never blocks); watched(c) says which cell c watches
+        # (buffer id, cell index, expected, whether >=); block_until_any(pending) blocks until some of the
+        # pending waits hold and returns those that do, oldest first, each recorded as a satisfied wait.
         self._owner = weakref.proxy(owner)
         self.waiting: dict[int, Task] = {}     # submitted, not yet run
         self.incomplete: dict[int, Task] = {}  # ran, but deferred conditions still pending (in the order they ran)
         self._ready: list[int] = []            # heap: ids of waiting tasks that wait for nothing any more
         self._named: deque[Task] = deque()     # incomplete tasks a waiting task names in deps=, oldest first
-        self._blocking: dict[int, Task] = {}   # incomplete tasks that waiting tasks wait for
-        self._ran: deque[Task] = deque()       # incomplete tasks in the order they ran (finished ones are skipped)
+        self._pending = PendingWaits()         # every incomplete task's pending deferred waits
         self._overlaps = _Overlaps()
 
     @property
@@ -156,9 +163,8 @@ class TaskGraph:
         """Run ``task`` now if nothing it depends on is unfinished, else queue it; True when it ran."""
         if self._overlaps and self.idle:
             self._overlaps = _Overlaps()  # every task it holds is complete
-        if self.idle and (self._named or self._ran):
+        if self.idle and self._named:
             self._named.clear()
-            self._ran.clear()
         blockers: set[Task] = set()
         polling = True  # as the deps are read in order: poll an incomplete one until one is found pending
         for d in task.deps:
@@ -178,8 +184,6 @@ class TaskGraph:
         task.unmet = len(blockers)
         for t in blockers:
             t.dependants.append(task)
-            if t.state == _INCOMPLETE:
-                self._blocking[t.tid] = t
         for d in task.deps:
             t = self._unfinished(d)
             if t is not None and not t.named:
@@ -195,15 +199,15 @@ class TaskGraph:
     def _run(self, task: Task, indexed: bool = True) -> None:
         """Run a task whose dependencies are complete; ``indexed``: it waited, so the overlap index has it."""
         self.waiting.pop(task.tid, None)
-        task.conditions = [c for c in task.run() if not self._owner.condition_holds(c)]
-        if not task.conditions:
+        owner = self._owner
+        conditions = [c for c in task.run() if not owner.condition_holds(c)]
+        if not conditions:
             self._finish(task)
             return
+        task.conditions = [self._pending.add(c, task, *owner.watched(c)) for c in conditions]
+        task.left = len(conditions)
         task.state = _INCOMPLETE
         self.incomplete[task.tid] = task
-        self._ran.append(task)
-        if task.dependants:
-            self._blocking[task.tid] = task
         if task.named:
             self._named.append(task)
         if not indexed and task.buffers:
@@ -211,13 +215,20 @@ class TaskGraph:
 
     def _poll(self, task: Task) -> bool:
         """Poll an incomplete task's deferred waits; True (and the task finished) when they all hold."""
-        task.conditions = [c for c in task.conditions if not self._owner.condition_holds(c)]
-        if task.conditions:
-            return False
-        del self.incomplete[task.tid]
-        self._blocking.pop(task.tid, None)
-        self._finish(task)
-        return True
+        for d in task.conditions:
+            if d.watched and self._owner.condition_holds(d.cond):
+                self._held(d)
+        return task.state == _DONE
+
+    def _held(self, d: Deferred) -> None:
+        """Deferred wait ``d`` held (the rank context recorded it): its task is complete once none is left."""
+        self._pending.drop(d)
+        task = d.task
+        task.left -= 1
+        if not task.left:
+            del self.incomplete[task.tid]
+            task.conditions = []
+            self._finish(task)
 
     def _finish(self, task: Task) -> None:
         """``task`` is complete: its dependants wait for one task fewer."""
@@ -250,9 +261,9 @@ class TaskGraph:
     def wait_for(self, tids=None) -> None:
         """Block until the tasks ``tids`` (all, when None) are complete, running what becomes ready meanwhile.
 
-        When nothing is ready it polls the deferred waits that matter (those of incomplete tasks that
-        waiting tasks wait for, and of the tasks in ``tids``) and, if none holds, blocks on the oldest
-        pending one.  The others need no poll: completing them would make nothing ready.
+        When nothing is ready the rank blocks until any pending deferred wait holds (the one that holds
+        first may be a younger task's, whose dependants bring about an older one's), completes every one
+        that holds, oldest first, and runs what that made ready.
         """
         def pending() -> bool:
             if tids is None:
@@ -262,23 +273,11 @@ class TaskGraph:
         while pending():
             if self.progress():
                 continue
-            polled = list(self._blocking.values())
-            if tids is not None:
-                polled += [self.incomplete[t] for t in tids if t in self.incomplete and t not in self._blocking]
-            for task in polled:
-                if task.state == _INCOMPLETE:
-                    self._poll(task)
-            if self.progress() or not pending():
-                continue
             if not self.incomplete:
                 names = ", ".join(f"{t.name} (task {t.tid}, deps {t.deps})" for t in self.waiting.values())
                 raise AssertionError(f"task graph stuck with nothing to wait for: {names}")
-            while self._ran[0].state != _INCOMPLETE:
-                self._ran.popleft()
-            oldest = self._ran[0]
-            self._owner.block_until_first(oldest.conditions)
-            if self._poll(oldest):
-                self.progress()
+            for d in self._owner.block_until_any(self._pending):
+                self._held(d)
 
     def wait_overlapping(self, buffers: frozenset) -> None:
         """Block until no unfinished task touches ``buffers`` (before a plain call or read that touches them)."""
