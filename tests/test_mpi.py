@@ -710,6 +710,100 @@ def test_an_error_or_a_hang_ends_the_whole_job_with_the_findings_of_shm(mode, n,
     assert not _leftovers(str(script)), _leftovers(str(script))
 
 
+DEFERRED = '''
+import os
+import sys
+import numpy as np
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig
+
+SIZE = 8
+
+
+@pl.jit
+def waiter(data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[6], pl.INT32]],
+           ready: pl.InOut[pld.DistributedTensor[[1], pl.INT32]], x: pl.Tensor[[1, SIZE], pl.FP32],
+           got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP) as data_arrived:  # the older wait: only the younger one's dependant
+            pld.system.defer_wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)  # asks the peer for the data
+        with pl.at(level=pl.Level.CORE_GROUP) as hello:
+            pld.system.defer_wait(sig, [1], 1, cmp=pld.WaitCmp.Ge)
+        if MODE == "never":
+            for i in range(2, 6):
+                with pl.at(level=pl.Level.CORE_GROUP):
+                    pld.system.defer_wait(sig, [i], 2, cmp=pld.WaitCmp.Eq)  # nobody notifies these
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[hello]):
+            pld.system.notify(sig, 1, [0], 1, op=pld.NotifyOp.AtomicAdd)
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[data_arrived]):
+            pl.store(pl.mul(pl.load(data, [0, 0], [1, SIZE]), 2.0), [0, 0], got)
+    if MODE == "younger":
+        pld.system.notify(ready, 1, [0], 1, op=pld.NotifyOp.AtomicAdd)  # both waits are pending
+    return got
+
+
+@pl.jit
+def peer(data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[6], pl.INT32]],
+         ready: pl.InOut[pld.DistributedTensor[[1], pl.INT32]], x: pl.Tensor[[1, SIZE], pl.FP32],
+         got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    pld.system.wait(ready, [0], 1, cmp=pld.WaitCmp.Ge)
+    pld.system.notify(sig, 0, [1], 1, op=pld.NotifyOp.AtomicAdd)
+    pld.system.wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
+    with pl.at(level=pl.Level.CORE_GROUP):
+        pld.tile.remote_store(pl.load(x, [0, 0], [1, SIZE]), data, 0, [0, 0])
+        pld.system.notify(sig, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)
+    return got
+
+
+@pl.jit.host
+def host(x: pl.Tensor[[2, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
+    data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+    sig_buf = pld.alloc_window_buffer([6], dtype=pl.INT32)
+    ready_buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+    windows = (pld.window(data_buf, [1, SIZE], dtype=pl.FP32), pld.window(sig_buf, [6], dtype=pl.INT32),
+               pld.window(ready_buf, [1], dtype=pl.INT32))
+    waiter(*windows, x[0], got[0], device=0)
+    peer(*windows, x[1], got[1], device=1)
+
+
+MODE, P = sys.argv[1], int(sys.argv[2])
+x = np.arange(2 * SIZE, dtype=np.float32).reshape(2, 1, SIZE)
+got = np.zeros_like(x)
+try:
+    host(x, got, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), hang_timeout_s=30.0))
+except Exception as e:
+    who = os.environ.get("OMPI_COMM_WORLD_RANK", "shm")
+    with open(f"{sys.argv[3]}/report-{who}.txt", "w") as f:
+        f.write(f"{type(e).__name__}: {e}\\n")
+    raise
+assert (got[0, 0] == 2 * x[1, 0]).all(), got
+print("FINISHED")
+'''
+
+
+@needs_mpi
+def test_deferred_waits_end_when_any_holds_and_a_hang_in_them_names_every_one_as_shm_does(tmp_path):
+    script = tmp_path / "deferred.py"
+    script.write_text(DEFERRED)
+    # Rank 0's older deferred wait holds only after its younger one completed: it waits for whichever holds first.
+    proc = _mpirun(2, [sys.executable, "-m", "ptodist", "run", str(script), "younger", "2", str(tmp_path)])
+    assert proc.returncode == 0 and proc.stdout.count("FINISHED") == 2, proc.stdout + proc.stderr
+    proc = _mpirun(2, [sys.executable, "-m", "ptodist", "run", str(script), "never", "2", str(tmp_path)])
+    assert proc.returncode != 0 and "FINISHED" not in proc.stdout
+    reports = [_report(tmp_path / f"report-{r}.txt") for r in range(2)]
+    assert reports[0] == reports[1] == _shm_report(script, "never", 2)
+    assert reports[0].startswith("HangError: deadlock: every unfinished rank is blocked"), reports[0]
+    line = _line(script, "asks the peer for the data")
+    assert f"rank 0 (device 0): blocked at {script}:{line} in kernel 'waiter@" in reports[0], reports[0]
+    assert "it waits for whichever of its 6 pending deferred waits holds first; the others:" in reports[0]
+    for i in range(1, 6):
+        sym, value = (">=", 1) if i == 1 else ("==", 2)
+        assert f"pld.system.defer_wait on 'sig' (buffer 'sig_buf') cell [{i}] holds 0, needs {sym} {value}" \
+            in reports[0], reports[0]
+    assert not _leftovers(str(script)), _leftovers(str(script))
+
+
 @needs_mpi
 def test_a_rank_that_never_returns_is_reported_then_the_job_is_aborted(tmp_path):
     script = _faulty_script(tmp_path)

@@ -211,6 +211,140 @@ def test_a_deferred_wait_nobody_satisfies_is_a_hang_at_its_line(backend):
 
 
 # ---------------------------------------------------------------------------
+# Several deferred waits pending at once: the rank waits for whichever holds first
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def younger_unlocks_older(data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+                          sig: pl.InOut[pld.DistributedTensor[[2], pl.INT32]],
+                          ready: pl.InOut[pld.DistributedTensor[[1], pl.INT32]],
+                          x: pl.Tensor[[1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    """Rank 0: the older deferred wait (the peer's data) holds only after the younger one (the peer's hello)
+    completed, since the younger task's dependant is what asks the peer for the data."""
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP) as data_arrived:  # older
+            pld.system.defer_wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)  # @data arrived
+        with pl.at(level=pl.Level.CORE_GROUP) as hello:  # younger
+            pld.system.defer_wait(sig, [1], 1, cmp=pld.WaitCmp.Ge)
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[hello]):
+            pld.system.notify(sig, 1, [0], 1, op=pld.NotifyOp.AtomicAdd)  # send me the data
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[data_arrived]):
+            pl.store(pl.mul(pl.load(data, [0, 0], [1, SIZE]), 2.0), [0, 0], got)
+    # Both waits are pending now (the peer says hello only after this): the rank blocks with neither holding.
+    pld.system.notify(ready, 1, [0], 1, op=pld.NotifyOp.AtomicAdd)
+    return got
+
+
+@pl.jit
+def hello_then_data(data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
+                    sig: pl.InOut[pld.DistributedTensor[[2], pl.INT32]],
+                    ready: pl.InOut[pld.DistributedTensor[[1], pl.INT32]],
+                    x: pl.Tensor[[1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    """Rank 1: hello once rank 0 is ready; its data once rank 0 asks for it."""
+    pld.system.wait(ready, [0], 1, cmp=pld.WaitCmp.Ge)
+    pld.system.notify(sig, 0, [1], 1, op=pld.NotifyOp.AtomicAdd)
+    pld.system.wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
+    with pl.at(level=pl.Level.CORE_GROUP):
+        pld.tile.remote_store(pl.load(x, [0, 0], [1, SIZE]), data, 0, [0, 0])
+        pld.system.notify(sig, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)
+    return got
+
+
+@pl.jit.host
+def younger_first_host(x: pl.Tensor[[2, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
+    data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+    sig_buf = pld.alloc_window_buffer([2], dtype=pl.INT32)
+    ready_buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+    windows = (pld.window(data_buf, [1, SIZE], dtype=pl.FP32), pld.window(sig_buf, [2], dtype=pl.INT32),
+               pld.window(ready_buf, [1], dtype=pl.INT32))
+    younger_unlocks_older(*windows, x[0], got[0], device=0)
+    hello_then_data(*windows, x[1], got[1], device=1)
+
+
+def _younger_first(config: RunConfig) -> np.ndarray:
+    x = np.arange(2 * SIZE, dtype=np.float32).reshape(2, 1, SIZE) + 1
+    got = np.zeros_like(x)
+    younger_first_host.compile(x, got, config=config)(x, got)
+    return got
+
+
+def test_an_older_deferred_wait_that_only_a_younger_ones_completion_satisfies_completes(backend, monkeypatch):
+    # Blocking on the oldest pending wait would hang here; a device waits for whichever completes first.
+    x1 = np.arange(SIZE, dtype=np.float32) + 1 + SIZE
+    for seed in (range(6) if backend == "sim" else [None]):
+        if seed is not None:
+            monkeypatch.setenv("PTODIST_SIM_SEED", str(seed))
+        got = _younger_first(cfg(2, backend, hang_timeout_s=30.0))
+        np.testing.assert_array_equal(got[0, 0], 2 * x1)
+
+
+def test_an_older_deferred_wait_satisfied_after_a_younger_one_is_clean_under_ptodist_check():
+    from ptodist.check import explore
+
+    for seed in range(6):
+        with explore.checking(seed) as session:
+            got = _younger_first(cfg(2, "sim"))
+        assert session.findings == [], [f.render() for f in session.findings]
+        np.testing.assert_array_equal(got[0, 0], 2 * (np.arange(SIZE, dtype=np.float32) + 1 + SIZE))
+
+
+@pl.jit
+def several_never_published(sig: pl.InOut[pld.DistributedTensor[[24], pl.INT32]],
+                            out: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP) as first:
+            pld.system.defer_wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)  # @first never
+        with pl.at(level=pl.Level.CORE_GROUP):
+            pld.system.defer_wait(sig, [1], 3, cmp=pld.WaitCmp.Eq)  # @second never
+        for i in range(2, 24):
+            with pl.at(level=pl.Level.CORE_GROUP):
+                pld.system.defer_wait(sig, [i], 1, cmp=pld.WaitCmp.Ge)  # @many never
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[first]):
+            out[:] = pl.full([1, SIZE], 1.0, pl.FP32)
+    return out
+
+
+@pl.jit.host
+def several_never_host(out: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    sig_buf = pld.alloc_window_buffer([24], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        several_never_published(pld.window(sig_buf, [24], dtype=pl.INT32), out[r], device=r)
+
+
+def test_a_hang_in_several_pending_deferred_waits_reports_every_one(backend):
+    import ptodist.rank.status as status
+    from ptodist.check import findings
+
+    out = np.zeros((2, 1, SIZE), np.float32)
+    where = f"test_task_graph.py:{source_line(several_never_published, '@first never')}"
+    second = f"test_task_graph.py:{source_line(several_never_published, '@second never')}"
+    many = f"test_task_graph.py:{source_line(several_never_published, '@many never')}"
+    with pytest.raises(HangError) as info:
+        several_never_host.compile(out, config=cfg(2, backend, hang_timeout_s=30.0))(out)
+    msg = str(info.value)
+    assert info.value.certain, msg
+    for r in range(2):
+        head = f"rank {r} (device {r}): blocked at "
+        line = next(t for t in msg.splitlines() if t.startswith(f"  {head}"))
+        assert where in line and "pld.system.defer_wait on 'sig' (buffer 'sig_buf') cell [0] holds 0, needs >= 1" \
+            in line, msg
+        assert msg.count("whichever of its 24 pending deferred waits holds first") == 2, msg
+    assert msg.count(f"{second}: pld.system.defer_wait on 'sig' (buffer 'sig_buf') cell [1] holds 0, "
+                     "needs == 3") == 2, msg
+    for i in range(2, 1 + status.OTHER_WAITS):
+        assert msg.count(f"{many}: pld.system.defer_wait on 'sig' (buffer 'sig_buf') cell [{i}] holds 0, "
+                         "needs >= 1") == 2, (i, msg)
+    assert msg.count(f"and {24 - 1 - status.OTHER_WAITS} more (only the {1 + status.OTHER_WAITS} oldest are "
+                     "listed)") == 2, msg
+    state = info.value.ranks[0]
+    assert [o["offset"] for o in state["others"]] == [4 * i for i in range(1, 1 + status.OTHER_WAITS)]
+    # The findings name every line the ranks wait at.
+    (finding,) = findings.from_exception(info.value)
+    assert [loc.rsplit("/", 1)[-1] for loc in finding.locations] == [where, second, many]
+
+
+# ---------------------------------------------------------------------------
 # Chip regions in the host orchestrator: each block is outlined into a chip task
 # ---------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from ptodist.rank.tasks import Task, TaskGraph, overlap
 N = 2000
 MANY = 10_000  # deferred waits pending at once, satisfied one at a time
 ROW = 64
-LINES_PER_TASK = 250  # the shapes below take 35 to 130
+LINES_PER_TASK = 250  # the shapes below take 35 to 150
 
 
 class Rank:
