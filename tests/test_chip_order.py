@@ -361,7 +361,6 @@ def refuse_negative(x: pl.Tensor[[1, SIZE], pl.FP32]):
 
 @pl.jit.host
 def checked_chain(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], f: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-    buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)  # a window: the worker's arena holds the order signal
     for r in pl.range(pld.world_size()):
         refuse_negative(x[r], device=r)
     sums = pl.create_tensor([pld.world_size(), 1, SIZE], dtype=pl.FP32)

@@ -83,8 +83,19 @@ from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.failures import rank_failure
-from ..rank.status import (DONE, FAILED, OTHER_DTYPE, OTHER_WAITS, RUNNING, STATE_NAMES, STATUS_DTYPE, WAITING,
-                           StatusBoard, current_line, waited_cells)
+from ..rank.status import (
+    DONE,
+    FAILED,
+    OTHER_DTYPE,
+    OTHER_WAITS,
+    RUNNING,
+    STATE_NAMES,
+    STATUS_DTYPE,
+    WAITING,
+    StatusBoard,
+    current_line,
+    waited_cells,
+)
 from .base import Command, HostView, RunsNow, StallRule, notify_cell
 from .shm import GRACE_S
 
@@ -1020,34 +1031,13 @@ class MpiMemory:
     def cell_wait(self, buffer_id: int, offset: int, ge: bool, expected: int, timeout_s: float) -> tuple[bool, int]:
         """Poll the local cell with MPI atomics (which also drive MPI progress for the peers' RMA)."""
         disp = self.offsets[buffer_id] + offset
-        now = start = time.monotonic()
-        deadline = start + timeout_s
-        spin_end = start + self.spin_s
-        yield_end = spin_end + self.yield_s
-        delay, most = self.sleep_s
-        next_check = start + CHECK_S
-        control = self.run.control
-        while True:
-            v = self._atomic(self.heap, self.rank, disp, 0, self._no_op)
-            if (v >= expected) if ge else (v == expected):
-                self.heap.Sync()  # the peers' puts that came before the notify are now visible locally
-                return True, v
-            # Where one-sided operations are emulated (TCP, UCX without hardware atomics) the peers'
-            # notifies and gets complete only while this process runs MPI's progress engine.
-            self._progress()
-            now = time.monotonic()
-            if now >= next_check:
-                next_check = now + CHECK_S
-                control.poll(now, watching=int(self.status.row["state"]) == WAITING)
-            if now >= deadline:
-                return False, v
-            if now < spin_end:
-                continue
-            if now < yield_end:
-                os.sched_yield()
-                continue
-            time.sleep(delay)
-            delay = min(delay * 2, most)
+        seen = [0]
+
+        def holds() -> bool:
+            v = seen[0] = self._atomic(self.heap, self.rank, disp, 0, self._no_op)
+            return (v >= expected) if ge else (v == expected)
+
+        return self.wait_any(holds, timeout_s), seen[0]
 
     def cells(self, buffer_id: int) -> np.ndarray:
         """This rank's copy of buffer ``buffer_id`` as INT32 cells, read now: one atomic read of every cell
@@ -1064,8 +1054,8 @@ class MpiMemory:
         return out
 
     def wait_any(self, check, timeout_s: float) -> bool:
-        """Poll ``check()`` (a look at this rank's cells) until it holds, at most ``timeout_s``, as cell_wait
-        polls one cell: MPI has no wake-up for a cell."""
+        """Poll ``check()`` (a look at this rank's cells, with MPI atomics) until it holds, at most ``timeout_s``:
+        spin, then yield, then sleep, as ranks may outnumber cores; MPI has no wake-up for a cell."""
         now = start = time.monotonic()
         deadline = start + timeout_s
         spin_end = start + self.spin_s
@@ -1077,6 +1067,8 @@ class MpiMemory:
             if check():
                 self.heap.Sync()  # the peers' puts that came before the notifies are now visible locally
                 return True
+            # Where one-sided operations are emulated (TCP, UCX without hardware atomics) the peers'
+            # notifies and gets complete only while this process runs MPI's progress engine.
             self._progress()
             now = time.monotonic()
             if now >= next_check:
