@@ -460,3 +460,15 @@ def test_a_peer_past_the_world_gets_its_own_fix():
     assert f.fix == ("Keep peers in [0, world): a peer is a rank index, not a device id; write the right neighbour "
                      "as (r + 1) % n.")
     assert f.docs == "docs/pitfalls.md#step-10-negative-left-neighbour"
+
+
+def test_a_location_in_a_folder_with_a_space_is_named_whole(tmp_path):
+    # A checkout cloned under such a folder: a finding's locations are files, not the tail after the space.
+    program = tmp_path / "with space" / "prog.py"
+    program.parent.mkdir()
+    program.write_text("x = 1\n")
+    other = tmp_path / "other.py"
+    other.write_text("y = 2\n")
+    error = KernelIndexError(f"pl.load at {program}:1: out of bounds; the window was made at {other}:1")
+    (f,) = findings.from_exception(error)
+    assert f.locations == [f"{program}:1", f"{other}:1"]

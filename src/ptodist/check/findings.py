@@ -10,6 +10,7 @@ error ptodist raised into findings.
 
 from __future__ import annotations
 
+import os
 import re
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -174,12 +175,26 @@ class Finding:
 
 
 def _locations(text: str) -> list[str]:
+    """The ``file:line`` locations a message names, in order (not ptodist's own files)."""
     out: list[str] = []
     for m in _LOCATION.finditer(text):
-        loc = f"{m.group(1)}:{m.group(2)}"
-        if not is_internal(m.group(1)) and loc not in out:
+        path = _with_spaces(text, m.start(1), m.group(1))
+        loc = f"{path}:{m.group(2)}"
+        if not is_internal(path) and loc not in out:
             out.append(loc)
     return out
+
+
+def _with_spaces(text: str, start: int, path: str) -> str:
+    """``path``, found in ``text`` at ``start``, extended to the left when that makes the path of a file with a
+    space in it (a checkout under a folder such as ``with space/``): the longest such path, else ``path``."""
+    line_start = text.rfind("\n", 0, start) + 1
+    for j in range(line_start, start):  # leftmost first: the longest candidate
+        if text[j] in "/." and (j == line_start or text[j - 1] in " ('\"[") and " " in text[j:start]:
+            candidate = text[j:start] + path
+            if os.path.isfile(candidate):
+                return candidate
+    return path
 
 
 def _user_frames(tb_text: str) -> list[str]:
