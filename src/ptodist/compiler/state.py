@@ -28,6 +28,8 @@ import collections
 import dataclasses
 import dis
 import functools
+import itertools
+import operator
 import random
 import sys
 import types
@@ -41,6 +43,8 @@ from .checks import reachable_functions
 
 _MISSING = object()
 _NO_PATHS: dict = {}
+# Kinds of values that change in place, which a quick check reads again (the rest it compares by identity).
+_VOLATILE = frozenset({"items", "dict", "buffer", "ndarray", "tensor", "rng", "method", "object"})
 _BUDGET = 4096          # values a stamp looks into, at most; beyond, containers count by identity and length
 _DEPTH = 4              # how deep a stamp looks into nested values and module attributes
 # torch functions that draw from (or seed) its global generator: a program naming one reads that state.
@@ -50,35 +54,51 @@ _TORCH_RANDOM = frozenset({
 
 
 class _Reader:
-    """One stamp's reading: what it may still look into, and the values it holds by identity."""
+    """One stamp's reading: what it may still look into, the values it holds by identity, and where it read
+    them (for :meth:`ProgramState.unchanged`)."""
 
-    __slots__ = ("budget", "keep", "modules")
+    __slots__ = ("budget", "keep", "modules", "spaces", "names", "values", "cells", "volatile")
 
     def __init__(self):
         self.budget = _BUDGET
         self.keep: list = []      # held, so that no id in the stamp is reused while the stamp lives
         self.modules: set = set()  # modules already read (a module's attributes are read once a stamp)
+        # Each dict lookup made (a global, a module attribute) and the value it gave, as three columns.
+        self.spaces: list = []
+        self.names: list = []
+        self.values: list = []
+        self.cells: list = []     # (closure cell, the value it held)
+        self.volatile: list = []  # (value, its paths, its key): values that change in place, read again
 
     def same(self, v) -> int:
         self.keep.append(v)
         return id(v)
+
+    def looked_up(self, space: dict, name: str, v, paths: dict, key) -> None:
+        self.spaces.append(space)
+        self.names.append(name)
+        self.values.append(v)
+        if _KINDS.get(type(v)) in _VOLATILE or (type(v) is types.ModuleType and _draws(v, paths)):
+            self.volatile.append((v, paths, key))
 
 
 class Stamp:
     """The values a program's code reads, at one moment: ``(label, key)`` pairs, compared pairwise.
 
     A key holds values by identity (their ids, the values themselves kept in ``keep``) and by content
-    where they change in place.
+    where they change in place.  ``reader`` keeps where each value was read, for the quick check.
     """
 
-    __slots__ = ("entries", "keep")
+    __slots__ = ("entries", "keep", "reader", "path")
 
-    def __init__(self, entries: list, keep: list):
+    def __init__(self, entries: list, reader: _Reader, path: list):
         self.entries = entries
-        self.keep = keep
+        self.keep = reader.keep
+        self.reader = reader
+        self.path = path
 
     def __eq__(self, other) -> bool:
-        return isinstance(other, Stamp) and self.entries == other.entries
+        return other is self or isinstance(other, Stamp) and self.entries == other.entries
 
     def __hash__(self) -> int:  # stamps are compared, never used as keys
         return len(self.entries)
@@ -171,9 +191,45 @@ class ProgramState:
                 key = _key(value, site.paths, r, 0)
             except Exception:  # noqa: BLE001 - a value that cannot be looked into is compared by identity
                 key = r.same(value)
+            if site.cell is not None:
+                r.cells.append((site.cell, value))
+            else:
+                r.looked_up(site.space, site.name, value, site.paths, key)
             entries.append((site.label, key))
-        entries.append(("sys.path", tuple(sys.path)))
-        return Stamp(entries, r.keep)
+        path = list(sys.path)
+        entries.append(("sys.path", tuple(path)))
+        return Stamp(entries, r, path)
+
+    def unchanged(self, stamp: Stamp) -> bool:
+        """Whether what the code reads is still ``stamp``'s: the quick check of every dispatch.
+
+        Every lookup must give the very object it gave (one pass in C over the lookups), the values that
+        change in place must read as they did, and ``sys.path`` must be equal.  False may still be a value
+        rebound to an equal one: :meth:`changed_since` then compares by value.
+        """
+        r = stamp.reader
+        if sys.path != stamp.path:
+            return False
+        if not all(map(operator.is_, map(dict.get, r.spaces, r.names, itertools.repeat(_MISSING)), r.values)):
+            return False
+        for cell, value in r.cells:
+            try:
+                if cell.cell_contents is not value:
+                    return False
+            except ValueError:  # an empty cell
+                if value is not _MISSING:
+                    return False
+        for value, paths, key in r.volatile:
+            try:
+                if _key(value, paths, _Reader(), 0) != key:
+                    return False
+            except Exception:  # noqa: BLE001 - as stamp() does: such a value counts by identity only
+                continue
+        return True
+
+    def changed_since(self, stamp: Stamp) -> list[str]:
+        """The labels of what the code reads that is no longer as in ``stamp`` (empty when nothing is)."""
+        return [] if self.unchanged(stamp) else stamp.changed(self.stamp())
 
     def where(self, label: str) -> str:
         """The function (and its file:line) that reads the site ``label``."""
@@ -342,17 +398,26 @@ def _module_key(m: types.ModuleType, paths: dict, r: _Reader, depth: int):
         x = space.get(name, _MISSING)
         if _KINDS.get(type(x)) == "same":  # most attributes (functions, classes): inline, they are many
             r.keep.append(x)
-            attrs.append(id(x))
+            key = id(x)
         else:
-            attrs.append(_key(x, sub, r, depth + 1))
+            key = _key(x, sub, r, depth + 1)
+        r.looked_up(space, name, x, sub, key)
+        attrs.append(key)
     rng = None
-    if m is random:
-        rng = hash(random.getstate())
-    elif m.__name__ == "numpy.random":
-        rng = _rng_state(np.random.mtrand._rand)
-    elif m.__name__ == "torch" and not _TORCH_RANDOM.isdisjoint(paths):
-        rng = zlib.crc32(m.random.get_rng_state().numpy().tobytes())
+    if _draws(m, paths):
+        if m is random:
+            rng = hash(random.getstate())
+        elif m.__name__ == "numpy.random":
+            rng = _rng_state(np.random.mtrand._rand)
+        else:
+            rng = zlib.crc32(m.random.get_rng_state().numpy().tobytes())
     return (r.same(m), tuple(attrs), rng)
+
+
+def _draws(m: types.ModuleType, paths: dict) -> bool:
+    """Whether code that looks up ``paths`` on module ``m`` reads a global random generator's state."""
+    return m is random or m.__name__ == "numpy.random" or \
+        (m.__name__ == "torch" and not _TORCH_RANDOM.isdisjoint(paths))
 
 
 def _rng_state(v):

@@ -72,7 +72,7 @@ def run_rank(ctx, log=None, dfx=None, *, last: bool = True, settle=None, dedicat
         return RankOutcome(stopped=True)
     except BaseException as e:  # noqa: BLE001 - everything a rank raises is reported to the driver
         failure = rank_failure(ctx.plan, ctx.rank, ctx.failed_task or ctx.task, e)
-    changed = before.changed(state.stamp()) if before is not None else []
+    changed = state.changed_since(before) if before is not None else []
     if changed:  # the next dispatch would see it on some backends only: refused on every one
         if failure is None:
             error = KernelStateError(changed_message(state, changed, "the rank's code"))

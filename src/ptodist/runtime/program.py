@@ -368,9 +368,10 @@ class CompiledProgram:
         return self._state
 
     def _plan_for(self, args: tuple) -> tuple[DispatchPlan, list, list, bool]:
-        stamp = self.state.stamp()
-        if stamp != self.stamp:  # the host orchestrator may read what changed: plan again
-            self._plans.clear()
+        if self.stamp is None or not self.state.unchanged(self.stamp):
+            stamp = self.state.stamp()
+            if stamp != self.stamp:  # the host orchestrator may read what changed: plan again
+                self._plans.clear()
             self.stamp = stamp
         values, hosts, created = self.bind(args)
         key = self.plan_key(values, hosts)

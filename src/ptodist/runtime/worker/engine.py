@@ -214,7 +214,14 @@ class Engine:
 
     def stale(self) -> list[str]:
         """What of the Python state the programs read is no longer what the ranks were started with."""
-        return self.started_with.changed(self.program_state.stamp())
+        state = self.program_state
+        if state.unchanged(self.started_with):  # the quick check, every dispatch
+            return []
+        now = state.stamp()
+        changed = self.started_with.changed(now)
+        if not changed:  # values rebound to equal ones: the ranks hold equal values; check against these now
+            self.started_with = now
+        return changed
 
     def check_state(self, compiled) -> None:
         """Raise DispatchStateError when the Python state the programs read is no longer what the ranks
