@@ -230,6 +230,16 @@ def test_a_worker_refuses_a_dispatch_after_the_state_changed_and_runs_again_once
         assert (rt(x) == 1).all()
 
 
+def test_a_worker_runs_on_when_a_global_is_rebound_to_an_equal_value(restore):
+    x = ptodist.shared_array((2, 1, 4))
+    x[...] = 1
+    with scale_all.compile(x, config=cfg("shm")).prepare() as rt:
+        assert (rt(x) == 1).all()
+        restore.setattr(sys.modules[__name__], "SCALE", float("1.0"))  # another object, the same value
+        assert (rt(x) == 1).all()
+        assert (rt(x) == 1).all()
+
+
 @pytest.mark.parametrize("backend", ["shm", "sim"])
 def test_a_worker_whose_rank_changed_the_state_runs_nothing_more(backend, restore):
     x = ptodist.shared_array((1, 4))
