@@ -158,8 +158,18 @@ _BLAS_PREFIXES = ("scipy_openblas", "openblas")  # numpy's bundled OpenBLAS, and
 _BLAS_SUFFIXES = ("64_", "")
 
 
+_blas_found: tuple = (-1, [])  # (len(sys.modules) when looked, what was found): a new import may load one
+
+
 def _blas_calls() -> list[tuple]:
     """``(get_num_threads, set_num_threads)`` of every OpenBLAS already loaded into this process."""
+    global _blas_found
+    if _blas_found[0] != len(sys.modules):  # reading /proc/self/maps costs a millisecond with torch loaded
+        _blas_found = (len(sys.modules), _find_blas())
+    return _blas_found[1]
+
+
+def _find_blas() -> list[tuple]:
     import ctypes
 
     try:
