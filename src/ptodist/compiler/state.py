@@ -14,10 +14,12 @@ What is read is found from the code's instructions, once per program: every glob
 code (and its nested code: regions, comprehensions, lambdas) loads or stores, its closure cells, the
 attribute chains it looks up on them (``np.random.rand``: the module ``numpy.random``, and numpy's
 global generator), and the user's own helper functions it reaches (not library code: the standard
-library, installed packages, ptodist).  A stamp holds each value by identity
-(kept alive by the stamp, so an address is never reused under it) plus what can change in place:
-the content of numbers, strings, containers, numpy arrays and the user's own objects, a torch
-tensor's version counter, a random generator's state.
+library, installed packages, ptodist).  A stamp holds each value by identity (kept alive by the
+stamp, so an address is never reused under it) plus what can change in place: the content of
+numbers, strings, containers, numpy arrays and the user's own objects, a torch tensor's version
+counter, a random generator's state.  A dispatch first makes the quick check
+(:meth:`ProgramState.unchanged`: every lookup gives the same object, and only what changes in place
+is read again); the value-by-value comparison runs only when that fails.
 """
 
 from __future__ import annotations
