@@ -62,15 +62,18 @@ def _value(x):
     return x.use() if type(x) is ScalarSlot else x
 
 
-def used(a):
-    """``a`` with every slot in it (in lists, tuples and dicts too) replaced by its value, which counts as used."""
+def used(a, leaf=None):
+    """``a`` with every slot in it (in lists, tuples and dicts too) replaced by its value, which counts as used;
+    ``leaf(x)``, when given, sees every other value found."""
     t = type(a)
     if t is ScalarSlot:
         return a.use()
     if t is list or t is tuple:
-        return t(used(x) for x in a)
+        return t(used(x, leaf) for x in a)
     if t is dict:
-        return {k: used(x) for k, x in a.items()}
+        return {k: used(x, leaf) for k, x in a.items()}
+    if leaf is not None:
+        leaf(a)
     return a
 
 
@@ -134,22 +137,17 @@ def finish(plan: DispatchPlan, proxies: list, names: list[str], calls=()) -> Fin
         return Finished(frozenset())
     hidden = False  # an argument of the program's own kind, which could hold a slot out of our sight
 
-    def unwrap(a):
+    def note(a) -> None:
         nonlocal hidden
-        t = type(a)
-        if t is ScalarSlot:
-            return a.use()
-        if t is list or t is tuple:
-            return t(unwrap(x) for x in a)
-        if t is dict:
-            return {k: unwrap(x) for k, x in a.items()}
         if isinstance(a, np.ndarray) and a.dtype != object:
-            return a
+            return
         if not isinstance(a, _PLAIN) and not callable(a):
             hidden = True
         elif callable(a) and not isinstance(a, type):
             hidden = hidden or bool(getattr(a, "__closure__", None))  # a closure could hold a slot
-        return a
+
+    def unwrap(a):
+        return used(a, note)
 
     for ts in plan.tasks:
         for t in ts:
@@ -180,13 +178,13 @@ def finish(plan: DispatchPlan, proxies: list, names: list[str], calls=()) -> Fin
                     if spec is not None and spec.kind == "scalar" and spec.ttype is not None \
                             and spec.ttype.dtype is not None:
                         found.append((a.index, t.function, spec, t.location))
-    used = frozenset(s.index for s in slots if s.used)
+    indices = frozenset(s.index for s in slots if s.used)
     seen, kept = set(), []
     for index, fn, spec, loc in found:  # one check per parameter a value reaches
         if (index, id(fn), spec.name) not in seen:
             seen.add((index, id(fn), spec.name))
             kept.append((index, fn, spec, loc))
-    return Finished(used, kept)
+    return Finished(indices, kept)
 
 
 def check_values(done: Finished, values: list) -> None:
