@@ -26,28 +26,9 @@ HOLDER = textwrap.dedent("""
 
     import numpy as np
 
-    import ptodist.language as pl
-    import ptodist.language.distributed as pld
+    sys.path.insert(0, {tests!r})
+    from test_outputs_pruning import pruned
     from ptodist import DistributedConfig, RunConfig
-
-    NR = pl.dynamic("NR")
-
-
-    @pl.jit.incore
-    def copy(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-        pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], y)
-
-
-    @pl.jit
-    def copy_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-        copy(x, y)
-
-
-    @pl.jit.host
-    def pruned(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-        for r in pl.range(pld.world_size()):
-            copy_rank(x[r], y[r], device=r)
-
 
     x = np.ones((2, 1, 4), np.float32)
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), enable_dep_gen=True)
@@ -76,7 +57,7 @@ def _ours(root: Path) -> list[str]:
 
 def test_a_directory_a_live_process_writes_into_is_never_pruned_by_another(tmp_path):
     script = tmp_path / "holder.py"
-    script.write_text(HOLDER)
+    script.write_text(HOLDER.format(tests=str(Path(__file__).parent)))
     root = Path(child_env()["PTODIST_OUTPUT_ROOT"])
     first = _start(script, keep=1)
     try:
