@@ -49,3 +49,79 @@ def install() -> None:
     """Make ``import pypto...`` resolve to ptodist in this process (idempotent)."""
     if _FINDER not in sys.meta_path:
         sys.meta_path.insert(0, _FINDER)
+
+
+# --- the exported surface: which of upstream's names ptodist has -----------------------------------
+
+_SURFACE_FILE = "compat_surface.json"
+
+
+def _load_surface() -> dict:
+    import json
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / _SURFACE_FILE).read_text(encoding="utf-8"))
+
+
+def _home_of(module: str):
+    """Return ptodist's object for PyPTO module ``module``: the module itself, or a namespace attribute."""
+    target = target_of(module)
+    try:
+        return importlib.import_module(target)
+    except ModuleNotFoundError:
+        # pl.tile, pl.tensor, pld.system... are namespaces of their parent, not modules
+        parent, _, last = module.rpartition(".")
+        return getattr(_home_of(parent), last, None)
+
+
+def surface() -> list[tuple[str, list[str], dict[str, str | None]]]:
+    """Compare upstream's exported names with ptodist's.
+
+    Returns:
+        One ``(module, names, absent)`` per upstream module: its sorted names, and each name
+        ptodist lacks mapped to the recorded reason (``None`` where none is recorded).
+    """
+    from fnmatch import fnmatchcase
+
+    data = _load_surface()
+    reasons = data["reasons"]
+    report = []
+    for module, names in data["modules"].items():
+        home = _home_of(module)
+        absent: dict[str, str | None] = {}
+        for name in names:
+            if home is not None and hasattr(home, name):
+                continue
+            qualified = f"{module}.{name}"
+            absent[name] = next((why for pattern, why in reasons.items() if fnmatchcase(qualified, pattern)), None)
+        report.append((module, names, absent))
+    return report
+
+
+def _main(argv: list[str]) -> int:
+    """``python -m ptodist.compat --surface | --missing``: print the exported-surface inventory."""
+    if argv not in (["--surface"], ["--missing"]):
+        print("usage: python -m ptodist.compat --surface | --missing\n"
+              "  --surface  per PyPTO module, how many of its exported names ptodist has, and why each other is absent\n"
+              "  --missing  only the absent names with no recorded reason (one module.name a line)", file=sys.stderr)
+        return 2
+    report = surface()
+    if argv == ["--missing"]:
+        for module, _names, absent in report:
+            for name, why in absent.items():
+                if why is None:
+                    print(f"{module}.{name}")
+        return 0
+    have = total = 0
+    for module, names, absent in report:
+        have += len(names) - len(absent)
+        total += len(names)
+        print(f"{module}: {len(names) - len(absent)} / {len(names)} names")
+        for name, why in absent.items():
+            print(f"  absent {name}: {why or 'not yet in ptodist'}")
+    print(f"total: {have} / {total} names")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))
