@@ -12,6 +12,7 @@ from ..errors import OperationTypeError
 from . import mixed as _mixed
 from . import ops as _ops
 from .control import (
+    ForKind,
     ScopeMode,
     at,
     auto_scope,
@@ -22,6 +23,7 @@ from .control import (
     manual_scope,
     no_dep,
     parallel,
+    pipeline,
     range,
     scope,
     spmd,
@@ -30,8 +32,10 @@ from .control import (
     static_print,
     submit,
     unroll,
+    while_,
     yield_,
 )
+from .distributed.types import AtomicType
 from .dtypes import (
     BF16,
     BOOL,
@@ -44,6 +48,7 @@ from .dtypes import (
     INT16,
     INT32,
     INT64,
+    TASK_ID,
     UINT8,
     DataType,
 )
@@ -57,6 +62,9 @@ from .spaces import Mem, MemorySpace
 from .tile_ops import Tile
 from .types import DistributedTensor as _DistributedTensor  # noqa: F401  (pld exports it)
 from .types import InOut, Out, Tensor, dynamic
+
+# pl.TaskId: the annotation of a scalar holding a task's id (what `as tid` and pl.submit give), for deps=.
+TaskId = Scalar[TASK_ID]
 
 # pl.Tuple[A, B]: the return annotation of a function that returns several tensors (``s, d = chip(...)``).
 Tuple = tuple
@@ -89,7 +97,8 @@ __all__ = [
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
     "unroll", "yield_", "no_dep", "dump_tag", "static_assert", "static_print", "scope", "ScopeMode", "spmd_submit",
-    "Array", "PadValue", "AUTO", "Mem", "MemorySpace",
+    "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
+    "ForKind", "pipeline", "while_", "TASK_ID", "TaskId",
 ]
 __all__ += sorted(set(_top) - set(__all__))

@@ -11,6 +11,7 @@ import numpy as np
 from .. import context
 from ..errors import OperationTypeError, TileTypeError, TileValueError
 from . import dtypes as dt
+from .distributed.types import atomic_type
 from .dtypes import DataType
 from .scalar import Scalar
 from .spaces import MemorySpace, as_space, check_load_target
@@ -55,8 +56,9 @@ def store(tile, offsets, output_tensor, shapes=None, *, atomic=None):
     """Store ``tile``'s valid part into ``output_tensor`` at ``offsets``; return the tensor (rebind it).
 
     ``offsets`` has one entry per tensor dimension; a tile of lower rank fills the trailing dimensions.
+    ``atomic=pl.AtomicType.Add`` adds the tile into the tensor atomically instead of overwriting it.
     """
-    return context.current().memory_op("pl.store", tile, list(offsets), output_tensor, atomic)
+    return context.current().memory_op("pl.store", tile, list(offsets), output_tensor, atomic_type(atomic, "pl.store"))
 
 
 def read(tensor, offset) -> Scalar:

@@ -13,6 +13,7 @@ import numpy as np
 from ..errors import TileIndexError, TileTypeError, TileValueError
 from ..source import user_location
 from . import dtypes as dt
+from .distributed.types import AtomicType, atomic_type
 from .dtypes import DataType
 from .scalar import Scalar, as_int
 from .spaces import MemorySpace, as_space, check_move
@@ -170,11 +171,19 @@ def slice_(x: Tile, shape, offsets) -> Tile:
     return Tile(x.data[idx].copy(), x.dtype, space=x.space)
 
 
-def assemble(dst: Tile, src: Tile, offsets) -> Tile:
-    """Return ``dst`` with ``src`` written at ``offsets``."""
+def assemble(dst: Tile, src: Tile, offsets, *, atomic=None) -> Tile:
+    """Return ``dst`` with ``src`` written (``atomic=pl.AtomicType.Add``: added) at ``offsets``."""
     offsets, _ = _check_region("pl.assemble", dst.shape, offsets, src.shape)
     out = dst.data.copy()
-    out[tuple(slice(o, o + s) for o, s in zip(offsets, src.shape))] = src.data
+    region = tuple(slice(o, o + s) for o, s in zip(offsets, src.shape))
+    if atomic_type(atomic, "pl.assemble") is AtomicType.Add:
+        if src.dtype is not dst.dtype:
+            raise TileTypeError(f"pl.assemble at {user_location(2)}: adding a {src.dtype.name} tile into a "
+                                f"{dst.dtype.name} tile; convert it first with pl.cast(src, target_type=pl."
+                                f"{dst.dtype.name})")
+        out[region] += src.data
+    else:
+        out[region] = src.data
     return Tile(out, dst.dtype)
 
 

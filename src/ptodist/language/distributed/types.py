@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import Enum, IntEnum
 
+from ...errors import OperationTypeError
+from ...source import user_location
 from ..types import DistributedTensor  # noqa: F401  (re-exported by pld)
 
 
@@ -28,11 +30,31 @@ class ReduceOp(Enum):
     Prod = 3
 
 
-class AtomicType(Enum):
-    """Atomic mode of a remote write: plain (``None_``) or accumulate (``Add``)."""
+class AtomicType(IntEnum):
+    """How a store combines with its destination: overwrite (``None_``) or atomically add (``Add``).
+
+    One type for ``pl.store`` / ``pl.assemble`` and for the remote writes of ``pld`` (``pl.AtomicType`` is
+    ``pld.AtomicType``); an int, as upstream's (``int(pl.AtomicType.Add) == 1``).
+    """
 
     None_ = 0
     Add = 1
+
+
+def atomic_type(value, op: str) -> AtomicType:
+    """``value`` as an :class:`AtomicType` (``None`` and the ints 0 and 1 too); anything else is an error.
+
+    A mode that is neither would otherwise read as a plain store: a silent wrong sum.
+    """
+    if value is None:
+        return AtomicType.None_
+    if isinstance(value, AtomicType):
+        return value
+    if type(value) is int and value in (0, 1):
+        return AtomicType(value)
+    raise OperationTypeError(f"{op} at {user_location(2)}: atomic={value!r} is not an atomic mode; pass "
+                             "atomic=pl.AtomicType.Add to add into the destination, or "
+                             "pl.AtomicType.None_ (the default) to overwrite it")
 
 
 class CommCtxType(Enum):

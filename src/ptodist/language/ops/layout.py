@@ -13,6 +13,7 @@ from ...errors import TileTypeError, TileValueError
 from .. import dtypes as dt
 from .. import memory_ops as _m
 from .. import tile_ops as _t
+from ..distributed.types import atomic_type
 from ..dtypes import DataType
 from ..scalar import Scalar
 from ..tile_ops import Tile
@@ -23,16 +24,26 @@ _SHAPE = "Shape and layout"
 op("reshape", family=_SHAPE, dtypes=ANY)(_t.reshape)
 op("cast", family=_SHAPE, dtypes=ANY)(_t.cast)
 op("assemble", family=_SHAPE, dtypes=ANY)(_t.assemble)
-op("slice", family=_SHAPE, dtypes=ANY, levels=("tile",))(_m.slice)
+op("slice", family=_SHAPE, dtypes=ANY)(_m.slice)
+
+
+@tensor_impl("slice")
+def _slice_tensor(tensor, shape, offset, valid_shape=None, **options):
+    """``pl.tensor.slice``: a view of the region of ``shape`` at ``offset`` (writes through it reach ``tensor``)."""
+    return _m.slice(tensor, shape, offset, valid_shape, **options)
 
 
 @tensor_impl("assemble")
-def _assemble_tensor(target, source, offset):
+def _assemble_tensor(target, source, offset, *, atomic=None):
     """``pl.assemble(target, source, offset)`` on a tensor writes ``source`` (a tile or a tensor) into ``target``
-    at ``offset``, in place, and returns ``target`` (``target[i:i+h, j:j+w] = source`` spelled as a call)."""
+    at ``offset``, in place, and returns ``target`` (``target[i:i+h, j:j+w] = source`` spelled as a call).
+
+    ``atomic=pl.AtomicType.Add`` adds ``source`` into ``target`` instead, atomically: the adds of several blocks,
+    tasks or ranks into one region all count, whatever their order (split-K)."""
+    mode = atomic_type(atomic, "pl.assemble")
     if is_tensor(source):
         source = _m.load(source, [0] * len(source.shape), list(source.shape))
-    return context.current().memory_op("pl.assemble", source, list(offset), target, None)
+    return context.current().memory_op("pl.assemble", source, list(offset), target, mode)
 
 
 def _tile(name: str, x, what: str = "argument") -> Tile:
