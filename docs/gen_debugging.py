@@ -403,10 +403,11 @@ ZOO: list[Bug] = [
         compiled(np.zeros((P, 1, 8), np.float32))
         ''', "task_args_order", [], "8.2 scalar before tensor",
          before="""
-         The runtime packs a task's arguments as all tensors, then all scalars
-         (`TaskArgs: cannot add tensor after scalar` on the device). ptodist
-         checks every function the host reaches when the program is compiled
-         (SPEC §8.3 step 01 is the same bug).
+         The runtime packs the arguments of a function the host orchestrator
+         dispatches as all tensors, then all scalars (`TaskArgs: cannot add tensor
+         after scalar` on the device). ptodist checks every function the host
+         dispatches when the program is compiled (SPEC §8.3 step 01 is the same bug);
+         a kernel takes its parameters in any order.
          """,
          after="Fix: put the scalar parameters last, and the arguments likewise."),
     _bug("rank_on_host", "Step 02: rank identity read outside the dispatch loop", '''
@@ -1309,16 +1310,16 @@ def render(blocks: dict[str, str]) -> str:
         compiled program's `output_dir`, per rank and per call (`d0`, `d1`, …):
 
         - **Swimlane** — `RunConfig(enable_chip_swimlane=True)`:
-          `dfx_outputs/run_<timestamp>_<pid>/rank{r}/d{k}/chip_swimlane_records.json` (per-task
+          `dfx_outputs/rank{r}/d{k}/chip_swimlane_records.json` (per-task
           timing), and per call a merged Chrome-trace / Perfetto file
-          `dfx_outputs/run_<timestamp>_<pid>/merged_swimlane_*.json`: one process per rank, a slice
+          `dfx_outputs/merged_swimlane_*.json`: one process per rank, a slice
           per task and per communication op, and flow arrows from each notify
           to the wait it released.
         - **Scope statistics** — `RunConfig(enable_scope_stats=True)`:
-          `dfx_outputs/run_<timestamp>_<pid>/rank{r}/d{k}/scope_stats/scope_stats.jsonl`, with the
+          `dfx_outputs/rank{r}/d{k}/scope_stats/scope_stats.jsonl`, with the
           task-window, heap and tensormap high-water marks.
         - **Dependency graph** — `RunConfig(enable_dep_gen=True)`:
-          `dfx_outputs/run_<timestamp>_<pid>/rank{r}/d{k}/deps.json`, the tasks, tensors and
+          `dfx_outputs/rank{r}/d{k}/deps.json`, the tasks, tensors and
           dependency edges the scheduler saw.
 
         `ptodist trace OUTPUT_DIR` summarises a call's swimlane: per-rank busy,

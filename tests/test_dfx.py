@@ -18,7 +18,7 @@ from conftest import load_example, on_every_rank, ptodist_cli
 import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RunConfig, dfx, shared_array
+from ptodist import DistributedConfig, RunConfig, dfx, ir, shared_array
 from ptodist.dfx import summary, swimlane
 
 IDS = [3, 5, 9]  # non-contiguous device ids: rank r runs on IDS[r]
@@ -33,7 +33,7 @@ def config(out: Path, ids=IDS, **flags) -> RunConfig:
 
 
 def run_dir(out: Path) -> Path:
-    """The newest run's folder: <out>/dfx_outputs/run_<timestamp>_<pid>."""
+    """The newest run's folder: <out>/dfx_outputs."""
     run = dfx.latest_run(out)
     assert run is not None, f"no run under {out}"
     return run
@@ -530,38 +530,69 @@ def assert_only_its_own_records(run: Path, ids, kernels: set[str]) -> None:
             round((rec["start"] - min(d["start"] for d in per_rank)) / 1000.0, 3) for rec in data["records"])
 
 
-def test_runs_one_after_the_other_in_one_output_dir_keep_their_own_records(tmp_path):
+@pl.program
+class PerRankAddOne:
+    @pl.function(type=pl.FunctionType.InCore)
+    def add_one(self, x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+        return pl.store(pl.add(pl.load(x, [0, 0], [4, N]), 1.0), [0, 0], y)
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def child(self, x: pl.Tensor[[4, N], pl.FP32], y: pl.Out[pl.Tensor[[4, N], pl.FP32]]):
+        return self.add_one(x, y)
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host_orch(self, x: pl.Tensor[[NR, 4, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 4, N], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            self.child(x[r], y[r], device=r)
+
+
+def test_outputs_are_in_upstreams_layout(tmp_path):
+    """<output_dir>/dfx_outputs/rank{r}/d{k}/, as PyPTO's per-rank DFX test reads it."""
+    compiled = ir.compile(PerRankAddOne, platform="a2a3sim", output_dir=str(tmp_path / "out"),
+                                  distributed_config=DistributedConfig(device_ids=[0, 1]))
+    x = np.random.default_rng(1).standard_normal((2, 4, N)).astype(np.float32)
+    y = np.zeros_like(x)
+    compiled(x, y, config=RunConfig(platform="a2a3sim", enable_dep_gen=True, enable_scope_stats=True,
+                                    enable_chip_swimlane=True))
+    np.testing.assert_allclose(y, x + 1.0)
+    base = compiled.output_dir / "dfx_outputs"
+    for r in range(2):
+        for name in ("deps.json", "scope_stats/scope_stats.jsonl", swimlane.RECORDS):
+            assert (base / f"rank{r}" / "d0" / name).stat().st_size > 0
+    assert len(list(base.glob("merged_swimlane_*.json"))) == 1
+
+
+def test_a_later_run_in_one_output_dir_replaces_the_earlier_runs_files(tmp_path):
     out = tmp_path / "out"
     run_twice(out, enable_chip_swimlane=True)          # run 1: three ranks on devices 3, 5, 9
     run_defers(out)                                    # run 2: two ranks on devices 0, 1, with the same output_dir
-    first, second = dfx.runs(out)
-    assert first.parent == second.parent == out / "dfx_outputs" and dfx.RUN_DIR.match(first.name)
-    assert_only_its_own_records(first, IDS, {"stage_and_reduce", "pld.tensor.allreduce", "unload"})
-    assert_only_its_own_records(second, [0, 1], {"deferred"})
-    # ptodist trace OUTPUT_DIR: the newest run, and only its ranks
+    (run,) = dfx.runs(out)
+    assert run == out / "dfx_outputs"                  # upstream's layout: rank{r}/d{k} right in dfx_outputs
+    assert_only_its_own_records(run, [0, 1], {"deferred"})  # run 1's rank2/d0 and merged trace are gone
     p = trace_cli(out)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    assert lines[0] == f"ptodist trace: {second}"
-    assert lines[1] == (f"run {second.name}: the newest of 2 runs in {out / 'dfx_outputs'}; give a run's folder to "
-                        "summarise another")
-    assert ", 2 rank(s);" in lines[2] and "rank 1 (device 1)" in p.stdout and "(device 9)" not in p.stdout
-    assert lines[3] == f"merged trace: {next(second.glob('merged_swimlane_*.json'))}"
-    # ... and a run's own folder
-    p = trace_cli(first)
+    assert lines[0] == f"ptodist trace: {run}"
+    assert ", 2 rank(s);" in lines[1] and "rank 1 (device 1)" in p.stdout and "(device 9)" not in p.stdout
+    assert lines[2] == f"merged trace: {next(run.glob('merged_swimlane_*.json'))}"
+    # a folder of the older layout (dfx_outputs/run_<stamp>_<pid>) is read beside it, never cleared
+    old = run / "run_20260101_120000_000000_42"
+    shutil.copytree(run, old, ignore=shutil.ignore_patterns(dfx.IN_USE))
+    assert dfx.runs(out) == [old, run]
+    p = trace_cli(old)
     assert p.returncode == 0, p.stderr
-    lines = p.stdout.splitlines()
-    assert lines[0] == f"ptodist trace: {first}" and lines[1].startswith(f"run {first.name}: number 1 (oldest first)")
-    assert ", 3 rank(s);" in lines[2] and "rank 2 (device 9)" in p.stdout
-    # a newest run without swimlane records: the error names the runs that have some
+    assert p.stdout.splitlines()[1] == (f"run {old.name}: number 1 (oldest first) of 2 runs in {out}; give a run's "
+                                        "folder to summarise another")
+    # a newest run without swimlane records: the error names the run that has some
     x = np.ones((2, 1, N), np.float32)
     pipeline.compile(x, config=config(out, ids=[0, 1], enable_dep_gen=True))(x)
+    assert old.is_dir() and not list(run.glob("merged_swimlane_*.json"))
     p = trace_cli(out)
     assert p.returncode == 2 and "has no swimlane records (it has deps.json)" in p.stderr
-    assert f"2 other run(s) in {out / 'dfx_outputs'} (the newest: {second.name}); give a run's folder" in p.stderr
+    assert f"1 other run(s) beside it (the newest: {old}); give a run's folder" in p.stderr
 
 
-def test_runs_at_the_same_time_in_one_output_dir_keep_their_own_records(tmp_path):
+def test_runs_at_the_same_time_in_one_output_dir_keep_their_own_records(tmp_path, capfd):
     out = tmp_path / "out"
     gate_r, gate_w = os.pipe()
     ready_r, ready_w = os.pipe()
@@ -584,6 +615,9 @@ def test_runs_at_the_same_time_in_one_output_dir_keep_their_own_records(tmp_path
         for fd in (gate_r, gate_w, ready_r, ready_w):
             os.close(fd)
     first, second = dfx.runs(out)                      # in the order they started
+    assert (first, second) == (out / "dfx_outputs", out / "dfx_outputs.2")  # run 2 wrote beside run 1's folder
+    assert (f"ptodist: {first} is in use by another run (process {os.getpid()}, which is still running); to keep "
+            f"the two runs' files apart this run writes its DFX outputs to {second} instead.") in capfd.readouterr().err
     assert_only_its_own_records(first, IDS, {"gated"})
     assert_only_its_own_records(second, [0, 1], {"deferred"})
 

@@ -453,7 +453,7 @@ def _dfx_outputs(p: int) -> None:
     compiled = ir.compile(module.build(p), config=cfg)
     compiled(x, y)
     assert torch.allclose(y, x.sum(0, keepdim=True).expand_as(y), rtol=1e-5, atol=1e-5)
-    # One run folder (dfx_outputs/run_<timestamp>_<pid>), the same in every process of the job.
+    # One run folder (dfx_outputs), the same in every process of the job.
     runs = dfx.runs(compiled.output_dir)
     assert len(runs) == 1, runs
     root = runs[0]

@@ -443,8 +443,9 @@ def main(argv=None) -> int:
                            description="Summarise one dispatch's swimlane records: per-rank busy, waiting and "
                                        "communicating time, the longest waits and what released them, and the "
                                        "critical path across ranks.")
-    trace.add_argument("dir", help="the program's output_dir or its dfx_outputs folder (the newest run in it is "
-                                   "summarised), or one run's folder (dfx_outputs/run_<timestamp>_<pid>)")
+    trace.add_argument("dir", help="the program's output_dir (the newest run in it is summarised), or one run's "
+                                   "folder (its dfx_outputs, a dfx_outputs.<n> beside it, or an older "
+                                   "dfx_outputs/run_<timestamp>_<pid>)")
     trace.add_argument("--dispatch", type=int, default=None, metavar="K",
                        help="which dispatch (d{K}); default: the last one")
     trace.add_argument("--top", type=int, default=10, metavar="N", help="how many of the longest waits to list")

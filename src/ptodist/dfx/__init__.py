@@ -1,24 +1,28 @@
 """Diagnostic outputs (DFX): readers of the per-rank event log.
 
-Each run gets its own folder, ``<output_dir>/dfx_outputs/run_<timestamp>_<pid>/`` (a run: the
-dispatches of one ``CompiledProgram`` object in one process, or in every process of one MPI job), so
-runs that share an ``output_dir`` — one after the other or at the same time — never read or replace
-each other's files.  In it, ``RunConfig(enable_chip_swimlane=True)`` → per rank and dispatch
-``rank{r}/d{k}/chip_swimlane_records.json`` and, per dispatch, ``merged_swimlane_<timestamp>.json``
-(Chrome trace / Perfetto), and ``deps.json`` too (as in PyPTO, the swimlane co-enables dep_gen);
-``enable_dep_gen`` → ``rank{r}/d{k}/deps.json``; ``enable_scope_stats`` →
-``rank{r}/d{k}/scope_stats/scope_stats.jsonl``.  Ranks write their own files when their dispatch
-ends, or when the driver stops it (:mod:`.flush`); the driver merges the swimlanes and, when the
-dispatch ended with an error, writes ``findings_d{k}.json``.  ``ptodist trace DIR [--html FILE]``
-(:mod:`.summary`, :mod:`.html`) reads them.
+A program's outputs go where PyPTO puts them, ``<output_dir>/dfx_outputs/``: ``RunConfig(enable_chip_swimlane=True)``
+→ per rank and dispatch ``rank{r}/d{k}/chip_swimlane_records.json`` and, per dispatch,
+``merged_swimlane_<timestamp>.json`` (Chrome trace / Perfetto), and ``deps.json`` too (as in PyPTO, the swimlane
+co-enables dep_gen); ``enable_dep_gen`` → ``rank{r}/d{k}/deps.json``; ``enable_scope_stats`` →
+``rank{r}/d{k}/scope_stats/scope_stats.jsonl``.  Ranks write their own files when their dispatch ends, or when the
+driver stops it (:mod:`.flush`); the driver merges the swimlanes and, when the dispatch ended with an error, writes
+``findings_d{k}.json``.  ``ptodist trace DIR [--html FILE]`` (:mod:`.summary`, :mod:`.html`) reads them.
+
+A *run* (the dispatches of one ``CompiledProgram`` object in one process, or in every process of one MPI job)
+takes the folder with an exclusive ``flock`` on its lock file, held while the program lives, and first clears what
+an earlier run left there (as PyPTO clears stale ``rank*/d{k}`` folders).  A run that finds the folder held by a
+live run writes beside it, in ``dfx_outputs.2`` (``.3``, ...), and says so on stderr: two runs never mix files.
+Folders of the older ``dfx_outputs/run_<timestamp>_<pid>/`` layout are still read, never cleared.
 """
 
 from __future__ import annotations
 
-import datetime
+import contextlib
+import fcntl
 import itertools
 import os
 import re
+import shutil
 import sys
 import threading
 import weakref
@@ -30,18 +34,24 @@ import numpy as np
 
 BUILD_TIME_SWITCHES = ("SIMPLER_HOST_STRACE", "SIMPLER_DFX")
 DFX_DIR = "dfx_outputs"
-RUN_DIR = re.compile(r"run_\d{8}_\d{6}_\d{6}_\d+(_\d+)?$")  # run_<YYYYmmdd_HHMMSS_ffffff>_<pid>[_<n>]
+OUTPUTS_DIR = re.compile(r"dfx_outputs(\.\d+)?$")  # dfx_outputs, or dfx_outputs.<n> beside a folder in use
+RUN_DIR = re.compile(r"run_\d{8}_\d{6}_\d{6}_\d+(_\d+)?$")  # the older layout: dfx_outputs/run_<stamp>_<pid>[_<n>]
+IN_USE = ".ptodist-in-use"  # a run's lock file: an exclusive flock while the run's program lives; holds its pid
+_STALE = (re.compile(r"merged_swimlane_.*\.json$"), re.compile(r"findings_d\d+\.json$"))
+_RANK = re.compile(r"rank\d+$")
+_DISPATCH = re.compile(r"d\d+$")
 _told: set[str] = set()
 _lock = threading.Lock()
-_runs_by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> {(pid, dfx_outputs): run}
-_runs_by_dir: dict[tuple, Path] = {}  # (pid, dfx_outputs) -> run folder, for callers that name no owner
+_runs_by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> {(pid, output_dir): run}
+_runs_by_dir: dict[tuple, Path] = {}  # (pid, output_dir) -> run folder, for callers that name no owner
+_held: dict[int, object] = {}  # lock descriptor -> its finalizer (or None: held while this process lives)
 
 
 @dataclass(frozen=True)
 class DfxRequest:
     """Which diagnostic outputs one dispatch writes, and where."""
 
-    root: Path          # the run's folder: <output_dir>/dfx_outputs/run_<timestamp>_<pid>
+    root: Path          # the run's folder: <output_dir>/dfx_outputs (dfx_outputs.<n> beside one in use)
     dispatch: int       # k in d{k}: the index of this call of the compiled program
     swimlane: bool
     deps: bool
@@ -57,7 +67,7 @@ def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=Non
     """Return what ``config`` asks for, or None when no diagnostic output is enabled.
 
     ``output_dir`` is called only when something is enabled (it creates the directory).  ``owner`` is
-    the object whose dispatches make one run (the ``CompiledProgram``): its first request makes the
+    the object whose dispatches make one run (the ``CompiledProgram``): its first request takes the
     run's folder, the later ones reuse it.  Without it, the owner is the object ``output_dir`` reads
     ``.output_dir`` from (``lambda: compiled.output_dir``); failing that, the run is this process's.
     """
@@ -65,30 +75,53 @@ def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=Non
     if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats
             or config.enable_dump_args):
         return None
-    base = Path(output_dir()) / DFX_DIR
-    return DfxRequest(_run_dir(base, owner if owner is not None else _owner_of(output_dir), config), dispatch,
-                      bool(config.enable_chip_swimlane),
+    return DfxRequest(_run_dir(Path(output_dir()), owner if owner is not None else _owner_of(output_dir), config),
+                      dispatch, bool(config.enable_chip_swimlane),
                       # as in PyPTO, the swimlane co-enables dep_gen: a dispatch's trace comes with its task graph
                       bool(config.enable_dep_gen or config.enable_chip_swimlane), bool(config.enable_scope_stats),
                       os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0", int(config.enable_dump_args))
 
 
 def runs(path) -> list[Path]:
-    """The run folders under ``path`` (an output_dir or its ``dfx_outputs`` folder), oldest first.
+    """The run folders of ``path`` (an output_dir, its ``dfx_outputs`` folder or one beside it), oldest first.
 
-    Runs are ordered by the time their first dispatch asked for DFX outputs (the name's timestamp).
+    Folders of the older layout (``dfx_outputs/run_<timestamp>_<pid>``, ordered by that timestamp) come first, then
+    ``dfx_outputs`` and the ``dfx_outputs.<n>`` beside it that hold rank folders, by when their run took them.
     """
     p = Path(path)
-    base = p / DFX_DIR if (p / DFX_DIR).is_dir() else p
-    if not base.is_dir():
+    out_dir = p.parent if OUTPUTS_DIR.match(p.name) else p
+    if not out_dir.is_dir():
         return []
-    return sorted((c for c in base.iterdir() if RUN_DIR.match(c.name) and c.is_dir()), key=lambda c: c.name)
+    old = []
+    if (out_dir / DFX_DIR).is_dir():
+        old = sorted((c for c in (out_dir / DFX_DIR).iterdir() if RUN_DIR.match(c.name) and c.is_dir()),
+                     key=lambda c: c.name)
+    new = [c for c in out_dir.iterdir() if OUTPUTS_DIR.match(c.name) and c.is_dir() and has_rank_dirs(c)]
+    return old + sorted(new, key=_taken_at)
 
 
 def latest_run(path) -> Path | None:
-    """The newest run folder under ``path`` (an output_dir or its ``dfx_outputs`` folder), or None."""
+    """The newest run folder of ``path`` (an output_dir or its ``dfx_outputs`` folder), or None."""
     found = runs(path)
     return found[-1] if found else None
+
+
+def has_rank_dirs(path: Path) -> bool:
+    """Whether ``path`` holds ``rank{r}`` folders (the outputs of one run)."""
+    return any(_RANK.match(c.name) and c.is_dir() for c in path.iterdir())
+
+
+def _taken_at(folder: Path) -> tuple:
+    """When a run took ``folder`` (its lock file's last write), then its name."""
+    try:
+        return (os.stat(folder / IN_USE).st_mtime_ns, _beside_number(folder), folder.name)
+    except OSError:
+        return (os.stat(folder).st_mtime_ns, _beside_number(folder), folder.name)
+
+
+def _beside_number(folder: Path) -> int:
+    suffix = folder.name[len(DFX_DIR) + 1:]
+    return int(suffix) if suffix else 1
 
 
 def _owner_of(output_dir: Callable[[], Path]):
@@ -103,39 +136,87 @@ def _owner_of(output_dir: Callable[[], Path]):
     return None
 
 
-def _run_dir(base: Path, owner, config) -> Path:
-    """This owner's run folder under ``base`` (made at its first request)."""
-    key = (os.getpid(), base.resolve())  # a forked process that dispatches makes its own run
+def _run_dir(out_dir: Path, owner, config) -> Path:
+    """This owner's run folder in ``out_dir`` (taken at its first request)."""
+    key = (os.getpid(), out_dir.resolve())  # a forked process that dispatches makes its own run
     with _lock:
         try:
             mine = _runs_by_owner.setdefault(owner, {}) if owner is not None else _runs_by_dir
         except TypeError:  # an owner without weak references: one run per process
-            mine = _runs_by_dir
+            owner, mine = None, _runs_by_dir
         run = mine.get(key)
         if run is None:
-            run = mine[key] = _new_run(base, config)
+            run = mine[key] = _new_run(out_dir, owner, config)
         return run
 
 
-def _new_run(base: Path, config) -> Path:
-    """Make a new run folder under ``base``; every process of an MPI job gets the same one."""
+def _new_run(out_dir: Path, owner, config) -> Path:
+    """Take a run folder in ``out_dir``; every process of an MPI job gets the one its process 0 took."""
     comm = _mpi_comm(config)
     name = None
     if comm is None or comm.Get_rank() == 0:
-        base.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.datetime.now().strftime("%Y%m%d_%H%M%S_%f")
-        first = f"run_{stamp}_{os.getpid()}"
-        for n in itertools.count(1):
-            name = first if n == 1 else f"{first}_{n}"
-            try:
-                (base / name).mkdir()  # exclusive: a folder some other run made is never shared
-                break
-            except FileExistsError:
-                continue
+        name = _take(out_dir, owner).name
     if comm is not None:
         name = comm.bcast(name, root=0)
-        (base / name).mkdir(parents=True, exist_ok=True)  # processes on other machines
-    return base / name
+        (out_dir / name).mkdir(parents=True, exist_ok=True)  # processes on other machines
+    return out_dir / name
+
+
+def _take(out_dir: Path, owner) -> Path:
+    """Lock ``dfx_outputs`` (else the first free ``dfx_outputs.<n>``), clear what an earlier run left, return it."""
+    busy = []
+    for n in itertools.count(1):
+        folder = out_dir / (DFX_DIR if n == 1 else f"{DFX_DIR}.{n}")
+        folder.mkdir(parents=True, exist_ok=True)
+        fd = os.open(folder / IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            busy.append((folder, os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"))
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who holds it (for the message of a run that finds it busy)
+        _held[fd] = weakref.finalize(owner, _release, fd) if owner is not None else None
+        _clear_stale(folder)
+        if busy:
+            first, pid = busy[0]
+            print(f"ptodist: {first} is in use by another run (process {pid}, which is still running); to keep "
+                  f"the two runs' files apart this run writes its DFX outputs to {folder} instead. Give runs that "
+                  "overlap in time their own output_dir to find the outputs in dfx_outputs/.", file=sys.stderr)
+        return folder
+
+
+def _clear_stale(folder: Path) -> None:
+    """Remove what an earlier run wrote in ``folder``: ``rank*/d*`` folders, merged traces, findings files."""
+    for child in list(folder.iterdir()):
+        if _RANK.match(child.name) and child.is_dir():
+            for d in list(child.iterdir()):
+                if _DISPATCH.match(d.name) and d.is_dir():
+                    shutil.rmtree(d, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                child.rmdir()  # only when nothing else is left in it
+        elif any(p.match(child.name) for p in _STALE) and child.is_file():
+            child.unlink(missing_ok=True)
+
+
+def _release(fd: int) -> None:
+    _held.pop(fd, None)
+    with contextlib.suppress(OSError):
+        os.close(fd)
+
+
+def _forget_held() -> None:
+    """In a forked child (a rank): the run folders are the parent's to hold, and to release when its programs go."""
+    for fd, fin in list(_held.items()):
+        if fin is not None:
+            fin.detach()
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held)
 
 
 def _mpi_comm(config):

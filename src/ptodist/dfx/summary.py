@@ -1,7 +1,7 @@
 """``ptodist trace DIR``: a terminal summary of one dispatch's swimlane records.
 
-``DIR`` is an output_dir, its ``dfx_outputs`` folder (the newest run in it is summarised) or one
-run's folder.  Reads every rank's ``chip_swimlane_records.json`` of one dispatch of that run and prints:
+``DIR`` is an output_dir (the newest run in it is summarised) or one run's folder (its ``dfx_outputs``,
+a ``dfx_outputs.<n>`` beside it, or a ``dfx_outputs/run_<timestamp>_<pid>`` of the older layout).  Reads every rank's ``chip_swimlane_records.json`` of one dispatch of that run and prints:
 
 * per rank: the time from the rank's start to writing its records (*total*),
   time inside tasks that is neither waiting nor communicating (*busy*), time in
@@ -42,9 +42,8 @@ class TraceError(Exception):
 def find_root(path) -> Path:
     """Return the run folder to summarise for ``path``.
 
-    ``path`` is a run's own folder (``dfx_outputs/run_<timestamp>_<pid>``), or an output_dir or its
-    ``dfx_outputs`` folder: then the newest run in it.  A ``dfx_outputs`` folder of the layout before
-    runs had folders (``rank*/`` directly in it) is one run.
+    ``path`` is a run's own folder (``dfx_outputs``, ``dfx_outputs.<n>``, or ``dfx_outputs/run_<timestamp>_<pid>``
+    of the older layout), or an output_dir: then the newest run in it.
     """
     return locate(path)[0]
 
@@ -54,26 +53,28 @@ def locate(path) -> tuple[Path, list[Path]]:
     p = Path(path)
     if not p.is_dir():
         raise TraceError(f"no such directory: {path}")
+    found = dfx.runs(p)
+    if p in found:
+        return p, found
     if dfx.RUN_DIR.match(p.name):
         return p, dfx.runs(p.parent)
-    if _has_rank_dirs(p):
+    if dfx.has_rank_dirs(p):  # a run's folder copied somewhere else
         return p, [p]
-    base = p / dfx.DFX_DIR if (p / dfx.DFX_DIR).is_dir() else p
-    found = dfx.runs(base)
     if found:
         return found[-1], found
-    if base is not p and _has_rank_dirs(base):
-        return base, [base]
-    if base is not p:
-        raise TraceError(f"{base} holds no runs (no {dfx.DFX_DIR}/run_*/ folder): run the program with "
+    base = p / dfx.DFX_DIR
+    if dfx.OUTPUTS_DIR.match(p.name) or base.is_dir():
+        where = p if dfx.OUTPUTS_DIR.match(p.name) else base
+        raise TraceError(f"{where} holds no runs (no rank*/d*/ folders): run the program with "
                          f"{ENABLE_HINT}, then run ptodist trace on compiled.output_dir.")
     raise TraceError(f"{path} holds no DFX outputs (no {dfx.DFX_DIR}/ folder in it). Run the program with "
                      f"{ENABLE_HINT} (and its output_dir, or PTODIST_OUTPUT_ROOT, pointing here), then "
                      f"run ptodist trace on compiled.output_dir.")
 
 
-def _has_rank_dirs(p: Path) -> bool:
-    return any(_RANK_DIR.match(c.name) and c.is_dir() for c in p.iterdir())
+def _out_dir(root: Path) -> Path:
+    """The output_dir a run folder belongs to."""
+    return root.parent.parent if dfx.RUN_DIR.match(root.name) else root.parent
 
 
 def dispatches(root: Path) -> dict[int, list[int]]:
@@ -359,7 +360,7 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
     out = [f"ptodist trace: {root}"]
     if len(runs) > 1 and root in runs:
         which = "the newest" if root == runs[-1] else f"number {runs.index(root) + 1} (oldest first)"
-        out.append(f"run {root.name}: {which} of {len(runs)} runs in {root.parent}; give a run's folder to "
+        out.append(f"run {root.name}: {which} of {len(runs)} runs in {_out_dir(root)}; give a run's folder to "
                    "summarise another")
     out += [f"dispatch {dispatch} ({', '.join(f'd{k}' for k in found)} found; --dispatch K picks one), "
             f"{len(ranks)} rank(s); times in ms from the first rank's start",
@@ -449,7 +450,7 @@ def read(path, dispatch: int | None = None) -> tuple[Path, list[Path], int, list
         if not others:
             raise
         text = str(e) if str(e).endswith(".") else f"{e}."
-        raise TraceError(f"{text} {len(others)} other run(s) in {root.parent} (the newest: {others[-1].name}); "
+        raise TraceError(f"{text} {len(others)} other run(s) beside it (the newest: {others[-1]}); "
                          "give a run's folder to summarise it.") from None
     return root, runs, dispatch, ranks, found
 
