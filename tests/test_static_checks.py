@@ -82,7 +82,7 @@ def test_scalar_before_tensor_in_the_dispatched_function_decorator_form():
     assert msg.startswith("TaskArgs: cannot add tensor after scalar: ")
     assert f"in orchestration 'scalar_first_rank' ({FILE}:{scalar_first_rank.line})" in msg
     assert "tensor parameter 'x' comes after scalar parameter 'r'" in msg
-    assert "The runtime packs all tensors before all scalars" in msg
+    assert "the runtime packs a dispatched function's arguments tensors first, then scalars" in msg
     assert "move the scalar parameters ('r', ...) after the tensor parameters, and the arguments likewise" in msg
 
 
@@ -92,73 +92,7 @@ def test_scalar_before_tensor_is_found_when_calling_the_host_directly():
         scalar_first_host(zeros(2, 1, 8), config=cfg(0, 1))
 
 
-@pl.jit.incore
-def scalar_first_kernel(x: pl.Tensor[[1, 8], pl.FP32], n: pl.Scalar[pl.INDEX],
-                        y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
-    pass
-
-
-@pl.jit
-def calls_scalar_first_kernel(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
-    scalar_first_kernel(x, 3, y)
-
-
-@pl.jit.host
-def reaches_scalar_first_kernel(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        calls_scalar_first_kernel(x[r], y[r], device=r)
-
-
-def test_scalar_before_tensor_in_a_kernel_reached_only_from_the_orchestration():
-    with pytest.raises(TaskArgsError) as info:
-        reaches_scalar_first_kernel.compile(config=cfg(0, 1))
-    msg = str(info.value)
-    assert f"in kernel 'scalar_first_kernel' ({FILE}:{scalar_first_kernel.line})" in msg
-    assert "tensor parameter 'y' comes after scalar parameter 'n'" in msg
-
-
-def make_scalar_first_in_a_factory(nr):
-    @pl.jit.incore
-    def inner_kernel(r: pl.Scalar[pl.INT32], y: pl.Out[pl.Tensor[[1, nr], pl.FP32]]):
-        pass
-
-    @pl.jit
-    def inner_rank(y: pl.Out[pl.Tensor[[1, nr], pl.FP32]], r: pl.Scalar[pl.INT32]):
-        inner_kernel(r, y)
-
-    @pl.jit.host
-    def inner_host(y: pl.Out[pl.Tensor[[nr, 1, nr], pl.FP32]]):
-        for r in pl.range(pld.world_size()):
-            inner_rank(y[r], r, device=r)
-
-    return inner_host
-
-
-def test_scalar_before_tensor_in_a_kernel_held_in_a_closure():
-    with pytest.raises(TaskArgsError, match=r"in kernel 'inner_kernel' \(.*\), tensor parameter 'y' comes after "
-                                            r"scalar parameter 'r'"):
-        make_scalar_first_in_a_factory(2).compile(config=cfg(0, 1))
-
-
-def make_class_program(kernel_scalar_first: bool):
-    if kernel_scalar_first:
-        @pl.program
-        class ScalarFirst:
-            @pl.function(type=pl.FunctionType.InCore)
-            def kernel(self, r: pl.Scalar[pl.INT32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
-                pass
-
-            @pl.function(type=pl.FunctionType.Orchestration)
-            def chip(self, y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], r: pl.Scalar[pl.INT32]):
-                self.kernel(r, y)
-
-            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-            def host(self, y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
-                for r in pl.range(pld.world_size()):
-                    self.chip(y[r], r, device=r)
-
-        return ScalarFirst
-
+def make_class_program():
     @pl.program
     class ScalarFirstChip:
         @pl.function(type=pl.FunctionType.InCore)
@@ -177,14 +111,13 @@ def make_class_program(kernel_scalar_first: bool):
     return ScalarFirstChip
 
 
-@pytest.mark.parametrize("in_kernel, fn_desc", [(True, "kernel 'kernel'"), (False, "orchestration 'chip'")])
-def test_scalar_before_tensor_class_form(in_kernel, fn_desc):
-    prog = make_class_program(in_kernel)
+def test_scalar_before_tensor_class_form():
+    prog = make_class_program()
     with pytest.raises(TaskArgsError) as info:
         ir.compile(prog, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=[0, 1]))
     msg = str(info.value)
     assert msg.startswith("TaskArgs: cannot add tensor after scalar: ")
-    assert re.search(rf"in {fn_desc} \({re.escape(FILE)}:\d+\), tensor parameter 'y' comes after scalar "
+    assert re.search(rf"in orchestration 'chip' \({re.escape(FILE)}:\d+\), tensor parameter 'y' comes after scalar "
                      r"parameter 'r'", msg), msg
 
 

@@ -91,7 +91,7 @@ FIXES = {
     "shape_mismatch": "Make the argument's shape match the annotation; use pl.dynamic(\"NR\") for the rank count.",
     "type_mismatch": "Pass what the annotation asks for: a window (pld.window) for pld.DistributedTensor, a host "
                      "tensor slice for pl.Tensor.",
-    "task_args_order": "Put every tensor parameter before every scalar parameter (and the arguments likewise).",
+    "task_args_order": "Put every tensor parameter of the dispatched function before every scalar parameter (and the arguments likewise).",
     "dispatch_coverage": "Dispatch every rank exactly as `for r in pl.range(pld.world_size()): f(..., device=r)`.",
     "window_too_small": "alloc_window_buffer takes bytes: use pld.alloc_window_buffer(shape, dtype=...).",
     "collective_in_loop": "Pass an explicit signal window to the allreduce, or hoist it out of the loop.",

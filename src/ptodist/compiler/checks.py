@@ -22,7 +22,7 @@ from ..errors import (
     ShapeError,
     TaskArgsError,
 )
-from ..language.functions import Function, Kind
+from ..language.functions import EntryFunction, Function, Kind
 from ..language.scalar import Scalar, scalar_value
 from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve
 from ..source import enclosing_loop_line, param_lines
@@ -50,7 +50,15 @@ def _with(exc: Exception, fix: str | None = None, locations: list[str] | None = 
 
 
 def check_task_args_order(fn: Function) -> None:
-    """Raise TaskArgsError if a tensor parameter follows a scalar parameter."""
+    """Raise TaskArgsError if a tensor parameter follows a scalar parameter.
+
+    Only for a function the host orchestrator dispatches (a chip function given ``device=``, or a sub-worker):
+    upstream PyPTO's distributed hello-rank page (docs/en/user/distributed/06-hello_rank.md, "Edge cases") and
+    its debugging page (04-debugging.md, per-step pitfall 01) state that such a child's arguments are packed into
+    the runtime's ``TaskArgs``, tensors first, and a scalar before a tensor fails with this message.  A kernel
+    called from an orchestration takes its parameters in any order (upstream's examples/models/02_vector_dag.py
+    passes ``(a, scalar, output)``): ptodist binds arguments by parameter, so nothing needs reordering.
+    """
     first_scalar: ParamSpec | None = None
     for p in fn.params:
         if p.kind == "scalar" and first_scalar is None:
@@ -59,8 +67,10 @@ def check_task_args_order(fn: Function) -> None:
             raise TaskArgsError(
                 f"TaskArgs: cannot add tensor after scalar: in {fn.kind.value} '{fn.name}' ({fn.location}), "
                 f"tensor parameter '{p.name}' comes after scalar parameter '{first_scalar.name}'. "
-                "The runtime packs all tensors before all scalars; move the scalar parameters "
-                f"('{first_scalar.name}', ...) after the tensor parameters, and the arguments likewise.")
+                "The host orchestrator dispatches this function, and the runtime packs a dispatched function's "
+                "arguments tensors first, then scalars; move the scalar parameters "
+                f"('{first_scalar.name}', ...) after the tensor parameters, and the arguments likewise. "
+                "(A kernel the function calls may take its parameters in any order.)")
 
 
 def reachable_functions(root: Function, extra=()) -> list[Function]:
@@ -111,10 +121,14 @@ def _all_names(code) -> set[str]:
 
 
 def check_program_signatures(host: Function, extra=()) -> None:
-    """Check every function the host can reach: TaskArgs order, and put/get arguments in kernels."""
-    for f in reachable_functions(host, extra):
-        if f.kind in (Kind.KERNEL, Kind.ORCHESTRATION, Kind.SUBWORKER):
-            check_task_args_order(f)
+    """Check every function the host can reach: TaskArgs order of the functions a host orchestrator calls
+    (its children; ``check_task_args_order``), and put/get arguments in kernels."""
+    reached = reachable_functions(host, extra)
+    for f in reached:
+        if f.kind is Kind.HOST and not isinstance(f, EntryFunction):  # an L2 entry is no host orchestrator
+            for child in _referenced(f):
+                if child.kind in (Kind.ORCHESTRATION, Kind.SUBWORKER):
+                    check_task_args_order(child)
         if f.kind is Kind.KERNEL:
             lint_transfers(f)
 
@@ -182,7 +196,8 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
         if isinstance(value, (WindowView, WindowTensor, HostTensorRef, RankTensor)):
             raise _with(ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}."),
                         f"Pass a scalar (a Python number, or a pl.Scalar) as '{spec.name}', or annotate the "
-                        "parameter as a tensor (tensor parameters come before scalar ones).")
+                        "parameter as a tensor (in a function the host dispatches, tensor parameters come before "
+                        "scalar ones).")
         scalar_argument(fn, spec, value, where)
         return
     if spec.kind != "tensor":
@@ -193,7 +208,8 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     if not is_tensor:
         raise _with(ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}."),
                     f"Pass a tensor as '{spec.name}' (a slice of a host tensor such as x[r], or a window), or "
-                    "annotate the parameter pl.Scalar[...] and move it after the tensor parameters.")
+                    "annotate the parameter pl.Scalar[...] (after the tensor parameters, in a function the host "
+                    "dispatches).")
     if ttype.distributed and not is_window:
         raise _with(ProgramTypeError(
             f"{where}: expected pld.DistributedTensor (a window-bound tensor) but got {value_kind(value)}. "
@@ -337,9 +353,15 @@ def finish_bindings(bindings: dict) -> None:
         "...]) so the argument shapes bind it.")
 
 
-def check_dispatch_args(fn: Function, values: list, loc, world: int) -> None:
-    """Check one ``f(..., device=r)`` dispatch against the per-device function's signature."""
-    check_task_args_order(fn)
+def check_dispatch_args(fn: Function, values: list, loc, world: int, child: bool = True) -> None:
+    """Check one ``f(..., device=r)`` dispatch against the per-device function's signature.
+
+    ``child``: ``fn`` is a function of the program's own that a host orchestrator dispatches (its TaskArgs order is
+    checked); False for an L2 program's orchestration and for a chip region ptodist outlined, whose parameters
+    no runtime packs.
+    """
+    if child:
+        check_task_args_order(fn)
     bindings: dict = {}
     for spec, v in zip(fn.params, values):
         if isinstance(v, UnresolvedResult):

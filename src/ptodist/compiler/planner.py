@@ -29,7 +29,7 @@ from ..errors import (
 )
 from ..language import dtypes as dt
 from ..language.dtypes import DataType
-from ..language.functions import Function, Kind
+from ..language.functions import EntryFunction, Function, Kind
 from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
 from ..language.types import Direction, ParamSpec, TensorType
@@ -68,6 +68,7 @@ class PlanningContext(context.Context):
         self._allocated: dict = {}  # window buffer id -> (shape or None, dtype or None): how the program sized it
         self.commless = 0  # dispatches made without device=: placed round-robin over the chips in submit order
         self.chip_regions = 0  # `with pl.at(level=pl.Level.CHIP)` blocks outlined so far (names their functions)
+        self._outlined: set[int] = set()  # ids of those blocks' functions: their parameters are ptodist's own
         self._n_params = len(host.params)
 
     # -- host operations ------------------------------------------------------
@@ -187,6 +188,7 @@ class PlanningContext(context.Context):
         self.chip_regions += 1
         fn = Function(body, Kind.ORCHESTRATION, None, {}, {})
         fn._params = [_region_param(name, v) for name, v in zip(body.__code__.co_varnames, args)]
+        self._outlined.add(id(fn))
         self.call_function(fn, args, {}, None)
         return RegionResult(None, None, str(loc))
 
@@ -234,7 +236,11 @@ class PlanningContext(context.Context):
                          "(no offset, no other range).")
             raise e
         values = fn.bind_arguments(args, kwargs)
-        checks.check_dispatch_args(fn, values, loc, self.world)
+        # The TaskArgs order binds what the program's own host orchestrator dispatches; an L2 program's entry and
+        # an outlined region have no such call in the program.
+        child = id(fn) not in self._outlined and not (isinstance(self.host, EntryFunction)
+                                                      and fn is self.host.orchestration)
+        checks.check_dispatch_args(fn, values, loc, self.world, child)
         for v in values:
             if isinstance(v, WindowView):
                 v.buffer.dispatched.add(r)  # the buffer's comm domain: every rank it is dispatched to

@@ -350,8 +350,6 @@ class RankContext(context.Context):
                                    for v in values])
         check = self._checked_args.get(signature) is not params
         loc = user_location(2) if check or events is not None else None
-        if check:
-            checks.check_task_args_order(fn)
         bindings: dict = {}
         for i, (spec, v) in enumerate(zip(params, values)):
             v = _conform_rank(spec, v)
