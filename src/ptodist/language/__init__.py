@@ -39,17 +39,26 @@ from .distributed.types import AtomicType
 from .dtypes import (
     BF16,
     BOOL,
+    FP4,
     FP8E4M3FN,
+    FP8E5M2,
     FP8E8M0,
     FP16,
     FP32,
+    HF4,
+    HF8,
     INDEX,
+    INT4,
     INT8,
     INT16,
     INT32,
     INT64,
     TASK_ID,
+    UINT4,
     UINT8,
+    UINT16,
+    UINT32,
+    UINT64,
     DataType,
 )
 from .functions import FunctionType, Level, Program, Role, function, jit, program
@@ -93,6 +102,7 @@ def cast(input, target_type: DataType | None = None, mode: str = "round", *, dty
 
 __all__ = [
     "BF16", "BOOL", "FP8E4M3FN", "FP8E8M0", "FP16", "FP32", "INDEX", "INT8", "INT16", "INT32", "INT64", "UINT8",
+    "FP4", "FP8E5M2", "HF4", "HF8", "INT4", "UINT4", "UINT16", "UINT32", "UINT64",
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",

@@ -7,23 +7,20 @@ import numpy as np
 
 
 class DataType:
-    """A PyPTO element type; ``get_byte()`` is its size in bytes."""
+    """A PyPTO element type; ``get_byte()`` is its size in bytes (a 4-bit type counts one byte)."""
 
-    __slots__ = ("name", "np_dtype", "is_float", "is_signed")
+    __slots__ = ("name", "np_dtype", "is_float", "is_signed", "bits")
 
-    def __init__(self, name: str, np_dtype, is_float: bool, is_signed: bool):
+    def __init__(self, name: str, np_dtype, is_float: bool, is_signed: bool, bits: int | None = None):
         self.name = name
         self.np_dtype = np.dtype(np_dtype)
         self.is_float = is_float
         self.is_signed = is_signed
+        self.bits = bits or 8 * self.np_dtype.itemsize
 
     def get_byte(self) -> int:
-        """Return the element size in bytes."""
-        return self.np_dtype.itemsize
-
-    @property
-    def bits(self) -> int:
-        return 8 * self.np_dtype.itemsize
+        """Return the element size in bytes, rounded up to one byte (as upstream's ``get_byte``)."""
+        return max(1, self.bits // 8)
 
     def __repr__(self) -> str:
         return f"pl.{self.name}"
@@ -44,10 +41,27 @@ BOOL = DataType("BOOL", np.bool_, False, False)
 INDEX = DataType("INDEX", np.int64, False, True)
 FP8E4M3FN = DataType("FP8E4M3FN", ml_dtypes.float8_e4m3fn, True, True)
 FP8E8M0 = DataType("FP8E8M0", ml_dtypes.float8_e8m0fnu, True, False)
+FP8E5M2 = DataType("FP8E5M2", ml_dtypes.float8_e5m2, True, True)
+UINT16 = DataType("UINT16", np.uint16, False, False)
+UINT32 = DataType("UINT32", np.uint32, False, False)
+UINT64 = DataType("UINT64", np.uint64, False, False)
+# 4-bit types hold one element per byte here (upstream packs two per byte in device memory); values
+# keep their 4-bit range: integers wrap modulo 16, FP4 (E2M1) rounds to nearest even and saturates at 6.
+INT4 = DataType("INT4", ml_dtypes.int4, False, True, bits=4)
+UINT4 = DataType("UINT4", ml_dtypes.uint4, False, False, bits=4)
+FP4 = DataType("FP4", ml_dtypes.float4_e2m1fn, True, True, bits=4)
+# The HiSilicon float formats have no numpy type: an element is its raw bit pattern in a uint8.
+HF8 = DataType("HF8", np.uint8, True, True)
+HF4 = DataType("HF4", np.uint8, True, True, bits=4)
 
-ALL = (FP32, FP16, BF16, INT8, INT16, INT32, INT64, UINT8, BOOL, INDEX, FP8E4M3FN, FP8E8M0)
+ALL = (FP32, FP16, BF16, INT8, INT16, INT32, INT64, UINT8, BOOL, INDEX, FP8E4M3FN, FP8E8M0, FP8E5M2, UINT16,
+       UINT32, UINT64, INT4, UINT4, FP4, HF8, HF4)
+# Types whose elements are raw bits no numpy conversion understands: copied, never converted.
+RAW_BITS = (HF8, HF4)
 _BY_NAME = {d.name: d for d in ALL}
-# INDEX shares int64's numpy type; the plain integer type wins the reverse lookup.
+# A task's id (``pl.array.create(n, pl.TASK_ID)``, ``pl.TaskId``): an integer handle, not a tensor element type.
+TASK_ID = _BY_NAME["TASK_ID"] = DataType("TASK_ID", np.int64, False, True)
+# INDEX shares int64's numpy type, HF8 and HF4 uint8's: the plain integer type wins the reverse lookup.
 _BY_NP = {d.np_dtype: d for d in reversed(ALL)}
 
 
@@ -62,7 +76,8 @@ def from_numpy(dtype) -> DataType | None:
 
 _TORCH_NAMES = {
     "float32": FP32, "float16": FP16, "bfloat16": BF16, "int8": INT8, "int16": INT16,
-    "int32": INT32, "int64": INT64, "uint8": UINT8, "bool": BOOL,
+    "int32": INT32, "int64": INT64, "uint8": UINT8, "bool": BOOL, "uint16": UINT16, "uint32": UINT32,
+    "uint64": UINT64, "float8_e4m3fn": FP8E4M3FN, "float8_e5m2": FP8E5M2, "float8_e8m0fnu": FP8E8M0,
 }
 
 
@@ -75,3 +90,28 @@ def to_torch(dtype: DataType):
     import torch
 
     return getattr(torch, {v.name: k for k, v in _TORCH_NAMES.items()}[dtype.name])
+
+
+def convert(data: np.ndarray, source: DataType, target: DataType) -> np.ndarray:
+    """Return ``data`` (``source``'s storage) as ``target``'s storage.
+
+    Floats round to nearest, ties to even, straight from the source values (no intermediate rounding);
+    integers wrap to ``target``'s width. A float source meant for an integer target must already hold
+    integral values (``pl.cast`` applies its ``mode`` first).
+    """
+    if source.np_dtype == target.np_dtype:
+        return data.copy()
+    if not source.is_float and data.dtype.itemsize < 8 and data.dtype.kind not in "iub":
+        data = data.astype(np.int8 if source.is_signed else np.uint8)  # a 4-bit integer, widened exactly
+    if target.is_float:
+        if not source.is_float:
+            # through float64: exact below 2**53, far beyond every narrow format's range
+            data = data.astype(np.float64)
+        return data.astype(target.np_dtype)
+    if target.bits < 8:
+        if source.is_float:
+            with np.errstate(invalid="ignore"):
+                data = data.astype(np.float64).astype(np.int64)
+        # ml_dtypes' 4-bit integers wrap modulo 16 from a machine integer
+        return data.astype(np.int64).astype(target.np_dtype)
+    return data.astype(target.np_dtype)

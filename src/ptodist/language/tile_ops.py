@@ -127,10 +127,20 @@ def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, d
     rounding = _ROUNDING.get(mode or "none")
     if rounding is None:
         raise TileValueError(f"pl.cast mode={mode!r}: use one of {', '.join(_ROUNDING)}")
+    for raw in (x.dtype, target):
+        if raw in dt.RAW_BITS and x.dtype is not target:
+            raise TileTypeError(f"pl.cast at {user_location(2)}: cannot convert {x.dtype.name} to {target.name}: "
+                                f"ptodist keeps {raw.name} (a HiSilicon float format) as raw bits and does not "
+                                f"emulate its rounding; load, store and move {raw.name} tiles as they are, and "
+                                f"compute in FP32/FP16/BF16")
     data = x.data
     if x.dtype.is_float and not target.is_float:
         data = rounding(data.astype(np.float64))
-    return Tile(data.astype(target.np_dtype), target)
+    if target is dt.FP4 and x.dtype.is_float and np.isnan(data.astype(np.float32)).any():
+        raise TileValueError(f"pl.cast at {user_location(2)}: the {x.dtype.name} tile holds NaN, which FP4 (E2M1) "
+                             f"cannot represent (it has no NaN or infinity); replace NaNs before the cast, e.g. "
+                             f"with pl.sel")
+    return Tile(dt.convert(data, x.dtype, target), target)
 
 
 def full(shape, value, dtype: DataType = dt.FP32) -> Tile:

@@ -1,0 +1,107 @@
+"""The element types: sizes, host arrays of every type, and ``pl.cast``'s rounding onto each format's grid.
+
+Casts run inside a complete program (one rank) and are checked value by value against the format's
+definition: round to nearest, ties to even; FP8E5M2 overflows to infinity, FP4 (E2M1) saturates at 6;
+4-bit integers wrap modulo 16.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+from conftest import run_in_rank
+
+import ptodist.language as pl
+from ptodist.errors import TileTypeError, TileValueError
+from ptodist.language.tile_ops import Tile
+
+
+def cast_in_a_rank(values, target, source=pl.FP32, backend="sim", mode="round"):
+    """Cast a row of ``source`` values to ``target`` inside a kernel; return the stored row."""
+    x = np.asarray([values]).astype(source.np_dtype)
+    n = x.shape[1]
+
+    def body(x, out):
+        pl.store(pl.cast(pl.load(x, [0, 0], [1, n]), target, mode), [0, 0], out)
+
+    _, out = run_in_rank(body, x, np.zeros((1, n), target.np_dtype), backend=backend)
+    assert out.dtype == target.np_dtype
+    return out[0]
+
+
+def test_sizes_follow_upstream_get_byte():
+    sizes = {pl.INT4: (4, 1), pl.UINT4: (4, 1), pl.FP4: (4, 1), pl.HF4: (4, 1), pl.HF8: (8, 1),
+             pl.FP8E5M2: (8, 1), pl.UINT16: (16, 2), pl.UINT32: (32, 4), pl.UINT64: (64, 8)}
+    for dtype, (bits, size) in sizes.items():
+        assert (dtype.bits, dtype.get_byte()) == (bits, size), dtype
+
+
+@pytest.mark.parametrize("backend", ["sim", "shm"])
+def test_fp4_rounds_to_nearest_even_and_saturates(backend):
+    grid = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.5, -6.0]
+    ties = {0.25: 0.0, 0.75: 1.0, 1.25: 1.0, 1.75: 2.0, 2.5: 2.0, 3.5: 4.0, 5.0: 4.0, -5.0: -4.0}
+    between = {0.26: 0.5, 0.7: 0.5, 2.9: 3.0, 4.9: 4.0, 5.1: 6.0, 0.1: 0.0}
+    overflow = {6.5: 6.0, 7.0: 6.0, 1e30: 6.0, float("inf"): 6.0, -7.0: -6.0, float("-inf"): -6.0}
+    cases = {**{v: v for v in grid}, **ties, **between, **overflow}
+    out = cast_in_a_rank(list(cases), pl.FP4, backend=backend)
+    assert out.astype(np.float32).tolist() == list(cases.values())
+
+
+def test_fp4_from_nan_is_refused():
+    t = Tile(np.array([1.0, np.nan], np.float32), pl.FP32)
+    with pytest.raises(TileValueError) as info:
+        pl.cast(t, pl.FP4)
+    assert re.fullmatch(r"pl\.cast at .*test_dtypes\.py:\d+: the FP32 tile holds NaN, which FP4 \(E2M1\) cannot "
+                        r"represent \(it has no NaN or infinity\); replace NaNs before the cast, e\.g\. with pl\.sel",
+                        str(info.value))
+
+
+def test_fp8e5m2_rounds_to_nearest_even_and_overflows_to_infinity():
+    tiny = 2.0 ** -16  # the smallest subnormal
+    cases = {1.0: 1.0, 1.25: 1.25, 1.125: 1.0, 1.375: 1.5, 1.2: 1.25, 57344.0: 57344.0, 61439.0: 57344.0,
+             61440.0: float("inf"), 1e6: float("inf"), -1e6: float("-inf"), tiny: tiny, tiny / 2: 0.0,
+             tiny * 1.5: tiny * 2, 3 * tiny / 2 + tiny / 64: tiny * 2}
+    out = cast_in_a_rank(list(cases), pl.FP8E5M2)
+    assert out.astype(np.float32).tolist() == list(cases.values())
+    assert np.isnan(cast_in_a_rank([np.nan], pl.FP8E5M2).astype(np.float32)).all()
+
+
+def test_narrow_floats_widen_exactly():
+    fp4 = np.array([0.5, 1.5, 3.0, -6.0], ml_dtypes.float4_e2m1fn)
+    assert cast_in_a_rank(fp4, pl.FP32, source=pl.FP4).tolist() == [0.5, 1.5, 3.0, -6.0]
+    e5m2 = np.array([57344.0, 2.0 ** -16, -1.75], ml_dtypes.float8_e5m2)
+    assert cast_in_a_rank(e5m2, pl.FP32, source=pl.FP8E5M2).tolist() == [57344.0, 2.0 ** -16, -1.75]
+
+
+def test_four_bit_integers_wrap_modulo_16():
+    assert cast_in_a_rank([7, 8, -8, -9, 15, 16, -1], pl.INT4, source=pl.INT32).astype(int).tolist() == \
+        [7, -8, -8, 7, -1, 0, -1]
+    assert cast_in_a_rank([7, 8, -1, 16, 31], pl.UINT4, source=pl.INT32).astype(int).tolist() == [7, 8, 15, 0, 15]
+    # floats round by the cast's mode (ties to even by default), then wrap
+    assert cast_in_a_rank([2.5, 3.5, -8.5, 7.6], pl.INT4).astype(int).tolist() == [2, 4, -8, -8]
+    assert cast_in_a_rank([2.5, -0.5], pl.INT4, mode="floor").astype(int).tolist() == [2, -1]
+    four = np.array([-8, 7, -1], ml_dtypes.int4)
+    assert cast_in_a_rank(four, pl.FP32, source=pl.INT4).tolist() == [-8.0, 7.0, -1.0]
+    assert cast_in_a_rank(four, pl.INT32, source=pl.INT4).tolist() == [-8, 7, -1]
+
+
+def test_unsigned_integers():
+    assert cast_in_a_rank([-1, 65536, 65535], pl.UINT16, source=pl.INT32).tolist() == [65535, 0, 65535]
+    assert cast_in_a_rank([3e9, 2.5], pl.UINT32).tolist() == [3000000000, 2]
+    assert cast_in_a_rank([-1, 2 ** 62], pl.UINT64, source=pl.INT64).tolist() == [2 ** 64 - 1, 2 ** 62]
+    assert cast_in_a_rank(np.array([2 ** 64 - 1], np.uint64), pl.INT64, source=pl.UINT64).tolist() == [-1]
+
+
+def test_hifloat_tiles_keep_their_bits_and_refuse_conversion():
+    bits = np.array([0x00, 0x7F, 0x80, 0xFF], np.uint8)
+    t = Tile(bits, pl.HF8)
+    assert pl.cast(t, pl.HF8).data.tolist() == bits.tolist()
+    with pytest.raises(TileTypeError) as info:
+        pl.cast(t, pl.FP32)
+    assert isinstance(info.value, TypeError)
+    assert re.fullmatch(r"pl\.cast at .*test_dtypes\.py:\d+: cannot convert HF8 to FP32: ptodist keeps HF8 \(a "
+                        r"HiSilicon float format\) as raw bits and does not emulate its rounding; load, store and "
+                        r"move HF8 tiles as they are, and compute in FP32/FP16/BF16", str(info.value))
