@@ -460,7 +460,7 @@ def test_array_errors():
            "first (pl.cast)", pl.array.update_element, arr, 0, 1.5)
     raises(TileValueError, "pl.array.create: extent must be a positive integer, got 0", pl.array.create, 0, pl.INT32)
     raises(TileTypeError, "pl.array.create: dtype FP8E4M3FN is not supported; use one of INT8, INT16, INT32, INT64, "
-           "UINT8, BOOL, INDEX, FP16, BF16, FP32", pl.array.create, 2, pl.FP8E4M3FN)
+           "UINT8, BOOL, INDEX, FP16, BF16, FP32, TASK_ID", pl.array.create, 2, pl.FP8E4M3FN)
     raises(TileTypeError, "pl.array.get_element: the first argument must be an array from pl.array.create, got list",
            pl.array.get_element, [1], 0)
     raises(TileTypeError, "pl.array.get_element: the index must be an integer, got 'a'", pl.array.get_element, arr,

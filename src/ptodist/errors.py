@@ -44,6 +44,10 @@ class ProgramIndexError(ProgramError, IndexError):
     """An index in the host orchestrator is outside its tensor (e.g. ``x[r]`` past the rank count)."""
 
 
+class ProgramSyntaxError(ProgramError, SyntaxError):
+    """Program text (``pl.parse``, ``pl.loads``) does not compile, or failed while it was being defined."""
+
+
 class ShapeError(ProgramValueError):
     """An argument's shape does not match its annotation."""
 

@@ -60,11 +60,20 @@ _LIBRARY_DIRS = tuple(sorted({os.path.abspath(p) + os.sep for key in ("stdlib", 
                               if (p := sysconfig.get_paths().get(key))}))
 
 
+_TEXTS: set[str] = set()  # the names of program texts (pl.parse): code without a file that is the program's
+
+
+def register_text(filename: str) -> None:
+    """Count ``filename`` (a ``pl.parse`` text's name, often ``<...>``) as the program's own code."""
+    _TEXTS.add(filename)
+    is_library.cache_clear()
+
+
 @functools.lru_cache(maxsize=4096)
 def is_library(filename: str) -> bool:
     """Return True for code that is neither ptodist's nor the program's: the standard library, an installed
     package (numpy, torch, ...), or code without a file (``<frozen ...>``, ``<string>``)."""
-    if is_ptodist(filename):
+    if is_ptodist(filename) or filename in _TEXTS:
         return False
     return filename.startswith("<") or os.path.abspath(filename).startswith(_LIBRARY_DIRS)
 

@@ -44,6 +44,7 @@ from ..compiler.plan import DispatchPlan, split_segments
 from ..dfx import finish_run
 from ..errors import HangError, PtodistInternalError, RankError, RankFailure, UsageError
 from ..language import dtypes as dt
+from ..language.regions import reduce_region
 from ..language.types import Direction
 from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
@@ -723,9 +724,13 @@ class PlanPickler(pickle.Pickler):
             bound = obj.bound_self
             if getattr(known, "fn", None) is obj.fn and (bound is None or self.objects.get(id(bound)) is bound):
                 return ("function", id(obj.fn), id(bound) if bound is not None else 0)
-            if self.strict:
+            if self.strict and reduce_region(obj.fn) is None:  # a region's chip task travels by value
                 raise _NotInRanks(obj.name)
         return None
+
+    def reducer_override(self, obj):
+        # a `with pl.at(level=CHIP)` block the host outlined while planning: made after the ranks forked
+        return reduce_region(obj) or NotImplemented
 
 
 class _NotInRanks(Exception):

@@ -61,16 +61,17 @@ from .dtypes import (
     UINT64,
     DataType,
 )
-from .functions import FunctionType, Level, Program, Role, function, jit, program
+from .functions import FunctionType, InlineFunction, Level, Program, Role, function, inline, jit, program
 from .mixed import KernelType, SplitMode, SyncAllMode, cluster, cross_core_slot, split, split_aiv
 from .ops.creation import Array
 from .ops.expand import PadValue
 from .ops.pipes import AUTO
 from .scalar import Scalar
 from .spaces import Mem, MemorySpace
+from .text import loads, loads_program, parse, parse_program
 from .tile_ops import Tile
 from .types import DistributedTensor as _DistributedTensor  # noqa: F401  (pld exports it)
-from .types import InOut, Out, Tensor, dynamic
+from .types import InOut, Out, Tensor, TensorLayout, TileLayout, dynamic
 
 # pl.TaskId: the annotation of a scalar holding a task's id (what `as tid` and pl.submit give), for deps=.
 TaskId = Scalar[TASK_ID]
@@ -100,15 +101,21 @@ def cast(input, target_type: DataType | None = None, mode: str = "round", *, dty
     return _top["cast"](input, target, mode=mode)
 
 
+# pl.ND, pl.DN, ...: the tensor layouts by their short names.
+ND, DN, NZ, MX_A_ZZ, MX_B_NN = (TensorLayout.ND, TensorLayout.DN, TensorLayout.NZ, TensorLayout.MX_A_ZZ,
+                                 TensorLayout.MX_B_NN)
+
 __all__ = [
     "BF16", "BOOL", "FP8E4M3FN", "FP8E8M0", "FP16", "FP32", "INDEX", "INT8", "INT16", "INT32", "INT64", "UINT8",
     "FP4", "FP8E5M2", "HF4", "HF8", "INT4", "UINT4", "UINT16", "UINT32", "UINT64",
+    "TensorLayout", "TileLayout", "ND", "DN", "NZ", "MX_A_ZZ", "MX_B_NN",
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
     "unroll", "yield_", "no_dep", "dump_tag", "static_assert", "static_print", "scope", "ScopeMode", "spmd_submit",
     "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
-    "ForKind", "pipeline", "while_", "TASK_ID", "TaskId",
+    "ForKind", "pipeline", "while_", "TASK_ID", "TaskId", "inline", "InlineFunction",
+    "parse", "loads", "parse_program", "loads_program",
 ]
 __all__ += sorted(set(_top) - set(__all__))

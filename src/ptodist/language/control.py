@@ -84,11 +84,19 @@ class _CarriedLoop:
             stack.remove(self)
 
 
-def range(*args, init_values=None, **_options):
-    """``pl.range(stop)`` / ``pl.range(start, stop, step, init_values=(...))``."""
+class ForKind(Enum):
+    """How a compiler is told to treat a loop; every kind runs its iterations in order here."""
+
+    Sequential = "Sequential"
+    Parallel = "Parallel"
+    Unroll = "Unroll"
+    Pipeline = "Pipeline"
+
+
+def _loop(op: str, args: tuple, init_values):
     if not 1 <= len(args) <= 3:
-        raise OperationTypeError(f"pl.range takes 1 to 3 positional arguments (start, stop, step), got {len(args)}")
-    bounds = [as_int(a, "a pl.range bound") for a in args]
+        raise OperationTypeError(f"{op} takes 1 to 3 positional arguments (start, stop, step), got {len(args)}")
+    bounds = [as_int(a, f"a {op} bound") for a in args]
     rng = builtins.range(*bounds)
     if init_values is not None:
         if not isinstance(init_values, (tuple, list)):
@@ -97,8 +105,95 @@ def range(*args, init_values=None, **_options):
     return _indexed(rng)
 
 
+def range(*args, init_values=None, **options):
+    """``pl.range(stop)`` / ``pl.range(start, stop, step, init_values=(...))``."""
+    if "stage" in options:
+        raise OperationTypeError(f"pl.range(..., stage={options['stage']!r}) at {user_location(2)}: stage= is only "
+                                 "supported on pl.pipeline; write `for i in pl.pipeline(..., stage=N):` to pipeline "
+                                 "the loop")
+    return _loop("pl.range", args, init_values)
+
+
 parallel = range
 unroll = range
+
+
+def pipeline(*args, stage=None, init_values=None, **options):
+    """``pl.pipeline(stop, stage=F)`` / ``pl.pipeline(start, stop, step, stage=F, init_values=(...))``.
+
+    A device replicates the body ``F`` times per outer iteration so that buffers can ping-pong; the
+    iterations, their order and what each computes are those of ``pl.range`` with the same bounds, which is
+    how the loop runs here.
+    """
+    loc = user_location(2)
+    if stage is None:
+        raise OperationTypeError(f"pl.pipeline() at {loc} requires stage=: the number of times the body is "
+                                 "replicated per outer iteration (typically 2 to 4); write "
+                                 "`pl.pipeline(n, stage=2)`")
+    if isinstance(stage, Scalar):
+        raise OperationTypeError(f"pl.pipeline() at {loc}: stage must be a compile-time constant (a Python int), "
+                                 f"got the runtime value {stage!r}; write the replication factor as a literal")
+    if isinstance(stage, bool) or not isinstance(stage, int):
+        raise OperationTypeError(f"pl.pipeline() at {loc}: stage must be a positive int, got {stage!r}")
+    if stage < 1:
+        raise OperationValueError(f"pl.pipeline() at {loc}: stage must be >= 1, got {stage}; stage=1 pipelines "
+                                  "without replicating the body")
+    return _loop("pl.pipeline", args, init_values)
+
+
+class _WhileLoop:
+    """``pl.while_(init_values=...)``: yields the carried values until ``pl.cond`` says stop.
+
+    A function's ``for ... in pl.while_(...)`` loop is rewritten when it first runs (``regions.outlined``)
+    so that a false ``pl.cond`` ends the loop before the rest of the body runs; ``_guarded`` marks a
+    loop so rewritten.
+    """
+
+    def __init__(self, init_values: tuple, where):
+        self.values = tuple(init_values)
+        self.where = where
+        self.yielded = False
+        self.guarded = False
+        self.checked = False
+
+    def _guarded(self) -> _WhileLoop:
+        self.guarded = True
+        return self
+
+    def __iter__(self):
+        stack = _stack()
+        stack.append(self)
+        indices = _index_stack()
+        k = len(indices)
+        indices.append(None)
+        try:
+            n = 0
+            while True:
+                self.yielded = self.checked = False
+                indices[k] = n
+                yield self.values
+                if not self.checked:
+                    raise ProgramError(
+                        f"the pl.while_ loop at {self.where} ran an iteration without pl.cond(...): the first "
+                        "statement of its body must be pl.cond(<condition>), which decides whether the loop goes on")
+                n += 1
+        finally:
+            del indices[k:]
+            stack.remove(self)
+
+
+def while_(*, init_values=None) -> _WhileLoop:
+    """``for (x, ...) in pl.while_(init_values=(x0, ...)):`` with ``pl.cond(<condition>)`` as the body's first
+    statement: the body runs while the condition holds; ``pl.yield_`` carries the values to the next
+    iteration, and the name it binds holds them after the loop (the initial values when it never ran)."""
+    loc = user_location(2)
+    if init_values is None:
+        raise OperationValueError(f"pl.while_() at {loc}: while_() requires init_values to be specified: the loop "
+                                  "carries its state in them; write `for (x,) in pl.while_(init_values=(x0,)):`, "
+                                  "even for a single counter")
+    if not isinstance(init_values, (tuple, list)):
+        init_values = (init_values,)
+    return _WhileLoop(tuple(init_values), loc)
 
 
 def yield_(*values):
@@ -116,9 +211,22 @@ def yield_(*values):
     return values[0] if len(values) == 1 else values
 
 
-def cond(*args, **kwargs):
-    """``pl.cond``: plain Python ``if`` does the work; accepted for compatibility."""
-    return None
+def cond(condition) -> bool:
+    """``pl.cond(<condition>)``, the first statement of a ``pl.while_`` body: whether the loop goes on."""
+    stack = _stack()
+    loop = stack[-1] if stack else None
+    if not isinstance(loop, _WhileLoop):
+        raise ProgramError(f"pl.cond(...) at {user_location(2)}: pl.cond is the condition of a pl.while_ loop and "
+                           "may only be the first statement of a `for ... in pl.while_(...)` body; for a branch "
+                           "write a plain `if`")
+    holds = bool(condition)
+    loop.checked = True
+    if not holds and not loop.guarded:
+        raise ProgramError(
+            f"the pl.while_ loop at {loop.where} cannot stop at pl.cond(...) ({user_location(2)}): the source of the "
+            "function holding it could not be read, and a loop ends at its condition only in a function ptodist "
+            "could read; define the function in a file (or with pl.parse), not with exec()")
+    return holds
 
 
 _printed: set = set()  # (file, line) of the pl.static_print calls that printed already
@@ -234,6 +342,9 @@ def _task_ids(deps, op: str) -> list:
     """``deps=``: task ids, or arrays of them (``pl.array`` of ``pl.TASK_ID``), flattened."""
     out = []
     for d in deps or ():
+        if getattr(d, "dtype", None) is dt.TASK_ID and hasattr(d, "values"):
+            out.extend(t for t in d.values.tolist() if t >= 0)  # a TASK_ID array: the ids stored in it
+            continue
         items = list(d) if hasattr(d, "__iter__") and not isinstance(d, (str, bytes)) else [d]
         for x in items:
             if x is None:

@@ -130,7 +130,8 @@ class Function:
         fn = self._runnable
         if fn is None:
             # Control-plane functions run with their pl.at / pl.spmd regions outlined into tasks.
-            fn = self._runnable = self.fn if self.kind is Kind.KERNEL else outlined(self.fn)
+            # (a kernel's regions run inline, as part of its task; its pl.while_ loops are rewritten all the same)
+            fn = self._runnable = outlined(self.fn, regions=self.kind is not Kind.KERNEL)
         if self.bound_self is not None:
             return fn(self.bound_self, *args, **kwargs)
         return fn(*args, **kwargs)
@@ -303,6 +304,74 @@ class _Jit:
 
 
 jit = _Jit()
+
+
+class InlineFunction(Function):
+    """What ``@pl.inline`` makes: a function spliced into each caller (a kernel, an orchestration, a host).
+
+    A call runs its body where it is called, as part of the caller (no task of its own); errors in the body
+    name the body's lines.  The attributes describe its source, as upstream's do.
+    """
+
+    def __init__(self, fn, scope: dict | None = None):
+        super().__init__(fn, Kind.INLINE, scope=scope)
+
+    def __get__(self, instance, owner=None):
+        return self  # a template, not a method: `@pl.inline` inside a class body takes no `self`
+
+    @property
+    def param_names(self) -> list[str]:
+        return list(_signature(self.fn).parameters)
+
+    @property
+    def source_file(self) -> str:
+        return self.file
+
+    @functools.cached_property
+    def _source(self) -> tuple[list[str], int]:
+        try:
+            return inspect.getsourcelines(self.fn)
+        except (OSError, TypeError):
+            return [], self.fn.__code__.co_firstlineno
+
+    @property
+    def source_lines(self) -> list[str]:
+        return [line.rstrip("\n") for line in self._source[0]]
+
+    @property
+    def line_offset(self) -> int:
+        return self._source[1] - 1
+
+    @property
+    def col_offset(self) -> int:
+        first = next((line for line in self._source[0] if line.strip()), "")
+        return len(first) - len(first.lstrip())
+
+    @property
+    def func_def(self):
+        """The ``ast.FunctionDef`` of the body (None without source)."""
+        import ast
+        import textwrap
+
+        if not self._source[0]:
+            return None
+        tree = ast.parse(textwrap.dedent("".join(self._source[0])))
+        return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)), None)
+
+    @property
+    def closure_vars(self) -> dict:
+        return {**self.scope, **_closure_namespace(self.fn)}
+
+    def __repr__(self) -> str:
+        return f"<ptodist InlineFunction '{self.name}'>"
+
+
+def inline(fn) -> InlineFunction:
+    """``@pl.inline``: a helper spliced into every call site (see :class:`InlineFunction`)."""
+    if not callable(fn) or isinstance(fn, Function):
+        raise DeclarationError(f"@pl.inline wraps a Python function, got {fn!r}: put @pl.inline directly above a "
+                               "def (it takes no arguments)")
+    return InlineFunction(fn, scope=_defining_scope())
 
 
 def function(fn=None, *, type: FunctionType | None = None, level: Level | None = None,

@@ -21,7 +21,10 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib
 import inspect
+import marshal
+import sys
 import textwrap
 import types
 
@@ -149,6 +152,31 @@ def outlined(fn):
     out.__kwdefaults__ = fn.__kwdefaults__
     out.__qualname__ = fn.__qualname__
     return out
+
+
+def reduce_region(fn):
+    """How to pickle ``fn`` when it is an outlined region's body (else None): by value, as its code, module and
+    closure values, so that ranks forked before the region was outlined (a worker's) rebuild and run it."""
+    code = getattr(fn, "__code__", None)
+    if not isinstance(fn, types.FunctionType) or not code.co_name.startswith("__pl_region_"):
+        return None
+    cells = []
+    for cell in fn.__closure__ or ():
+        try:
+            cells.append((True, cell.cell_contents))
+        except ValueError:  # a name of the enclosing function not bound yet
+            cells.append((False, None))
+    return _region_from, (marshal.dumps(code), fn.__module__, fn.__name__, fn.__qualname__, fn.__defaults__,
+                          tuple(cells))
+
+
+def _region_from(code: bytes, module: str, name: str, qualname: str, defaults, cells):
+    """Rebuild a region's body that :func:`reduce_region` pickled."""
+    mod = sys.modules.get(module) or importlib.import_module(module)
+    closure = tuple(types.CellType(value) if bound else types.CellType() for bound, value in cells)
+    fn = types.FunctionType(marshal.loads(code), mod.__dict__, name, defaults, closure or None)
+    fn.__qualname__ = qualname
+    return fn
 
 
 def _args(names) -> ast.arguments:

@@ -204,7 +204,8 @@ def tri(diagonal, shape, *, valid_shape=None, dtype: DataType = dt.FP32, upper: 
 
 
 # -- pl.array: small on-core arrays -----------------------------------------------------------------------
-_ARRAY_DTYPES = (dt.INT8, dt.INT16, dt.INT32, dt.INT64, dt.UINT8, dt.BOOL, dt.INDEX, dt.FP16, dt.BF16, dt.FP32)
+_ARRAY_DTYPES = (dt.INT8, dt.INT16, dt.INT32, dt.INT64, dt.UINT8, dt.BOOL, dt.INDEX, dt.FP16, dt.BF16, dt.FP32,
+                 dt.TASK_ID)
 
 
 class Array:
@@ -255,7 +256,8 @@ def array_create(extent: int, dtype: DataType) -> Array:
     if isinstance(extent, bool) or not hasattr(extent, "__index__") or extent.__index__() < 1:
         raise TileValueError(f"pl.array.create: extent must be a positive integer, got {extent!r}")
     dtype = _dtype("array.create", dtype, _ARRAY_DTYPES)
-    return Array(np.zeros(extent.__index__(), dtype=dtype.np_dtype), dtype)
+    # A TASK_ID array starts with no task in it (-1), so that deps=[tids] waits only for the ids stored.
+    return Array(np.full(extent.__index__(), -1 if dtype is dt.TASK_ID else 0, dtype=dtype.np_dtype), dtype)
 
 
 def _array(name: str, arr) -> Array:
