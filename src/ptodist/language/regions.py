@@ -20,6 +20,7 @@ region that returns, yields or breaks out of an enclosing loop, runs inline.
 from __future__ import annotations
 
 import ast
+import copy
 import functools
 import importlib
 import inspect
@@ -107,7 +108,7 @@ class Later:
 
 # -- outlining -------------------------------------------------------------------------------------
 @functools.cache
-def _outline_code(fn_code, source: str, filename: str, first_line: int):
+def _outline_code(fn_code, source: str, filename: str, first_line: int, regions: bool = True):
     tree = ast.parse(textwrap.dedent(source))
     ast.increment_lineno(tree, first_line - 1)
     fdef = tree.body[0]
@@ -116,9 +117,9 @@ def _outline_code(fn_code, source: str, filename: str, first_line: int):
         return None
     fdef.decorator_list = []
     outer = _bound_names(fdef)
-    rewriter = _Outliner(outer)
+    rewriter = _Outliner(outer, filename, regions)
     fdef.body = rewriter.block(fdef.body)
-    if not rewriter.count:
+    if not rewriter.count and not rewriter.loops:
         return None
     # Compile inside a factory whose parameters are the original's free variables, so that the new code has
     # the same free variables and can take the original closure.
@@ -132,10 +133,12 @@ def _outline_code(fn_code, source: str, filename: str, first_line: int):
     return next(c for c in factory_code.co_consts if isinstance(c, types.CodeType) and c.co_name == fdef.name)
 
 
-def outlined(fn):
-    """``fn`` with its regions outlined, or ``fn`` itself when it has none (or its source is unavailable)."""
+def outlined(fn, regions: bool = True):
+    """``fn`` with its regions outlined (``regions``) and its ``pl.while_`` loops made to stop at their
+    ``pl.cond``, or ``fn`` itself when it has neither (or its source is unavailable)."""
     code = getattr(fn, "__code__", None)
-    if code is None or "at" not in code.co_names and "spmd" not in code.co_names \
+    names = code.co_names if code is not None else ()
+    if code is None or not (regions and ("at" in names or "spmd" in names)) and "while_" not in names \
             or code.co_name.startswith("__pl_region_"):  # already outlined: a region's own body
         return fn
     try:
@@ -143,7 +146,7 @@ def outlined(fn):
         filename = inspect.getsourcefile(fn) or code.co_filename
     except (OSError, TypeError):
         return fn
-    new = _outline_code(code, "".join(lines), filename, first)
+    new = _outline_code(code, "".join(lines), filename, first, regions)
     if new is None:
         return fn
     cells = dict(zip(code.co_freevars, fn.__closure__ or ()))
@@ -213,9 +216,12 @@ def _is_region(item: ast.withitem) -> bool:
 
 
 class _Outliner:
-    def __init__(self, outer: set):
+    def __init__(self, outer: set, filename: str = "?", regions: bool = True):
         self.outer = outer
+        self.filename = filename
+        self.regions = regions
         self.count = 0
+        self.loops = 0  # pl.while_ loops rewritten
 
     def block(self, stmts: list, loop: bool = False) -> list:
         out = []
@@ -224,8 +230,11 @@ class _Outliner:
         return out
 
     def stmt(self, s, loop: bool) -> list:
-        if isinstance(s, ast.With) and len(s.items) == 1 and _is_region(s.items[0]) and self._outlinable(s, loop):
+        if self.regions and isinstance(s, ast.With) and len(s.items) == 1 and _is_region(s.items[0]) \
+                and self._outlinable(s, loop):
             return self.outline(s)
+        if isinstance(s, ast.For) and _is_call(s.iter, "while_"):
+            self.while_loop(s)
         if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             return [s]
         for field in ("body", "orelse", "finalbody"):
@@ -249,6 +258,31 @@ class _Outliner:
                 return False
         return True
 
+    def while_loop(self, s: ast.For) -> None:
+        """Make ``for T in pl.while_(...): pl.cond(c); ...`` stop when ``c`` is false, before the rest of the body:
+        ``for T in pl.while_(...)._guarded(): if not pl.cond(c): out = pl.yield_(*T); break`` (``out``: the
+        name the body's ``pl.yield_`` binds, which then holds the values the loop ends with)."""
+        first = s.body[0]
+        if not (isinstance(first, ast.Expr) and _is_call(first.value, "cond") and len(first.value.args) == 1):
+            raise ProgramError(
+                f"the pl.while_ loop at {self.filename}:{s.lineno}: the first statement of its body must be "
+                f"pl.cond(<condition>), which decides whether the loop goes on; found `{ast.unparse(first)}` at line "
+                f"{first.lineno}. Write `for (x,) in pl.while_(init_values=(x0,)):` then `pl.cond(x < n)` first")
+        self.loops += 1
+        s.iter = ast.Call(ast.Attribute(s.iter, "_guarded", ast.Load()), [], [])
+        stop: list = []
+        out = _yield_target(s.body[1:])
+        if out is not None:
+            target, func = out
+            values = _as_load(s.target)
+            stop.append(ast.Assign([target], ast.Call(func, [ast.Starred(values, ast.Load())], [])))
+        stop.append(ast.Break())
+        check = ast.If(ast.UnaryOp(ast.Not(), first.value), stop, [])
+        for n in ast.walk(check):  # the new nodes take the place of the pl.cond(...) line
+            if "lineno" in n._attributes and getattr(n, "lineno", None) is None:
+                ast.copy_location(n, first)
+        s.body[0] = check
+
     def outline(self, s: ast.With) -> list:
         self.count += 1
         n = self.count
@@ -261,8 +295,8 @@ class _Outliner:
         for st in ast.walk(region):
             if isinstance(st, (ast.Assign, ast.AugAssign, ast.AnnAssign)) and st.value is not None:
                 for t in st.targets if isinstance(st, ast.Assign) else [st.target]:
-                    for n in ast.walk(t):
-                        bound_at[id(n)] = (st.value.end_lineno, st.value.end_col_offset)
+                    for name in ast.walk(t):
+                        bound_at[id(name)] = (st.value.end_lineno, st.value.end_col_offset)
                 if isinstance(st, ast.AugAssign) and isinstance(st.target, ast.Name):
                     augmented.add(id(st.target))  # `x += 1` reads x first
         for node in ast.walk(region):
@@ -322,3 +356,34 @@ def _locals_subset(names: list) -> ast.expr:
             ifs=[ast.Compare(ast.Name("__pl_k", ast.Load()), [ast.In()],
                              [ast.Tuple([ast.Constant(k) for k in names], ast.Load())])],
             is_async=0)])
+
+
+def _is_call(node, name: str) -> bool:
+    """Whether ``node`` is a call of ``<anything>.name(...)`` or ``name(...)``."""
+    if not isinstance(node, ast.Call):
+        return False
+    f = node.func
+    return isinstance(f, ast.Attribute) and f.attr == name or isinstance(f, ast.Name) and f.id == name
+
+
+def _yield_target(stmts: list):
+    """``(target, yield_ function)`` of the first ``target = pl.yield_(...)`` among ``stmts`` and their branches
+    (not inside nested loops or functions), or None."""
+    for st in stmts:
+        if isinstance(st, ast.Assign) and len(st.targets) == 1 and _is_call(st.value, "yield_"):
+            return copy.deepcopy(st.targets[0]), copy.deepcopy(st.value.func)
+        if isinstance(st, (ast.If, ast.With, ast.Try)):
+            for branch in (st.body, getattr(st, "orelse", []), getattr(st, "finalbody", [])):
+                found = _yield_target(branch)
+                if found is not None:
+                    return found
+    return None
+
+
+def _as_load(target):
+    """The loop target ``target`` read back as an expression."""
+    node = copy.deepcopy(target)
+    for n in ast.walk(node):
+        if hasattr(n, "ctx"):
+            n.ctx = ast.Load()
+    return node
