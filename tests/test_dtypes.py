@@ -1,8 +1,8 @@
-"""The element types: sizes, host arrays of every type, and ``pl.cast``'s rounding onto each format's grid.
+"""The element types and layouts: sizes, host arrays of every type, and ``pl.cast``'s rounding onto each format's grid.
 
 Casts run inside a complete program (one rank) and are checked value by value against the format's
 definition: round to nearest, ties to even; FP8E5M2 overflows to infinity, FP4 (E2M1) saturates at 6;
-4-bit integers wrap modulo 16.
+4-bit integers wrap modulo 16. Layout markers are recorded; DN and NZ tensor annotations are refused.
 """
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ import pytest
 from conftest import run_in_rank
 
 import ptodist.language as pl
-from ptodist.errors import TileTypeError, TileValueError
+from ptodist import RunConfig
+from ptodist.errors import DeclarationError, TileTypeError, TileValueError
 from ptodist.language.tile_ops import Tile
 
 
@@ -105,3 +106,43 @@ def test_hifloat_tiles_keep_their_bits_and_refuse_conversion():
     assert re.fullmatch(r"pl\.cast at .*test_dtypes\.py:\d+: cannot convert HF8 to FP32: ptodist keeps HF8 \(a "
                         r"HiSilicon float format\) as raw bits and does not emulate its rounding; load, store and "
                         r"move HF8 tiles as they are, and compute in FP32/FP16/BF16", str(info.value))
+
+
+# -- layouts ---------------------------------------------------------------------------------------------------
+def test_layout_markers_are_recorded_and_change_no_numbers():
+    assert pl.ND is pl.TensorLayout.ND and pl.MX_B_NN is pl.TensorLayout.MX_B_NN
+    assert {m.name for m in pl.TileLayout} == {"none_box", "row_major", "col_major"}
+    assert pl.Tensor[[4, 8], pl.FP32, pl.MX_A_ZZ].type_name == "pl.Tensor[[4, 8], pl.FP32, pl.MX_A_ZZ]"
+    assert pl.Tensor[[4, 8], pl.FP32, pl.ND].type_name == "pl.Tensor[[4, 8], pl.FP32]"
+
+    @pl.jit.incore
+    def double(x: pl.Tensor[[2, 4], pl.FP32, pl.ND], out: pl.Out[pl.Tensor[[2, 4], pl.FP32, pl.ND]]):
+        pl.store(pl.mul(pl.load(x, [0, 0], [2, 4]), 2.0), [0, 0], out)
+
+    @pl.jit
+    def orch(x: pl.Tensor[[2, 4], pl.FP32, pl.ND], out: pl.Out[pl.Tensor[[2, 4], pl.FP32, pl.ND]]):
+        double(x, out)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[2, 4], pl.FP32, pl.ND], out: pl.Out[pl.Tensor[[2, 4], pl.FP32, pl.ND]]):
+        orch(x, out, device=0)
+
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out = np.zeros_like(x)
+    host.compile(x, out, config=RunConfig(backend="sim"))(x, out)
+    np.testing.assert_array_equal(out, 2 * x)
+
+
+@pytest.mark.parametrize(("marker", "why"), [
+    (pl.DN, "a tensor annotation takes no DN marker (PyPTO refuses this shorthand too); annotate the source shape "
+            "with no marker and transpose where it is used, with pl.transpose(x, -2, -1) or "
+            "pl.matmul(..., b_trans=True)"),
+    (pl.NZ, "NZ is a tile layout, never a tensor's; annotate the tensor with no marker (pl.ND, row-major, is the "
+            "default)"),
+])
+def test_dn_and_nz_tensor_annotations_are_refused(marker, why):
+    with pytest.raises(DeclarationError) as info:
+        pl.Tensor[[16, 32], pl.BF16, marker]
+    assert isinstance(info.value, TypeError)
+    assert re.fullmatch(re.escape(f"pl.Tensor[[16, 32], pl.BF16, {marker!r}] at ") + r".*test_dtypes\.py:\d+: "
+                        + re.escape(why), str(info.value))

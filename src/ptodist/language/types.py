@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ..errors import DeclarationError, ShapeError
+from ..source import user_location
 from .dtypes import DataType
 from .scalar import Scalar
 
@@ -300,13 +301,40 @@ def value_of(dim: _Dim) -> int:
 Dim = "int | DynDim"
 
 
+class TensorLayout(Enum):
+    """``pl.TensorLayout``: how a tensor's elements lie in memory (``pl.ND``, ``pl.DN``, ``pl.NZ``, ...)."""
+
+    ND = "ND"  # row-major, the default
+    DN = "DN"  # column-major: what a transposed view is
+    NZ = "NZ"  # the cube's fractal tile layout (tiles only)
+    MX_A_ZZ = "MX_A_ZZ"  # the GM scale tensor of an MX matmul's left operand
+    MX_B_NN = "MX_B_NN"  # ... and of its right operand
+
+    def __repr__(self) -> str:
+        return f"pl.{self.name}"
+
+
+class TileLayout(Enum):
+    """``pl.TileLayout``: a tile's block (``blayout=``) and scatter (``slayout=``) layout in on-chip memory."""
+
+    none_box = "none_box"
+    row_major = "row_major"
+    col_major = "col_major"
+
+    def __repr__(self) -> str:
+        return f"pl.TileLayout.{self.name}"
+
+
 @dataclass(frozen=True)
 class TensorType:
-    """The type in ``pl.Tensor[[d0, ...], dtype]`` or ``pld.DistributedTensor[...]``."""
+    """The type in ``pl.Tensor[[d0, ...], dtype]`` or ``pld.DistributedTensor[...]`` (optionally a layout)."""
 
     shape: tuple | None
     dtype: DataType | None
     distributed: bool
+    # Recorded, not emulated: element values never depend on it (ND, and the MX scale markers, are
+    # row-major data as the host passes it; DN and NZ are refused in annotations, as upstream does).
+    layout: TensorLayout = TensorLayout.ND
 
     @property
     def type_name(self) -> str:
@@ -314,7 +342,25 @@ class TensorType:
         if self.shape is None:
             return base
         dims = ", ".join(str(d) for d in self.shape)
-        return f"{base}[[{dims}], {self.dtype!r}]"
+        marker = "" if self.layout is TensorLayout.ND else f", {self.layout!r}"
+        return f"{base}[[{dims}], {self.dtype!r}{marker}]"
+
+
+def _layout_of(extra: tuple, name: str, shape, dtype) -> TensorLayout:
+    """The layout among an annotation's items after ``[shape, dtype]`` (other items change nothing)."""
+    for item in extra:
+        if item is TensorLayout.DN:
+            raise DeclarationError(
+                f"{name}[{list(shape)!r}, {dtype!r}, pl.DN] at {user_location(2)}: a tensor annotation takes no DN "
+                f"marker (PyPTO refuses this shorthand too); annotate the source shape with no marker and "
+                f"transpose where it is used, with pl.transpose(x, -2, -1) or pl.matmul(..., b_trans=True)")
+        if item is TensorLayout.NZ:
+            raise DeclarationError(
+                f"{name}[{list(shape)!r}, {dtype!r}, pl.NZ] at {user_location(2)}: NZ is a tile layout, never a "
+                f"tensor's; annotate the tensor with no marker (pl.ND, row-major, is the default)")
+        if isinstance(item, TensorLayout):
+            return item
+    return TensorLayout.ND
 
 
 @dataclass(frozen=True)
@@ -354,7 +400,8 @@ def _tensor_type(item, distributed: bool) -> TensorType:
                 dims.append(int(d.__index__()) if not isinstance(d, int) else d)
             except (AttributeError, TypeError):
                 raise DeclarationError(f"a tensor dimension must be an int or pl.dynamic(...), got {d!r}") from None
-    return TensorType(tuple(dims), dtype, distributed)
+    name = "pld.DistributedTensor" if distributed else "pl.Tensor"
+    return TensorType(tuple(dims), dtype, distributed, _layout_of(item[2:], name, shape, dtype))
 
 
 class Tensor:
