@@ -10,16 +10,15 @@
 
 from __future__ import annotations
 
-import ast
-import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import source_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RunConfig, ir, shared_array
+from ptodist import DistributedConfig, RankError, RunConfig, ir, shared_array
 
 REPO = Path(__file__).resolve().parent.parent
 NR = pl.dynamic("NR")
@@ -157,3 +156,118 @@ def test_a_chip_region_reading_a_scalar_before_a_tensor_runs(backend):
     y = np.zeros_like(x)
     host_region_scalar_first(x, y, config=cfg(backend, 1))
     np.testing.assert_array_equal(y, x + 0.5)
+
+
+# ---------------------------------------------------------------------------
+# Valid regions: a tail slice whose full shape runs past the tensor
+# ---------------------------------------------------------------------------
+
+@pl.jit.incore
+def inc_tile(x: pl.Tensor[[16, 128], pl.FP32], y: pl.InOut[pl.Tensor[[16, 128], pl.FP32]]):
+    y = pl.store(pl.add(pl.load(x, [0, 0], [16, 128]), 1.0), [0, 0], y)
+    return y
+
+
+@pl.jit
+def tail_tiles(x: pl.Tensor[[20, 128], pl.FP32], y: pl.InOut[pl.Tensor[[24, 128], pl.FP32]],
+               a: pl.Tensor[[16, 128], pl.FP32], b: pl.InOut[pl.Tensor[[16, 128], pl.FP32]]):
+    for row in pl.range(0, 32, 16):  # rows 16..31 hold only 4 rows of x: a tail tile
+        valid = pl.min(16, 20 - row)
+        xs = pl.slice(x, [16, 128], [row, 0], valid_shape=[valid, 128])
+        ys = pl.slice(y, [16, 128], [row, 0], valid_shape=[valid, 128])
+        ys = inc_tile(xs, ys)
+    # Past the end of a 16-row tensor with nothing valid (upstream's dynamic batch of size 16 in 16-row tiles).
+    a_tail = pl.slice(a, [16, 128], [16, 0], valid_shape=[0, 128])
+    b_tail = pl.slice(b, [16, 128], [16, 0], valid_shape=[0, 128])
+    b_tail = inc_tile(a_tail, b_tail)
+    return y
+
+
+def test_a_slice_whose_valid_region_is_inside_the_tensor_runs_and_touches_only_that_region(backend):
+    x = np.arange(20 * 128, dtype=np.float32).reshape(20, 128)
+    y = np.full((24, 128), -7.0, np.float32)  # rows 20..23 lie outside every valid region: never written
+    a = np.ones((16, 128), np.float32)
+    b = np.full((16, 128), 5.0, np.float32)
+    tail_tiles(x, y, a, b, config=RunConfig(backend=backend))
+    expected = np.full((24, 128), -7.0, np.float32)
+    expected[:20] = x + 1
+    np.testing.assert_array_equal(y, expected)
+    np.testing.assert_array_equal(b, np.full((16, 128), 5.0, np.float32))
+
+
+@pl.jit
+def clamped_tail(x: pl.Tensor[[20, 128], pl.FP32], y: pl.Out[pl.Tensor[[2, 128], pl.FP32]]):
+    tail = pl.slice(x, [16, 128], [16, 0], clamp=True)  # valid rows cut to the 4 the tensor has
+    y = pl.store(pl.load(tail, [3, 0], [1, 128]), [0, 0], y)
+    inner = pl.slice(tail, [8, 128], [2, 0])  # a slice of the tail is valid where the tail is: rows 18, 19
+    y = pl.store(pl.load(inner, [1, 0], [1, 128]), [1, 0], y)
+    return y
+
+
+def test_clamp_cuts_a_slice_to_the_tensor_edge_and_a_slice_of_it_keeps_that_edge(backend):
+    x = np.arange(20 * 128, dtype=np.float32).reshape(20, 128)
+    y = np.zeros((2, 128), np.float32)
+    clamped_tail(x, y, config=RunConfig(backend=backend))
+    np.testing.assert_array_equal(y, x[[19, 19]])
+
+
+@pl.jit
+def tail_tile_reads(x: pl.Tensor[[20, 128], pl.FP32], y: pl.Out[pl.Tensor[[16, 128], pl.FP32]]):
+    tail = pl.slice(x, [16, 128], [16, 0], valid_shape=[4, 128])
+    t = pl.load(tail, [0, 0], [16, 128])  # only the valid rows hold data; the rest of the tile is zero padding
+    y = pl.store(t, [0, 0], y)
+    return y
+
+
+def test_a_load_from_a_tail_slice_reads_only_its_valid_rows(backend):
+    x = np.arange(20 * 128, dtype=np.float32).reshape(20, 128)
+    y = np.full((16, 128), -1.0, np.float32)
+    tail_tile_reads(x, y, config=RunConfig(backend=backend))
+    expected = np.full((16, 128), -1.0, np.float32)
+    expected[:4] = x[16:]  # the tile's valid part is the 4 rows: its store writes those only
+    np.testing.assert_array_equal(y, expected)
+
+
+@pl.jit
+def valid_region_outside(x: pl.Tensor[[20, 128], pl.FP32]):
+    pl.slice(x, [16, 128], [16, 0], valid_shape=[8, 128])
+    return x
+
+
+@pl.jit
+def read_past_the_valid_region(x: pl.Tensor[[20, 128], pl.FP32]):
+    tail = pl.slice(x, [16, 128], [16, 0], valid_shape=[4, 128])
+    pl.read(tail, [5, 0])
+    return x
+
+
+def test_a_valid_region_outside_the_tensor_is_out_of_bounds():
+    with pytest.raises(RankError) as info:
+        valid_region_outside(np.zeros((20, 128), np.float32), config=RunConfig(backend="sim"))
+    line = source_line(valid_region_outside, "pl.slice(")
+    assert info.value.original.kind == "out_of_bounds"
+    assert str(info.value.original) == (
+        f"pl.slice at {__file__}:{line}: out of bounds on tensor 'x' [20, 128] FP32: offsets [16, 0] with "
+        "valid_shape [8, 128] (of a [16, 128] view) reach [16, 24) in dimension 0, whose bounds are [0, 20). Only "
+        "the valid region is read, but all of it must lie inside the tensor. Shrink valid_shape to what is left "
+        "of the tensor at these offsets ([4, 128]), or pass clamp=True to narrow it to the edge.")
+
+
+def test_an_element_outside_the_valid_region_is_no_memory_to_read():
+    with pytest.raises(RankError) as info:
+        read_past_the_valid_region(np.zeros((20, 128), np.float32), config=RunConfig(backend="sim"))
+    line = source_line(read_past_the_valid_region, "pl.read(")
+    assert str(info.value.original) == (
+        f"pl.read at {__file__}:{line}: index [5, 0] is outside the valid region [4, 128] of tensor 'x[slice]' "
+        "[16, 128] FP32 (valid [4, 128]): only the valid region is memory, nothing is there to read or write. "
+        "Keep the index inside the valid region, or slice with a larger valid_shape.")
+
+
+def test_a_tile_slice_takes_its_valid_shape():
+    from ptodist.language.memory_ops import slice as pl_slice
+    from ptodist.language.tile_ops import Tile
+
+    tile = Tile(np.arange(32, dtype=np.float32).reshape(4, 8))
+    part = pl_slice(tile, [2, 8], [2, 0], valid_shape=[1, 8])
+    assert part.valid_shape == (1, 8)
+    np.testing.assert_array_equal(part.data, tile.data[2:4])

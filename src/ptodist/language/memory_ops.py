@@ -76,8 +76,21 @@ def create_tensor(shape, dtype: DataType = dt.FP32, manual_dep: bool = False):
     return context.current().memory_op("pl.create_tensor", [int(d) for d in shape], dtype)
 
 
-def slice(x, shape, offset, valid_shape=None, **_options):
-    """Return the region of ``shape`` at ``offset`` of a tile, or a view of a tensor."""
+def slice(x, shape, offset, valid_shape=None, clamp=False, **_options):
+    """Return the region of ``shape`` at ``offset`` of a tile, or a view of a tensor.
+
+    ``valid_shape`` marks the leading part that holds data; on a tensor only that valid region must lie inside
+    it (a tail tile may run past the end) and only it is read or written through the view.  ``clamp=True`` cuts
+    the valid region back to the tensor's edge.
+    """
     if isinstance(x, Tile):
-        return _tile_slice(x, shape, offset)
-    return context.current().memory_op("pl.slice", x, list(shape), list(offset))
+        tile = _tile_slice(x, shape, offset)
+        if valid_shape is None:
+            return tile
+        valid = [int(v) for v in valid_shape]
+        if len(valid) != len(tile.shape) or any(not 0 <= v <= d for v, d in zip(valid, tile.shape)):
+            raise TileValueError(f"pl.slice: valid_shape {valid} must lie within the slice's shape {tile.shape}, "
+                                 "one extent per dimension, each between 0 and that dimension's size")
+        return Tile(tile.data, tile.dtype, None if valid == tile.shape else valid, tile.space)
+    valid = None if valid_shape is None else list(valid_shape)
+    return context.current().memory_op("pl.slice", x, list(shape), list(offset), valid, bool(clamp))

@@ -346,8 +346,8 @@ class RankContext(context.Context):
         params, events = fn.params, self.events
         # The checks judge the arguments' kinds, dtypes and shapes only: a signature that passed them once
         # passes again (checked_args outlives the dispatch on a long-lived rank).
-        signature = (id(params), *[(type(v), v.dtype, v.array.shape) if isinstance(v, RankTensor) else type(v)
-                                   for v in values])
+        signature = (id(params), *[(type(v), v.dtype, v.array.shape, v.full_shape) if isinstance(v, RankTensor)
+                                   else type(v) for v in values])
         check = self._checked_args.get(signature) is not params
         loc = user_location(2) if check or events is not None else None
         bindings: dict = {}
@@ -879,10 +879,13 @@ class RankContext(context.Context):
             f"{op} at {user_location(2)}: '{what}' must be a pld.DistributedTensor (window) — remote memory "
             f"exists only in windows — got {checks.value_kind(t)}. Pass pld.window(buf, shape, dtype=...).")
 
-    def _region(self, op: str, t: RankTensor, offsets, shape, valid_of=None) -> tuple:
+    def _region(self, op: str, t: RankTensor, offsets, shape, valid_of=None, what: str = "tile") -> tuple:
         """The slices of ``t`` that the region at ``offsets`` of size ``shape`` covers, bounds-checked.
 
-        ``valid_of``: ``shape`` is the valid extent of a tile of that (larger) shape, read from ``t``.
+        ``valid_of``: ``shape`` is the valid extent of a ``what`` (a tile, a view) of that (larger) shape: only the
+        valid region must lie inside ``t``, as upstream PyPTO checks a tail tile's load or slice (its
+        ``pl.slice``/``pl.load`` docstrings: ``valid_shape`` bounds what is read, ``clamp`` cuts it to the edge).
+        On a partly valid ``t`` the slices may reach past ``t.array``; numpy cuts them to the valid region.
         """
         # The hot path: plain ints inside the bounds, checked in C; anything else takes the checks below, and
         # their errors.
@@ -911,7 +914,7 @@ class RankContext(context.Context):
                 left = [max(0, min(v, d - p)) for v, d, p in zip(shape, bounds, offsets)]
                 raise KernelIndexError(
                     f"{op} at {user_location(2)}: out of bounds on {t.describe()}: offsets {offsets} with "
-                    f"valid_shape {shape} (of a {list(valid_of)} tile) reach [{o}, {o + s}) in dimension {i}, whose "
+                    f"valid_shape {shape} (of a {list(valid_of)} {what}) reach [{o}, {o + s}) in dimension {i}, whose "
                     f"bounds are [0, {b}). Only the valid region is read, but all of it must lie inside the "
                     f"tensor. Shrink valid_shape to what is left of the tensor at these offsets ({left}), "
                     "or pass clamp=True to narrow it to the edge.")
@@ -996,6 +999,8 @@ class RankContext(context.Context):
             valid_shape = None if valid_shape is None else [1] * lead + list(valid_shape)
         shape, valid = self._valid_extent(op, shapes, valid_shape, t, offsets, clamp)
         region = t.array[self._region(op, t, offsets, valid, shape if valid != shape else None)]
+        if t.full_shape is not None and list(region.shape) != valid:
+            valid = list(region.shape)  # a partly valid view: only what lies in its valid region is read
         if self._trace:
             self._touch(op, t, region, False)
         data = self._padded(region, shape)
@@ -1034,7 +1039,10 @@ class RankContext(context.Context):
                 f"the offsets need one entry per tensor dimension ({n}), and the tile at most {n} dimensions (a "
                 "lower-rank tile fills the trailing dimensions). Give offsets with "
                 f"{n} entries{', or reshape the tile' if data.ndim > n else ''}.")
-        return self._region(op, t, offsets, data.shape), data
+        sl = self._region(op, t, offsets, data.shape)
+        if t.full_shape is not None:  # a partly valid view: what falls outside its valid region is not written
+            data = data[tuple(slice(0, n) for n in t.array[sl].shape)]
+        return sl, data
 
     def _writable(self, op: str, t: RankTensor) -> None:
         if not t.writable:
@@ -1064,13 +1072,19 @@ class RankContext(context.Context):
                         "for r = 0. Write (r - 1 + n) % n.") if any(i < 0 for i in idx) else ""
                 raise KernelIndexError(f"{op} at {user_location(2)}: index {list(idx)} is outside "
                                        f"{t.describe()}.{hint}")
-            return idx
-        flat = as_int(offset, f"{op} offset")
-        size = int(np.prod(t.shape, dtype=np.int64))
-        if not 0 <= flat < size:
-            raise KernelIndexError(f"{op} at {user_location(2)}: flat index {flat} is outside {t.describe()} "
-                                   f"({size} elements)")
-        return tuple(int(i) for i in np.unravel_index(flat, t.shape))
+        else:
+            flat = as_int(offset, f"{op} offset")
+            size = int(np.prod(t.shape, dtype=np.int64))
+            if not 0 <= flat < size:
+                raise KernelIndexError(f"{op} at {user_location(2)}: flat index {flat} is outside {t.describe()} "
+                                       f"({size} elements)")
+            idx = tuple(int(i) for i in np.unravel_index(flat, t.shape))
+        if t.full_shape is not None and any(i >= a for i, a in zip(idx, t.array.shape)):
+            raise KernelIndexError(
+                f"{op} at {user_location(2)}: index {list(idx)} is outside the valid region "
+                f"{list(t.array.shape)} of {t.describe()}: only the valid region is memory, nothing is there to "
+                "read or write. Keep the index inside the valid region, or slice with a larger valid_shape.")
+        return idx
 
     def _read(self, op, tensor, offset):
         t = self._tensor(op, tensor)
@@ -1095,10 +1109,17 @@ class RankContext(context.Context):
             self._touch(op, t, t.array[tuple(slice(i, i + 1) for i in idx)], True)
         t.array[idx] = value.value if isinstance(value, Scalar) else value
 
-    def _slice(self, op, tensor, shape, offset):
+    def _slice(self, op, tensor, shape, offset, valid_shape=None, clamp=False):
+        """A view of ``tensor``'s region of ``shape`` at ``offset``; with ``valid_shape`` (or ``clamp``) only its
+        valid region must lie inside ``tensor``, and only that region is memory (a tail tile's slice)."""
         t = self._tensor(op, tensor)
-        sl = self._region(op, t, offset, shape)
-        return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable, t.readonly_why)
+        if valid_shape is None and not clamp and t.full_shape is None:
+            sl = self._region(op, t, offset, shape)
+            return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable, t.readonly_why)
+        shape, valid = self._valid_extent(op, shape, valid_shape, t, offset, clamp)
+        sl = self._region(op, t, offset, valid, shape if valid != shape else None, "view")
+        # The slice is never valid where its source is not: numpy cuts the region to the source's valid region.
+        return RankTensor(f"{t.name}[slice]", t.array[sl], t.dtype, t.writable, t.readonly_why, tuple(shape))
 
     def _create_tensor(self, op, shape, dtype):
         t = RankTensor("pl.create_tensor", np.zeros(shape, dtype=dtype.np_dtype), dtype)

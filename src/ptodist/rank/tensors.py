@@ -39,7 +39,7 @@ def _bound(t, v, what: str) -> int | None:
 def _subscript(t, idx) -> tuple:
     """``idx`` with Scalars made ints, checked against ``t``'s shape: slices stay inside it, steps are 1."""
     idx = idx if isinstance(idx, tuple) else (idx,)
-    shape = t.array.shape
+    shape = t.array.shape if t.full_shape is None else t.full_shape
     if idx.count(Ellipsis) == 1:  # `...` stands for every dimension the other subscripts leave out
         at = idx.index(Ellipsis)
         idx = idx[:at] + (slice(None),) * (len(shape) - len(idx) + 1) + idx[at + 1:]
@@ -88,32 +88,56 @@ def unit_dims_reshape(declared: tuple, actual: tuple) -> tuple | None:
 
 
 class RankTensor:
-    """A tensor inside a rank (``.shape``, ``.dtype``; index it to drop leading dims)."""
+    """A tensor inside a rank (``.shape``, ``.dtype``; index it to drop leading dims).
+
+    A view made with a ``valid_shape`` smaller than its shape (``pl.slice(t, [16, 128], [16, 0],
+    valid_shape=[0, 128])``, a tail tile) has ``full_shape``: its shape, which may run past the memory it views.
+    ``array`` is then only the valid region, so nothing outside it is ever read or written.
+    """
+
+    full_shape: tuple | None = None  # set only on a view whose valid region is smaller than its shape
 
     def __init__(self, name: str, array: np.ndarray, dtype: DataType, writable: bool = True,
-                 readonly_why: str = ""):
+                 readonly_why: str = "", full_shape: tuple | None = None):
         self.name = name
         self.array = array
         self.dtype = dtype
         self.writable = writable
         self.readonly_why = readonly_why  # for messages: which declaration made it read-only
+        if full_shape is not None and tuple(full_shape) != array.shape:
+            self.full_shape = tuple(full_shape)
 
     def read_only(self, why: str) -> RankTensor:
         """Return a read-only view of this tensor; ``why`` names the declaration that makes it so."""
-        return RankTensor(self.name, self.array, self.dtype, False, why)
+        return RankTensor(self.name, self.array, self.dtype, False, why, self.full_shape)
 
     @property
     def shape(self) -> list[int]:
+        return list(self.array.shape if self.full_shape is None else self.full_shape)
+
+    @property
+    def valid_shape(self) -> list[int]:
+        """The extent of the region that holds data (the shape, unless the view was made with a valid_shape)."""
         return list(self.array.shape)
 
     def describe(self) -> str:
-        return f"tensor '{self.name}' {self.shape} {self.dtype.name}"
+        valid = "" if self.full_shape is None else f" (valid {list(self.array.shape)})"
+        return f"tensor '{self.name}' {self.shape} {self.dtype.name}{valid}"
 
     def __getitem__(self, idx) -> RankTensor:
         """A view of a region: integers drop their dimension, ``a:b`` slices keep it (``A[0:16, :]``)."""
         idx = _subscript(self, idx)
-        return RankTensor(f"{self.name}[{', '.join(map(_text, idx))}]", self.array[idx], self.dtype, self.writable,
-                          self.readonly_why)
+        name = f"{self.name}[{', '.join(map(_text, idx))}]"
+        if self.full_shape is None:
+            return RankTensor(name, self.array[idx], self.dtype, self.writable, self.readonly_why)
+        # A partly valid view: the region's valid part is what of it lies in the valid region.
+        shape = [i.stop - i.start for i in idx if isinstance(i, slice)] + list(self.full_shape[len(idx):])
+        valid = tuple(slice(min(i.start, a), min(i.stop, a)) if isinstance(i, slice) else
+                      (i if i < a else slice(a, a)) for i, a in zip(idx, self.array.shape))
+        array = self.array[valid]
+        if array.ndim != len(shape):  # an index past the valid region: a region with no valid element
+            array = array.reshape([0] * len(shape))
+        return RankTensor(name, array, self.dtype, self.writable, self.readonly_why, tuple(shape))
 
     def __setitem__(self, idx, value) -> None:
         """Copy a tile or a tensor into a region (``out[0:H, 0:W] = src``), through the running context.
@@ -146,15 +170,26 @@ class RankTensor:
 
     def reshaped(self, shape) -> RankTensor:
         """This tensor viewed with ``shape`` (same elements, same order; writes go through)."""
+        self._whole("reshape")
         view = self.array.view()
         view.shape = tuple(shape)  # raises rather than copy: a copy would lose the writes
         return RankTensor(self.name, view, self.dtype, self.writable, self.readonly_why)
 
     def reinterpreted(self, dtype: DataType, shape) -> RankTensor:
         """This tensor's bytes viewed as ``dtype`` with ``shape`` (writes go through); the tensor is contiguous."""
+        self._whole("reinterpret")
         view = self.array.view(dtype.np_dtype)
         view.shape = tuple(shape)
         return RankTensor(self.name, view, dtype, self.writable, self.readonly_why)
+
+    def _whole(self, what: str) -> None:
+        """Refuse to view a partly valid view as another shape: its invalid part is no memory to view."""
+        if self.full_shape is not None:
+            raise KernelValueError(
+                f"{self.describe()} at {user_location(3)}: cannot {what} a view whose valid region "
+                f"{list(self.array.shape)} is smaller than its shape {list(self.full_shape)}: only the valid region "
+                "is memory. Slice the valid region alone (valid_shape equal to the shape), then "
+                f"{what} that.")
 
     def bind_dynamic(self, dim, dyn) -> None:
         """Accepted for compatibility: dims bind from the actual shapes anyway."""
