@@ -146,3 +146,37 @@ def test_dn_and_nz_tensor_annotations_are_refused(marker, why):
     assert isinstance(info.value, TypeError)
     assert re.fullmatch(re.escape(f"pl.Tensor[[16, 32], pl.BF16, {marker!r}] at ") + r".*test_dtypes\.py:\d+: "
                         + re.escape(why), str(info.value))
+
+
+@pytest.mark.parametrize("backend", ["sim", "shm"])
+def test_torch_host_tensors_of_the_new_types(backend):
+    torch = pytest.importorskip("torch")
+
+    @pl.jit.incore
+    def kernel(x: pl.Tensor[[1, 4], pl.FP32], e5m2: pl.Out[pl.Tensor[[1, 4], pl.FP8E5M2]],
+               u16: pl.Out[pl.Tensor[[1, 4], pl.UINT16]], back: pl.Out[pl.Tensor[[1, 4], pl.FP32]],
+               src: pl.Tensor[[1, 4], pl.FP8E4M3FN]):
+        t = pl.load(x, [0, 0], [1, 4])
+        pl.store(pl.cast(t, pl.FP8E5M2), [0, 0], e5m2)
+        pl.store(pl.cast(t, pl.UINT16), [0, 0], u16)
+        pl.store(pl.cast(pl.load(src, [0, 0], [1, 4]), pl.FP32), [0, 0], back)
+
+    @pl.jit
+    def orch(x: pl.Tensor, e5m2: pl.Out[pl.Tensor], u16: pl.Out[pl.Tensor], back: pl.Out[pl.Tensor],
+             src: pl.Tensor):
+        kernel(x, e5m2, u16, back, src)
+
+    @pl.jit.host
+    def host(x: pl.Tensor, e5m2: pl.Out[pl.Tensor], u16: pl.Out[pl.Tensor], back: pl.Out[pl.Tensor],
+             src: pl.Tensor):
+        orch(x, e5m2, u16, back, src, device=0)
+
+    x = torch.tensor([[1.125, 1.375, 61440.0, 65535.0]])
+    e5m2 = torch.zeros(1, 4, dtype=torch.float8_e5m2)
+    u16 = torch.zeros(1, 4, dtype=torch.uint16)
+    back = torch.zeros(1, 4)
+    src = torch.tensor([[448.0, -0.5, 0.001953125, 3.0]]).to(torch.float8_e4m3fn)
+    host.compile(x, e5m2, u16, back, src, config=RunConfig(backend=backend))(x, e5m2, u16, back, src)
+    assert e5m2.float().tolist() == [[1.0, 1.5, float("inf"), float("inf")]]
+    assert u16.to(torch.int32).tolist() == [[1, 1, 61440, 65535]]
+    assert back.tolist() == [[448.0, -0.5, 0.001953125, 3.0]]

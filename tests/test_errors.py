@@ -223,7 +223,8 @@ def test_arithmetic_needs_tiles_or_scalars():
 def test_a_tile_cannot_hold_a_numpy_dtype_without_a_pl_dtype():
     raises(TileTypeError, TypeError,
            "a tile cannot hold numpy dtype complex128: convert the data to one of float32, float16, bfloat16, "
-           "int8, int16, int32, int64, uint8, bool, float8_e4m3fn, float8_e8m0fnu",
+           "int8, int16, int32, int64, uint8, bool, float8_e4m3fn, float8_e8m0fnu, float8_e5m2, uint16, uint32, "
+           "uint64, int4, uint4, float4_e2m1fn",
            Tile, np.zeros(2, np.complex128))
 
 

@@ -115,3 +115,29 @@ def convert(data: np.ndarray, source: DataType, target: DataType) -> np.ndarray:
         # ml_dtypes' 4-bit integers wrap modulo 16 from a machine integer
         return data.astype(np.int64).astype(target.np_dtype)
     return data.astype(target.np_dtype)
+
+
+# The types torch and ml_dtypes both have, but cannot hand each other: their bits pass as integers.
+_THROUGH_BITS = (BF16, FP8E4M3FN, FP8E5M2, FP8E8M0)
+
+
+def torch_as_numpy(t, dtype: DataType) -> np.ndarray:
+    """Return a numpy view of the contiguous CPU torch tensor ``t``, whose element type is ``dtype``.
+
+    numpy has no BF16 or FP8 type of its own (torch cannot hand those over), so their bits pass through an
+    integer view of the same width.
+    """
+    if dtype in _THROUGH_BITS:
+        import torch
+
+        return t.view({1: torch.int8, 2: torch.int16}[dtype.np_dtype.itemsize]).numpy().view(dtype.np_dtype)
+    return t.numpy()
+
+
+def numpy_as_torch(a: np.ndarray, dtype: DataType):
+    """Return a torch tensor sharing ``a``'s memory (the inverse of :func:`torch_as_numpy`)."""
+    import torch
+
+    if dtype in _THROUGH_BITS:
+        return torch.from_numpy(a.view({1: np.int8, 2: np.int16}[a.itemsize])).view(to_torch(dtype))
+    return torch.from_numpy(a)

@@ -36,8 +36,7 @@ from ..language.scalar import Scalar, scalar_value
 from ..language.types import Direction, DynDim, DynExpr, ParamSpec
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
-_CONVERT = {"float64": ("FP32", "float()", "float32"), "uint16": ("INT32", "int()", "int32"),
-            "uint32": ("INT64", "long()", "int64"), "uint64": ("INT64", "long()", "int64")}
+_CONVERT = {"float64": ("FP32", "float()", "float32")}
 
 
 def unsupported_dtype(name: str, dtype, is_torch: bool) -> DispatchTypeError:
@@ -84,12 +83,7 @@ class HostTensor:
             t = value.detach()
             self.shared = t.is_contiguous()
             t = t if self.shared else t.contiguous()
-            if self.dtype is dt.BF16:
-                import torch
-
-                self.array = t.view(torch.int16).numpy().view(dt.BF16.np_dtype)
-            else:
-                self.array = t.numpy()
+            self.array = dt.torch_as_numpy(t, self.dtype)
         elif isinstance(value, np.ndarray):
             self.dtype = dt.from_numpy(value.dtype)
             if self.dtype is None:
@@ -115,8 +109,7 @@ class HostTensor:
         if self.is_torch:
             import torch
 
-            src = torch.from_numpy(self.array.view(np.int16)).view(torch.bfloat16) if self.dtype is dt.BF16 \
-                else torch.from_numpy(self.array)
+            src = dt.numpy_as_torch(self.array, self.dtype)
             with torch.no_grad():  # as a contiguous output is written through its memory, whatever its autograd
                 self.value.copy_(src)
         else:

@@ -136,10 +136,7 @@ def host_array(value, where: str, writable: bool = False) -> np.ndarray:
             raise DispatchTypeError(f"{where}: the tensor is on {value.device}; pass a CPU tensor")
         if dt.from_torch(value.dtype) is None:
             raise DispatchTypeError(f"{where}: torch dtype {value.dtype} is not supported by ptodist")
-        t = value.detach()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(dt.BF16.np_dtype)
-        return t.numpy()
+        return dt.torch_as_numpy(value.detach(), dt.from_torch(value.dtype))
     if isinstance(value, np.ndarray):
         if dt.from_numpy(value.dtype) is None:
             raise DispatchTypeError(f"{where}: numpy dtype {value.dtype} is not supported by ptodist")
