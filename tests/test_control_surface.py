@@ -14,6 +14,7 @@ import pytest
 from conftest import source_line
 
 import ptodist.language as pl
+import ptodist.language.distributed as pld
 from ptodist import RunConfig
 from ptodist.errors import ProgramSyntaxError, ProgramValueError, RankError
 
@@ -464,6 +465,7 @@ def test_a_parsed_distributed_program_on_one_shot_calls_and_a_worker(backend, to
 MPI_SCRIPT = '''\
 import numpy as np
 import ptodist.language as pl
+import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, ir
 
 prog = pl.parse({text!r})
@@ -485,3 +487,69 @@ def test_the_parsed_program_on_mpi(tmp_path):
     job = _mpirun(2, [sys.executable, str(script)], timeout=300)
     assert job.returncode == 0, job.stderr[-3000:]
     assert job.stdout.count("RESULT same") == 2, job.stdout[-3000:]
+
+
+# ---------------------------------------------------------------------------
+# The checker sees the iterations of a pipelined loop in order
+# ---------------------------------------------------------------------------
+
+
+def _ring_rows(waits: bool):
+    @pl.jit.incore
+    def rows(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]],
+             data: pl.InOut[pld.DistributedTensor[[4, 8], pl.FP32]],
+             sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
+        ctx = pld.get_comm_ctx(data)
+        me, n = pld.rank(ctx), pld.nranks(ctx)
+        prev, nxt = (me + n - 1) % n, (me + 1) % n
+        for i in pl.pipeline(4, stage=2):
+            data = pl.store(pl.add(pl.load(x, [0, 0], [1, 8]), pl.cast(i, pl.FP32)), [i, 0], data)
+            pld.system.notify(sig, nxt, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+            if waits:
+                pld.system.wait(sig, [prev, 0], i + 1, cmp=pld.WaitCmp.Ge)
+            y = pl.store(pld.tile.remote_load(data, prev, [i, 0], [1, 8]), [i, 0], y)  # @pipelined_pull
+        return y
+
+    @pl.jit
+    def chip(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]],
+             data: pl.InOut[pld.DistributedTensor[[4, 8], pl.FP32]],
+             sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
+        return rows(x, y, data, sig)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[2, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[2, 4, 8], pl.FP32]]):
+        dbuf = pld.alloc_window_buffer([4, 8], dtype=pl.FP32)
+        sbuf = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            chip(x[r], y[r], pld.window(dbuf, [4, 8], dtype=pl.FP32), pld.window(sbuf, [2, 1], dtype=pl.INT32),
+                 device=r)
+
+    return host
+
+
+@pytest.mark.parametrize("waits", [True, False])
+def test_the_checker_orders_a_pipelined_loops_iterations(waits):
+    from ptodist import DistributedConfig
+    from ptodist.check import explore
+    from ptodist.errors import CheckError
+
+    host = _ring_rows(waits)
+    x = np.arange(16, dtype=np.float32).reshape(2, 1, 8)
+    for seed in range(4):
+        y = np.zeros((2, 4, 8), np.float32)
+        compiled = host.compile(x, y, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+        with explore.checking(seed) as session:
+            try:
+                compiled(x, y)
+            except CheckError:
+                pass
+        kinds = [f.kind for f in session.findings]
+        if waits:
+            assert kinds == [], [f.render() for f in session.findings]
+            want = np.stack([x[(r + 1) % 2, 0] + np.arange(4, dtype=np.float32)[:, None] for r in range(2)])
+            np.testing.assert_array_equal(y, want)
+        else:
+            assert "race" in kinds
+            line = source_line(_ring_rows, "# @pipelined_pull")
+            race = next(f for f in session.findings if f.kind == "race")
+            assert any(loc.endswith(f"test_control_surface.py:{line}") for loc in race.locations), race.render()
