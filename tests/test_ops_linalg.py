@@ -545,7 +545,7 @@ def test_tensor_level_matmul_batches_rank_above_two_and_takes_vectors():
     np.testing.assert_array_equal(out_v, ref(v, b))
 
 
-@pytest.mark.parametrize("name", ["matmul_bias", "batch_matmul", "gemv", "gemv_acc", "gemv_bias", "matmul_mx",
+@pytest.mark.parametrize("name", ["matmul_bias", "batch_matmul", "gemv", "gemv_acc", "gemv_bias",
                                   "matmul_mx_acc", "matmul_mx_bias"])
 def test_tile_only_ops_are_re_exported_and_have_no_tensor_level(name):
     assert getattr(pl, name) is getattr(pl.tile, name)

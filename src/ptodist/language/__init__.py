@@ -8,16 +8,20 @@ the meaning of memory operations lives in the rank context
 
 from __future__ import annotations
 
+import types as _types
+
 from ..errors import OperationTypeError
 from . import mixed as _mixed
 from . import ops as _ops
 from .control import (
     ForKind,
     ScopeMode,
+    adir,
     at,
     auto_scope,
     cond,
     dump_tag,
+    func_attr,
     get_block_idx,
     get_block_num,
     manual_scope,
@@ -61,17 +65,24 @@ from .dtypes import (
     UINT64,
     DataType,
 )
+from .functions import Function as JITFunction
 from .functions import FunctionType, InlineFunction, Level, Program, Role, function, inline, jit, program
 from .mixed import KernelType, SplitMode, SyncAllMode, cluster, cross_core_slot, split, split_aiv
 from .ops.creation import Array
 from .ops.expand import PadValue
+from .ops.movement import CachePolicy
 from .ops.pipes import AUTO
+from .ops.sync import PipeType
 from .scalar import Scalar
 from .spaces import Mem, MemorySpace
 from .text import loads, loads_program, parse, parse_program
 from .tile_ops import Tile
 from .types import DistributedTensor as _DistributedTensor  # noqa: F401  (pld exports it)
 from .types import InOut, Out, Tensor, TensorLayout, TileLayout, dynamic
+
+# pl.parser: upstream's parser package, whose entry points are these (its AST machinery has no counterpart here).
+parser = _types.SimpleNamespace(parse=parse, loads=loads, parse_program=parse_program, loads_program=loads_program,
+                                function=function, program=program, inline=inline, InlineFunction=InlineFunction)
 
 # pl.TaskId: the annotation of a scalar holding a task's id (what `as tid` and pl.submit give), for deps=.
 TaskId = Scalar[TASK_ID]
@@ -85,6 +96,7 @@ tile, tensor, array, system = _spaces["tile"], _spaces["tensor"], _spaces["array
 system.AUTO = AUTO
 system.syncall, system.cacheinvalid, system.fence = _mixed.syncall, _mixed.cacheinvalid, _mixed.fence
 system.KernelType, system.SyncAllMode = KernelType, SyncAllMode
+tensor.no_dep, tensor.dump_tag = no_dep, dump_tag  # upstream lists the task markers under pl.tensor too
 globals().update(_top)
 max = _top["maximum"]
 min = _top["minimum"]
@@ -113,9 +125,9 @@ __all__ = [
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
     "unroll", "yield_", "no_dep", "dump_tag", "static_assert", "static_print", "scope", "ScopeMode", "spmd_submit",
-    "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType",
+    "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType", "CachePolicy", "PipeType",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
     "ForKind", "pipeline", "while_", "TASK_ID", "TaskId", "inline", "InlineFunction",
-    "parse", "loads", "parse_program", "loads_program",
+    "parse", "loads", "parse_program", "loads_program", "parser", "func_attr", "adir", "JITFunction",
 ]
 __all__ += sorted(set(_top) - set(__all__))

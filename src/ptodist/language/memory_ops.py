@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import context
-from ..errors import OperationTypeError, TileTypeError, TileValueError
+from ..errors import OperationTypeError, OperationValueError, TileTypeError, TileValueError
+from ..source import user_location
 from . import dtypes as dt
 from .distributed.types import atomic_type
 from .dtypes import DataType
@@ -71,8 +72,15 @@ def write(tensor, offset, value) -> None:
     context.current().memory_op("pl.write", tensor, offset, value)
 
 
-def create_tensor(shape, dtype: DataType = dt.FP32, manual_dep: bool = False):
-    """Allocate a zeroed tensor private to the running rank."""
+def create_tensor(shape, dtype: DataType = dt.FP32, layout=None, manual_dep: bool = False, init_value=None):
+    """Allocate a zeroed tensor private to the running rank (``layout`` and ``manual_dep`` change nothing here).
+
+    ``init_value`` is refused, as upstream refuses it: fill the tensor with ``pl.tensor.full`` or a kernel.
+    """
+    if init_value is not None:
+        raise OperationValueError(f"pl.create_tensor at {user_location(2)}: init_value={init_value!r} is not "
+                                  "supported (upstream removed it); make a filled tensor with "
+                                  "pl.tensor.full(shape, dtype, value), or write it from a kernel")
     return context.current().memory_op("pl.create_tensor", [int(d) for d in shape], dtype)
 
 

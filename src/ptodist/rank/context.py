@@ -110,6 +110,7 @@ class RankContext(context.Context):
         # long-lived rank passes one dict to every dispatch's context.
         self._checked_args: dict = checked_args if checked_args is not None else {}
         self._spmd_blocks = 0
+        self._region_blocks = 0  # the block count of the outlined pl.spmd region running (get_block_num)
         self.signal_layouts: dict = {}  # window buffer id -> the collective layout it serves
         self.hand_signals: dict = {}    # window buffer id -> (shape, line) of the program's own notify/wait
         self._in_collective = 0
@@ -616,10 +617,13 @@ class RankContext(context.Context):
 
     def _blocks(self, n: int, body, args):
         values = None
-        for b in range(n):
-            self._block_idx = b
-            values = body(*args)
-        self._block_idx = 0
+        saved, self._region_blocks = self._region_blocks, n
+        try:
+            for b in range(n):
+                self._block_idx = b
+                values = body(*args)
+        finally:
+            self._block_idx, self._region_blocks = 0, saved
         return values
 
     def region_begin(self, region):
@@ -737,7 +741,7 @@ class RankContext(context.Context):
         return Scalar(self._block_idx, dt.INDEX)
 
     def block_num(self):
-        return Scalar(self._spmd_blocks or 1, dt.INDEX)
+        return Scalar(self._spmd_blocks or self._region_blocks or 1, dt.INDEX)
 
     def _touch(self, op: str, t: RankTensor, view: np.ndarray, write: bool, atomic: bool = False) -> None:
         """Record an access to window memory for the checker; ``view`` holds exactly the elements touched.
@@ -1370,9 +1374,10 @@ class RankContext(context.Context):
             return whole, whole
         return self._region(op, dst, dst_offsets, shape), self._region(op, src, src_offsets, shape)
 
-    def put(self, dst, peer, src, *transfer):
-        """``pld.tensor.put``; ``transfer``: dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline."""
-        op = "pld.tensor.put"
+    def put(self, dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline,
+            op="pld.tensor.put"):
+        """``pld.tensor.put`` (and ``pld.tile.put``, named by ``op``)."""
+        transfer = (dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
         if not self._kernel_depth and not self.graph.idle:
             self.graph.wait_overlapping(self._buffers((dst, src)))
         w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
@@ -1391,9 +1396,10 @@ class RankContext(context.Context):
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=nbytes, direction="write",
                       atomic=transfer[3].name if isinstance(transfer[3], AtomicType) else "None_")
 
-    def get(self, dst, peer, src, *transfer):
-        """``pld.tensor.get``; ``transfer`` as for :meth:`put`."""
-        op = "pld.tensor.get"
+    def get(self, dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline,
+            op="pld.tensor.get"):
+        """``pld.tensor.get`` (and ``pld.tile.get``, named by ``op``)."""
+        transfer = (dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
         if not self._kernel_depth and not self.graph.idle:
             self.graph.wait_overlapping(self._buffers((dst, src)))
         w = src if isinstance(src, WindowTensor) else self._window(op, src, "src")

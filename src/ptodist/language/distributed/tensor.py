@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ... import context
-from .types import AtomicType
+from .types import AtomicType, atomic_type
 
 _current = context.current  # the hot operations look it up once
 
@@ -25,17 +25,23 @@ def window(buf, shape, *, dtype):
 def put(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, *, atomic=AtomicType.None_,
         chunk_rows=0, chunk_cols=0, pipeline=False):
     """Write local ``src`` into rank ``peer``'s window ``dst`` (whole slice, or the given region)."""
+    if atomic is not AtomicType.None_:
+        atomic = atomic_type(atomic, "pld.tensor.put")
     _current().put(dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
 
 
 def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, *, atomic=AtomicType.None_,
         chunk_rows=0, chunk_cols=0, pipeline=False):
     """Read rank ``peer``'s window ``src`` into local ``dst`` (whole slice, or the given region)."""
+    if atomic is not AtomicType.None_:
+        atomic = atomic_type(atomic, "pld.tensor.get")
     _current().get(dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
 
 
 def remote_store(src, target, peer, offsets, *, atomic=AtomicType.None_):
     """Write a local tensor or tile into rank ``peer``'s window at ``offsets``."""
+    if atomic is not AtomicType.None_:
+        atomic = atomic_type(atomic, "pld.tensor.remote_store")
     _current().remote_store(src, target, peer, offsets, atomic, "pld.tensor.remote_store")
 
 

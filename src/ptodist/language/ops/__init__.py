@@ -21,6 +21,7 @@ from . import (  # noqa: F401  (each registers its ops)
     movement,
     pipes,
     reduce,
+    sync,
 )
 from .registry import REGISTRY, dispatcher, lift
 
@@ -56,9 +57,19 @@ def namespaces(package: str) -> tuple[dict[str, types.ModuleType], dict]:
             setattr(spaces["tensor"], d.name, tensor_fn)
         if d.reach == "system":
             setattr(spaces["system"], d.name, d.fn)
-        if d.reach in ("pl", "pl(t)", "system"):
+        if d.reach in ("pl", "pl(t)", "system") and (tile_fn or tensor_fn) is not None:
             if tile_fn is not None and tensor_fn is not None and d.reach == "pl":
                 top[d.name] = dispatcher(d, tile_fn, tensor_fn)
             else:
                 top[d.name] = tile_fn or tensor_fn
+    for space, extras in _EXTRAS.items():
+        for name, value in extras.items():
+            setattr(spaces[space], name, value)
     return spaces, top
+
+
+# Names in a namespace that are not ops: the classes their arguments and results are made of.
+_EXTRAS = {
+    "tile": {"MaskPattern": gather.MaskPattern, "MemRefType": creation.MemRefType},
+    "system": {"PipeType": sync.PipeType},
+}

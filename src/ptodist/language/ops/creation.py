@@ -94,10 +94,43 @@ def create_tile(shape, dtype: DataType = dt.FP32, target_memory=None) -> Tile:
     return Tile(np.zeros(_shape("create_tile", shape), dtype=_dtype("create_tile", dtype).np_dtype), dtype)
 
 
-@op("create_l1", family=_NEW, reach="pl(t)", dtypes=ANY, levels=("tile",))
+op("create", family=_NEW, reach="tile", dtypes=ANY)(create_tile)
+tensor_impl("create")(_m.create_tensor)
+
+
+@op("create_l1", family=_NEW, reach="pl(t)", dtypes=ANY)
 def create_l1(shape, dtype: DataType = dt.FP32, transpose: bool = False) -> Tile:
     """Allocate a tile in L1 (a zeroed tile here: on-chip spaces and the ``transpose`` layout are not modelled)."""
     return Tile(np.zeros(_shape("create_l1", shape), dtype=_dtype("create_l1", dtype).np_dtype), dtype)
+
+
+@tensor_impl("create_l1")
+def _create_l1_tensor(shape, dtype: DataType = dt.FP32, transpose: bool = False):
+    """``pl.tensor.create_l1``: a zeroed tensor (a rank has one memory; ``pl.gather_row`` fills it)."""
+    return _m.create_tensor(_shape("tensor.create_l1", shape), _dtype("tensor.create_l1", dtype))
+
+
+class MemRefType:
+    """What ``pl.tile.alloc`` / ``pl.tensor.alloc`` return: an allocation's identity, with no address."""
+
+    __slots__ = ("memory_space", "size")
+
+    def __init__(self, memory_space=None, size: int = 0):
+        self.memory_space, self.size = memory_space, size
+
+    def __repr__(self) -> str:
+        return f"MemRefType(memory_space={self.memory_space}, size={self.size})"
+
+
+@op("alloc", family=_NEW, reach="tile", dtypes=ANY)
+def alloc(memory_space, size: int) -> MemRefType:
+    """An allocation of ``size`` bytes in ``memory_space`` (upstream's printed IR; no memory is reserved here)."""
+    if isinstance(size, bool) or not hasattr(size, "__index__") or size.__index__() < 0:
+        raise TileValueError(f"pl.tile.alloc: size must be a non-negative number of bytes, got {size!r}")
+    return MemRefType(memory_space, size.__index__())
+
+
+tensor_impl("alloc")(alloc)
 
 
 @op("arange", family=_NEW, reach="pl(t)", dtypes=ANY)
@@ -120,6 +153,10 @@ def arange(start, shape, dtype: DataType = dt.INT32, descending: bool = False) -
 def _arange_tensor(start, shape, dtype: DataType = dt.INT32, descending: bool = False):
     """``pl.tensor.arange``: a fresh tensor holding the sequence."""
     return _fresh(arange(start, shape, dtype, descending))
+
+
+op("ci", family=_NEW, reach="tile", dtypes=ANY)(arange)  # upstream's name for arange (pto.tci)
+tensor_impl("ci")(_arange_tensor)
 
 
 _PHILOX_M = (0xD2511F53, 0xCD9E8D57)

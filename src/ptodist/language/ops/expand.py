@@ -313,3 +313,13 @@ def fillpad_expand(tile: Tile, shape, pad_value: PadValue | int | float = PadVal
     valid = tuple(slice(0, v) for v in tile.valid_shape)
     out[valid] = tile.data[valid]
     return Tile(out, tile.dtype)
+
+
+@op("fillpad_inplace", family=_EXP, reach="tile", dtypes=NUMERIC, levels=("tile",))
+def fillpad_inplace(tile: Tile, pad_value: PadValue | int | float = PadValue.zero) -> Tile:
+    """``fillpad`` into the tile's own memory: the result shares its data with ``tile``."""
+    filled = fillpad(tile, pad_value)
+    if not tile.data.flags.writeable:  # a read-only view (a broadcast): nothing to share
+        return filled
+    tile.data[...] = filled.data
+    return Tile(tile.data, tile.dtype, space=tile.space)

@@ -649,3 +649,39 @@ def _mrgsort_tensor(src0, src1=None, src2=None, src3=None, *, exhausted: bool = 
                             "allocated for you, so drop them (or call pl.tile.mrgsort on tiles)")
     return _fresh(_mrgsort(_whole(src0), _whole(src1), _whole(src2), _whole(src3), None, None, exhausted,
                            block_len, need_tmp=False))
+
+
+class MaskPattern:
+    """The column patterns of ``pl.tile.gather_mask`` (bits read right to left: bit i selects column i)."""
+
+    P0101 = 1  # columns 0, 2, 4, ...
+    P1010 = 2  # columns 1, 3, 5, ...
+    P0001 = 3  # columns 0, 4, 8, ...
+    P0010 = 4  # columns 1, 5, 9, ...
+    P0100 = 5  # columns 2, 6, 10, ...
+    P1000 = 6  # columns 3, 7, 11, ...
+    P1111 = 7  # every column
+
+
+_MASK_COLUMNS = {1: (0, 2), 2: (1, 2), 3: (0, 4), 4: (1, 4), 5: (2, 4), 6: (3, 4), 7: (0, 1)}  # (first, stride)
+
+
+@op("gather_mask", family=_FAM, reach="tile", dtypes=(dt.FP16, dt.FP32, dt.INT16, dt.INT32), levels=("tile",))
+def gather_mask(src: Tile, mask_pattern: int, *, output_dtype: DataType | None = None) -> Tile:
+    """The columns of each row that ``mask_pattern`` (``pl.tile.MaskPattern``) selects; ``output_dtype``
+    reinterprets their bits."""
+    if not isinstance(src, Tile):
+        raise TileTypeError(f"pl.tile.gather_mask takes a Tile, got {type(src).__name__}")
+    if isinstance(mask_pattern, bool) or mask_pattern not in _MASK_COLUMNS:
+        raise TileValueError(f"pl.tile.gather_mask: mask_pattern={mask_pattern!r} is not a pattern; pass one of "
+                             "pl.tile.MaskPattern.P0101 .. P1111 (1 .. 7)")
+    first, stride = _MASK_COLUMNS[int(mask_pattern)]
+    out = np.ascontiguousarray(src.data[..., first::stride])
+    valid = (*src.valid_shape[:-1], max(0, -(-(src.valid_shape[-1] - first) // stride)))
+    dtype = src.dtype
+    if output_dtype is not None:
+        if not isinstance(output_dtype, DataType) or output_dtype.get_byte() != src.dtype.get_byte():
+            raise TileTypeError(f"pl.tile.gather_mask: output_dtype={output_dtype!r} must be a pl dtype of the "
+                                f"source's width ({src.dtype.get_byte()} bytes): the bits are reinterpreted")
+        out, dtype = out.view(output_dtype.np_dtype), output_dtype
+    return Tile(out, dtype, valid if tuple(valid) != out.shape else None)

@@ -158,6 +158,26 @@ def _reinterpret_view_tensor(data, dtype: DataType, *, shape=None):
     return data.reinterpreted(dtype, out)
 
 
+@op("view", family=_SHAPE, reach="tensor", dtypes=ANY, levels=("tensor",))
+def view(tensor, shape=None, valid_shape=None, *, layout=None):
+    """The same memory with another shape (writes through it land in ``tensor``); ``layout`` changes nothing."""
+    if not is_tensor(tensor):
+        raise TileTypeError(f"pl.tensor.view takes a tensor, got {type(tensor).__name__}; on tiles use pl.reshape")
+    if shape is None:
+        if layout is None:
+            raise TileValueError("pl.tensor.view needs shape= or layout=: the shape of the view, or its layout")
+        shape = list(tensor.shape)
+    new = [_int("tensor.view", d, "a view dimension") for d in shape]
+    if not new or int(np.prod(new)) != int(np.prod(tensor.shape)):
+        raise TileValueError(f"pl.tensor.view: {tensor.describe()} has {int(np.prod(tensor.shape))} elements, so "
+                             f"it cannot be viewed as {new}; the view keeps every element (rank 1 or more)")
+    if not tensor.array.flags.c_contiguous:
+        raise TileValueError(f"pl.tensor.view: {tensor.describe()} is a strided view (a slice of a wider tensor), "
+                             "so its elements are not one block; view the whole tensor, or copy the region into a "
+                             "fresh tensor first")
+    return tensor.reinterpreted(tensor.dtype, new)
+
+
 @op("set_validshape", family=_SHAPE, dtypes=ANY)
 def set_validshape(x: Tile, valid_rows, valid_cols=None) -> Tile:
     """Declare the valid region of a tile: ``(tile, rows, cols)`` for 2-D, or ``(tile, [extents...])``."""

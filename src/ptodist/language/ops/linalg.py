@@ -254,6 +254,19 @@ def batch_matmul(lhs: Tile, rhs: Tile) -> Tile:
     return _acc_tile(out, acc, valid)
 
 
+@op("batch_matmul_acc", family=_LA, reach="tile", dtypes=_WITH_ACC, levels=("tile",))
+def batch_matmul_acc(acc: Tile, lhs: Tile, rhs: Tile) -> Tile:
+    """``acc + lhs @ rhs`` for batched tiles: ``lhs`` and ``rhs`` broadcast to ``acc``'s batch shape."""
+    _tiles("batch_matmul_acc", acc, lhs, rhs)
+    prod = batch_matmul(lhs, rhs)
+    if acc.shape != prod.shape:
+        raise TileValueError(f"pl.batch_matmul_acc: acc has shape {acc.shape}, but the product is {prod.shape}; "
+                             "the broadcast batch shape of lhs and rhs must be acc's (acc is not broadcast)")
+    _acc_dtype_is("batch_matmul_acc", "acc", acc, prod.dtype)
+    check_operand("batch_matmul_acc", "acc", acc)
+    return _acc_tile(acc.data + prod.data, prod.dtype, acc.valid_shape)
+
+
 # -- GEMV --------------------------------------------------------------------------------------------------
 def _gemv(name: str, lhs: Tile, rhs: Tile, acc_phase: str):
     _phase(name, acc_phase)
@@ -347,7 +360,7 @@ def _mx(name: str, lhs: Tile, lhs_scale: Tile, rhs: Tile, rhs_scale: Tile):
     return out, (mv, nv), dt.FP32
 
 
-@op("matmul_mx", family=_LA, reach="pl(t)", dtypes=ANY, levels=("tile",))
+@op("matmul_mx", family=_LA, reach="pl(t)", dtypes=ANY)
 def matmul_mx(lhs: Tile, lhs_scale: Tile, rhs: Tile, rhs_scale: Tile) -> Tile:
     """MX block-scale product of FP8E4M3FN tiles, each 32 K elements scaled by one FP8E8M0; FP32 result."""
     _tiles("matmul_mx", lhs, lhs_scale, rhs, rhs_scale)

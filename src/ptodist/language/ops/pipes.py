@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import context
 from ...errors import ProgramError, TileTypeError, TileValueError
 from ...source import user_frame
 from .. import dtypes as dt
@@ -730,5 +731,19 @@ for _fn in _PIPE_OPS:
 op("aiv_shard", family=_XFER, reach="pl(t)", dtypes=ANY, levels=("tile",))(aiv_shard)
 op("aic_gather", family=_XFER, reach="pl(t)", dtypes=ANY, levels=("tile",))(aic_gather)
 op("get_subblock_idx", family="Block identity", reach="pl(t)", dtypes=ANY)(get_subblock_idx)
+
+
+def get_block_idx() -> Scalar:
+    """This block's index under ``pl.spmd`` (0 outside); ``pl.get_block_idx`` at tile and tensor level."""
+    return context.current().block_idx()
+
+
+def get_block_num() -> Scalar:
+    """The block count of the running ``pl.spmd`` (1 outside); ``pl.get_block_num`` at tile and tensor level."""
+    return context.current().block_num()
+
+
+for _fn in (get_block_idx, get_block_num):
+    op(_fn.__name__, family="Block identity", reach="tile", dtypes=ANY)(_fn)
 op("reserve_buffer", family="Data movement", reach="system", dtypes=ANY, levels=("tile",))(reserve_buffer)
 op("import_peer_buffer", family="Data movement", reach="system", dtypes=ANY, levels=("tile",))(import_peer_buffer)

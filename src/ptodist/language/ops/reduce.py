@@ -222,3 +222,51 @@ for _name, _fn in _COL_OPS.items():
     _tensor_col(_name, _fn)
 _tensor_col("col_argmax", _argmax, dt.INT32)
 _tensor_col("col_argmin", _argmin, dt.INT32)
+
+
+def _axis_reduce(name: str, x: Tile, axis, keepdim: bool, fn: Callable) -> Tile:
+    """``fn`` over ``axis`` of ``x``'s valid region; without ``keepdim`` the axis is dropped from the result."""
+    _need_tile(name, x, 1)
+    if isinstance(axis, bool) or not hasattr(axis, "__index__"):
+        raise TileTypeError(f"pl.tile.{name}: axis must be an integer, got {axis!r}")
+    a = axis.__index__()
+    if not -x.data.ndim <= a < x.data.ndim:
+        raise TileValueError(f"pl.tile.{name}: axis {a} is outside a {x.data.ndim}-D tile (axes {-x.data.ndim} .. "
+                             f"{x.data.ndim - 1})")
+    a %= x.data.ndim
+    out = _reduce(x, fn, a, None)
+    if keepdim or x.data.ndim == 1:
+        return out
+    keep = [i for i in range(x.data.ndim) if i != a]
+    valid = [out.valid_shape[i] for i in keep]
+    data = out.data.reshape([out.data.shape[i] for i in keep])
+    return Tile(data, out.dtype, valid if tuple(valid) != data.shape else None)
+
+
+def _pair(name: str, a, b):
+    """The scalar form of ``pl.tile.max`` / ``min``: the larger / smaller of two scalars."""
+    from .registry import REGISTRY
+
+    return REGISTRY["maximum" if name == "max" else "minimum"].scalar_fn(a, b)
+
+
+@op("sum", family=_RED, reach="tile", dtypes=NUMERIC, levels=("tile",))
+def sum_(tile: Tile, axis: int, keepdim: bool = False) -> Tile:
+    """Sum along ``axis`` (negative axes count from the last); ``keepdim=True`` keeps it as size 1."""
+    return _axis_reduce("sum", tile, axis, keepdim, np.sum)
+
+
+@op("max", family=_RED, reach="tile", dtypes=NUMERIC, levels=("tile",))
+def max_(tile, axis=0, keepdim: bool = False):
+    """Max along ``axis`` of a tile; of two scalars, the larger (``max(a, b)``)."""
+    if not isinstance(tile, Tile):
+        return _pair("max", tile, axis)
+    return _axis_reduce("max", tile, axis, keepdim, np.max)
+
+
+@op("min", family=_RED, reach="tile", dtypes=NUMERIC, levels=("tile",))
+def min_(tile, axis=0, keepdim: bool = False):
+    """Min along ``axis`` of a tile; of two scalars, the smaller (``min(a, b)``)."""
+    if not isinstance(tile, Tile):
+        return _pair("min", tile, axis)
+    return _axis_reduce("min", tile, axis, keepdim, np.min)

@@ -37,6 +37,7 @@ FAMILIES = (
     "Cross-core transfer",
     "Tasks and dependencies",
     "Arrays",
+    "Synchronization",
 )
 
 
