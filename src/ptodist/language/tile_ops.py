@@ -13,7 +13,6 @@ import numpy as np
 from ..errors import TileIndexError, TileTypeError, TileValueError
 from ..source import user_location
 from . import dtypes as dt
-from .distributed.types import AtomicType, atomic_type
 from .dtypes import DataType
 from .scalar import Scalar, as_int
 from .spaces import MemorySpace, as_space, check_move
@@ -183,6 +182,8 @@ def slice_(x: Tile, shape, offsets) -> Tile:
 
 def assemble(dst: Tile, src: Tile, offsets, *, atomic=None) -> Tile:
     """Return ``dst`` with ``src`` written (``atomic=pl.AtomicType.Add``: added) at ``offsets``."""
+    from .distributed.types import AtomicType, atomic_type  # the distributed package imports this module
+
     offsets, _ = _check_region("pl.assemble", dst.shape, offsets, src.shape)
     out = dst.data.copy()
     region = tuple(slice(o, o + s) for o, s in zip(offsets, src.shape))
