@@ -229,6 +229,33 @@ def cond(condition) -> bool:
     return holds
 
 
+def func_attr(attrs: dict) -> None:
+    """``pl.func_attr({...})``, the first statement(s) of a body: attributes of the whole function (``"stationary"``,
+    ``"split"``, ...), which steer a device compiler; checked here (a dict with str keys, placed first, each key
+    once: ``regions.outlined`` checks the placement when the function first runs) and otherwise unused."""
+    if not isinstance(attrs, dict) or not all(isinstance(k, str) for k in attrs):
+        raise OperationTypeError(f"pl.func_attr at {user_location(2)}: takes one dict of attributes with str keys "
+                                 f"(pl.func_attr({{\"stationary\": w}})), got {attrs!r}")
+
+
+class _ArgDirections:
+    """``pl.adir``: call-site direction markers, ``f(pl.adir.input(a), pl.adir.inout(out))``. They return their
+    argument; ``pl.adir.no_dep(t)`` also leaves ``t`` out of the next task's dependency tracking, as
+    ``pl.no_dep`` does (the other directions come from the callee's annotations here)."""
+
+    @staticmethod
+    def input(x):
+        return x
+
+    output = output_existing = inout = scalar = input
+
+    @staticmethod
+    def no_dep(x):
+        return no_dep(x)
+
+
+adir = _ArgDirections()
+
 _printed: set = set()  # (file, line) of the pl.static_print calls that printed already
 
 

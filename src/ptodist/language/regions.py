@@ -116,6 +116,7 @@ def _outline_code(fn_code, source: str, filename: str, first_line: int, regions:
     if not isinstance(fdef, (ast.FunctionDef, ast.AsyncFunctionDef)) or fdef.name != fn_code.co_name:
         return None
     fdef.decorator_list = []
+    _check_func_attrs(fdef, filename)
     outer = _bound_names(fdef)
     rewriter = _Outliner(outer, filename, regions)
     fdef.body = rewriter.block(fdef.body)
@@ -139,6 +140,7 @@ def outlined(fn, regions: bool = True):
     code = getattr(fn, "__code__", None)
     names = code.co_names if code is not None else ()
     if code is None or not (regions and ("at" in names or "spmd" in names)) and "while_" not in names \
+            and "func_attr" not in names \
             or code.co_name.startswith("__pl_region_"):  # already outlined: a region's own body
         return fn
     try:
@@ -387,3 +389,28 @@ def _as_load(target):
         if hasattr(n, "ctx"):
             n.ctx = ast.Load()
     return node
+
+
+def _check_func_attrs(fdef, filename: str) -> None:
+    """``pl.func_attr({...})`` describes the whole function: only before every other statement (after the
+    docstring), each key once."""
+    body = fdef.body
+    k = 1 if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+        and isinstance(body[0].value.value, str) else 0
+    leading, seen = set(), {}
+    while k < len(body) and isinstance(body[k], ast.Expr) and _is_call(body[k].value, "func_attr"):
+        leading.add(id(body[k].value))
+        arg = body[k].value.args[0] if body[k].value.args else None
+        for key in arg.keys if isinstance(arg, ast.Dict) else ():
+            if isinstance(key, ast.Constant) and isinstance(key.value, str):
+                if key.value in seen:
+                    raise ProgramError(
+                        f"pl.func_attr at {filename}:{key.lineno}: the attribute {key.value!r} of {fdef.name}() is "
+                        f"declared twice (first at line {seen[key.value]}); declare each attribute once")
+                seen[key.value] = key.lineno
+        k += 1
+    for n in _walk_scope(fdef):
+        if _is_call(n, "func_attr") and id(n) not in leading:
+            raise ProgramError(
+                f"pl.func_attr at {filename}:{n.lineno}: it must precede every other statement of {fdef.name}() "
+                "(it describes the whole function); move it to the top of the body")
