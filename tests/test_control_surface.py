@@ -553,3 +553,61 @@ def test_the_checker_orders_a_pipelined_loops_iterations(waits):
             line = source_line(_ring_rows, "# @pipelined_pull")
             race = next(f for f in session.findings if f.kind == "race")
             assert any(loc.endswith(f"test_control_surface.py:{line}") for loc in race.locations), race.render()
+
+
+# ---------------------------------------------------------------------------
+# pl.func_attr, pl.adir, pl.JITFunction, pl.parser
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.incore
+def attributed(x: pl.Tensor[[2, 8], pl.FP32], w: pl.Tensor[[2, 8], pl.FP32],
+               out: pl.Out[pl.Tensor[[2, 8], pl.FP32]]):
+    """A docstring may come first."""
+    pl.func_attr({"stationary": w})
+    pl.func_attr({"split": pl.SplitMode.UP_DOWN})
+    pl.store(pl.add(pl.load(x, [0, 0], [2, 8]), pl.load(w, [0, 0], [2, 8])), [0, 0], out)
+    return out
+
+
+@pl.jit
+def directed(x: pl.Tensor[[2, 8], pl.FP32], w: pl.Tensor[[2, 8], pl.FP32], out: pl.Out[pl.Tensor[[2, 8], pl.FP32]]):
+    return attributed(pl.adir.input(x), pl.adir.no_dep(w), pl.adir.inout(out))
+
+
+@pl.jit.incore
+def late_attr(x: pl.Tensor[[2, 8], pl.FP32], out: pl.Out[pl.Tensor[[2, 8], pl.FP32]]):
+    t = pl.load(x, [0, 0], [2, 8])
+    pl.func_attr({"stationary": x})
+    pl.store(t, [0, 0], out)
+    return out
+
+
+@pl.jit.incore
+def twice_attr(x: pl.Tensor[[2, 8], pl.FP32], out: pl.Out[pl.Tensor[[2, 8], pl.FP32]]):
+    pl.func_attr({"stationary": x})
+    pl.func_attr({"stationary": out})
+    return out
+
+
+def test_func_attr_and_call_site_directions(backend):
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    w = np.full_like(x, 0.5)
+    out = np.zeros_like(x)
+    directed(x, w, out, config=RunConfig(backend=backend))
+    np.testing.assert_array_equal(out, x + w)
+    assert isinstance(directed, pl.JITFunction) and isinstance(attributed, pl.JITFunction)
+    assert pl.parser.parse is pl.parse and pl.parser.loads_program is pl.loads_program
+
+
+def test_func_attr_goes_first_and_names_each_key_once():
+    line = source_line(late_attr, "pl.func_attr(")
+    with pytest.raises(RankError, match=rf"pl.func_attr at .*test_control_surface.py:{line}: it must precede every "
+                                        r"other statement of late_attr\(\) \(it describes the whole function\); "
+                                        r"move it to the top of the body"):
+        _run(late_attr)
+    first, second = source_line(twice_attr, '"stationary": x'), source_line(twice_attr, '"stationary": out')
+    with pytest.raises(RankError, match=rf"pl.func_attr at .*test_control_surface.py:{second}: the attribute "
+                                        rf"'stationary' of twice_attr\(\) is declared twice \(first at line {first}\); "
+                                        r"declare each attribute once"):
+        _run(twice_attr)
