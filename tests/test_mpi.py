@@ -259,6 +259,18 @@ def _collective_cases(p: int) -> dict:
     return cases
 
 
+def _surface_cases(p: int) -> dict:
+    """Atomic stores and staged puts (test_ops_surface.py's checks), every rank one MPI process."""
+    import test_ops_surface as surface
+
+    from ptodist import DistributedConfig, RunConfig
+
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p))))
+    return {"atomic stores into one window": lambda: surface.check_atomic_window(config, p),
+            "atomic stores into one host tensor": lambda: surface.check_atomic_host_tensor(config, p),
+            "pld.tile.put / get": lambda: surface.check_tile_put_get(config, p)}
+
+
 def _rma_program(p: int, dtype, rows: int, cols: int):
     """Rank r puts its column block r into the next rank's window (a strided region), adds its block into
     every rank's accumulator with AtomicType.Add, then reads back the previous rank's column block with get."""
@@ -480,6 +492,8 @@ def _batch_main(argv: list[str]) -> int:
         cases = _ladder_cases(size)
     elif batch == "tcp":
         cases = _ladder_cases(size, TCP_LADDER)
+    elif batch == "surface":
+        cases = _surface_cases(size)
     else:
         cases = _collective_cases(size)
     results = {"backend": backend, "cases": {}}
@@ -564,6 +578,12 @@ def test_the_tutorial_ladder_runs_under_mpirun(n, tmp_path):
 @pytest.mark.parametrize("n", [2, 4])
 def test_collective_properties_hold_under_mpirun(n, tmp_path):
     _run_batch("collectives", n, tmp_path)
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_atomic_stores_and_staged_puts_sum_exactly_under_mpirun(n, tmp_path):
+    _run_batch("surface", n, tmp_path)
 
 
 @needs_mpi

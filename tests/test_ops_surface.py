@@ -134,11 +134,15 @@ def _add_into_rank_0(atomic):
     return body
 
 
+def check_atomic_window(config: RunConfig, nr: int) -> None:
+    x = (np.arange(nr * SIZE, dtype=np.float32) + 1).reshape(nr, 1, SIZE)
+    y = ir.compile(_window_program(nr, _add_into_rank_0(pl.AtomicType.Add)), config=config)(x)
+    np.testing.assert_array_equal(y[0], x.sum(axis=0))
+
+
 @pytest.mark.parametrize("nr", [2, 4])
 def test_atomic_stores_from_every_rank_into_one_window_sum_exactly(backend, nr):
-    x = (np.arange(nr * SIZE, dtype=np.float32) + 1).reshape(nr, 1, SIZE)
-    y = ir.compile(_window_program(nr, _add_into_rank_0(pl.AtomicType.Add)), config=cfg(backend, nr))(x)
-    np.testing.assert_array_equal(y[0], x.sum(axis=0))
+    check_atomic_window(cfg(backend, nr), nr)
 
 
 def test_the_checker_allows_atomic_adds_into_one_region_but_reports_a_plain_store_among_them():
@@ -154,7 +158,8 @@ def test_the_checker_allows_atomic_adds_into_one_region_but_reports_a_plain_stor
     assert "pl.store (write of 'data')" in races[0].message and "atomic add" in races[0].message, races[0].message
 
 
-def test_atomic_stores_of_every_rank_into_one_host_tensor_sum_exactly(backend):
+def _shared_total_program(nr: int):
+    """Every rank's chip task adds its x into the one host tensor ``total``."""
     @pl.program
     class Shared:
         @pl.function(type=pl.FunctionType.InCore)
@@ -167,15 +172,23 @@ def test_atomic_stores_of_every_rank_into_one_host_tensor_sum_exactly(backend):
             return self.k(x, total)
 
         @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[3, 1, SIZE], pl.FP32], total: pl.InOut[pl.Tensor[[1, SIZE], pl.FP32]]):
+        def host(self, x: pl.Tensor[[nr, 1, SIZE], pl.FP32], total: pl.InOut[pl.Tensor[[1, SIZE], pl.FP32]]):
             for r in pl.range(pld.world_size()):
                 self.chip(x[r], total, device=r)
             return total
 
-    x = np.arange(3 * SIZE, dtype=np.float32).reshape(3, 1, SIZE)
+    return Shared
+
+
+def check_atomic_host_tensor(config: RunConfig, nr: int) -> None:
+    x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
     total = np.full((1, SIZE), 0.5, np.float32)
-    ir.compile(Shared, config=cfg(backend, 3))(x, total)
+    ir.compile(_shared_total_program(nr), config=config)(x, total)
     np.testing.assert_array_equal(total, 0.5 + x.sum(axis=0))
+
+
+def test_atomic_stores_of_every_rank_into_one_host_tensor_sum_exactly(backend):
+    check_atomic_host_tensor(cfg(backend, 3), 3)
 
 
 # -- pld.tile.put / get -------------------------------------------------------------------------------------
@@ -196,14 +209,18 @@ def _atomic_puts(w):
     pl.store(pl.load(w.data, [0, 0], [1, SIZE]), [0, 0], w.y)
 
 
-@pytest.mark.parametrize("nr", [2, 4])
-def test_tile_put_and_get_move_what_the_tensor_forms_move(backend, nr):
+def check_tile_put_get(config: RunConfig, nr: int) -> None:
     x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
-    y = ir.compile(_window_program(nr, _ring_through_stages), config=cfg(backend, nr))(x)
+    y = ir.compile(_window_program(nr, _ring_through_stages), config=config)(x)
     for r in range(nr):
         np.testing.assert_array_equal(y[r], x[(r - 2) % nr])  # rank r reads rank r-1's window: x of rank r-2
-    y = ir.compile(_window_program(nr, _atomic_puts), config=cfg(backend, nr))(x)
+    y = ir.compile(_window_program(nr, _atomic_puts), config=config)(x)
     np.testing.assert_array_equal(y[0], x.sum(axis=0))
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_tile_put_and_get_move_what_the_tensor_forms_move(backend, nr):
+    check_tile_put_get(cfg(backend, nr), nr)
 
 
 def test_the_checker_sees_a_tile_put_racing_the_peers_read():
