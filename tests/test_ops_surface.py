@@ -381,3 +381,27 @@ def test_a_view_that_changes_the_element_count_is_an_error():
         bad_view(x, x.copy(), config=RunConfig(backend="sim"))
     assert isinstance(info.value.original, ValueError)
     assert "has 16 elements, so it cannot be viewed as [3, 3]; the view keeps every element" in str(info.value)
+
+
+# -- launch-shape queries -----------------------------------------------------------------------------------
+
+@pl.jit
+def whole_chip(x: pl.Tensor, out: pl.Out[pl.Tensor]):
+    # One block per AIV: each scales its own row by its index; a mixed launch counts clusters instead.
+    with pl.spmd(pl.system.available_aiv_count()):
+        b = pl.get_block_idx()
+        out[b:b + 1, :] = pl.mul(pl.load(x, [b, 0], [1, SIZE]), pl.cast(b, pl.FP32))
+    with pl.spmd(pl.system.available_cluster_count()):
+        b = pl.get_block_idx()
+        pl.write(out, [b, 0], pl.cast(pl.get_block_num(), pl.FP32))
+    return out
+
+
+def test_available_counts_are_the_a2a3_core_counts_and_size_a_launch(backend):
+    assert (int(pl.system.available_cluster_count()), int(pl.system.available_aiv_count())) == (24, 48)
+    x = np.ones((48, SIZE), np.float32)
+    out = np.zeros_like(x)
+    whole_chip(x, out, config=cfg(backend))
+    want = np.arange(48, dtype=np.float32)[:, None] * x
+    want[:24, 0] = 24
+    np.testing.assert_array_equal(out, want)

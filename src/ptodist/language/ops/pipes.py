@@ -745,5 +745,21 @@ def get_block_num() -> Scalar:
 
 for _fn in (get_block_idx, get_block_num):
     op(_fn.__name__, family="Block identity", reach="tile", dtypes=ANY)(_fn)
+
+
+# The core geometry of an a2a3 chip (upstream's runtime platform config: 24 blocks of 1 AIC + 2 AIV).
+A2A3_CLUSTERS, AIV_PER_CLUSTER = 24, 2
+
+
+@op("available_cluster_count", family="Block identity", reach="system", dtypes=ANY, levels=())
+def available_cluster_count() -> Scalar:
+    """The chip's AIC / cube-and-vector cluster count (24 on a2a3), an INT32 Scalar: a mixed pl.spmd's core_num."""
+    return Scalar(A2A3_CLUSTERS, dt.INT32)
+
+
+@op("available_aiv_count", family="Block identity", reach="system", dtypes=ANY, levels=())
+def available_aiv_count() -> Scalar:
+    """The chip's standalone AIV count (48 on a2a3), an INT32 Scalar: a vector-only pl.spmd's core_num."""
+    return Scalar(A2A3_CLUSTERS * AIV_PER_CLUSTER, dt.INT32)
 op("reserve_buffer", family="Data movement", reach="system", dtypes=ANY, levels=("tile",))(reserve_buffer)
 op("import_peer_buffer", family="Data movement", reach="system", dtypes=ANY, levels=("tile",))(import_peer_buffer)
