@@ -13,10 +13,9 @@ import warnings
 
 NOT_YET = {
     "pypto.language": """
-        AsyncEvent AsyncSession AtomicType CachePolicy CompactMode DN DynVar FP4 FP8E5M2 ForKind HF4 HF8
-        INT4 InlineFunction IntLike JITFunction MX_A_ZZ MX_B_NN MemRef ND NZ PipeType PrefetchAsyncContext
-        Ptr RUNTIME TASK_ID TaskId TensorLayout TensorView TileLayout TileView UINT16 UINT32 UINT4 UINT64
-        adir func_attr inline optimizations pipeline prefetch set_cache_policy while_
+        AsyncEvent AsyncSession AtomicType CachePolicy CompactMode DynVar ForKind InlineFunction IntLike
+        JITFunction MemRef PipeType PrefetchAsyncContext Ptr RUNTIME TensorView TileView adir func_attr
+        inline optimizations pipeline prefetch set_cache_policy while_
     """,
     "pypto.language.tile": """
         MaskPattern batch_matmul_acc ci create extract fillpad_inplace gather_compare gather_mask
@@ -28,9 +27,6 @@ NOT_YET = {
     """,
     "pypto.language.system": """
         bar_all bar_m bar_v comm_notify comm_test comm_wait sync_dst sync_src
-    """,
-    "pypto.language.distributed": """
-        all_gather all_reduce all_to_all all_to_all_v barrier broadcast reduce_scatter
     """,
     "pypto.language.distributed.system": """
         async_session wait_async_event

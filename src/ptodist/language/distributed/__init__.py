@@ -2,12 +2,22 @@
 
 Everything is reachable by its full three-part name (``pld.system.notify``,
 ``pld.tile.remote_load``, ``pld.tensor.put``); the most common calls also
-have a short form here.
+have a short form here; ``pld.all_reduce`` and the other top-level collectives are the host
+orchestrator's forms that allocate their own signal windows (``collective_api``).
 """
 
 from __future__ import annotations
 
 from . import system, tensor, tile
+from .collective_api import (
+    all_gather,
+    all_reduce,
+    all_to_all,
+    all_to_all_v,
+    barrier,
+    broadcast,
+    reduce_scatter,
+)
 from .system import get_comm_ctx, nranks, rank, world_size
 from .tensor import alloc_window_buffer, window
 from .tile import remote_load, remote_store
@@ -15,6 +25,7 @@ from .types import AtomicType, CommCtx, CommCtxType, DistributedTensor, NotifyOp
 
 __all__ = [
     "AtomicType", "CommCtx", "CommCtxType", "DistributedTensor", "NotifyOp", "ReduceOp", "WaitCmp",
-    "alloc_window_buffer", "get_comm_ctx", "nranks", "rank", "remote_load", "remote_store", "system",
+    "all_gather", "all_reduce", "all_to_all", "all_to_all_v", "alloc_window_buffer", "barrier", "broadcast",
+    "reduce_scatter", "get_comm_ctx", "nranks", "rank", "remote_load", "remote_store", "system",
     "tensor", "tile", "window", "world_size",
 ]

@@ -1,0 +1,286 @@
+"""The host's top-level collectives (``pld.all_reduce``, ``pld.all_gather``, ...): each allocates its own signal.
+
+Every program stages per-rank data into windows, calls one top-level collective in the host orchestrator and
+reads the result back; the numbers are checked against numpy at P=2 and P=4 on shm, on sim, and on sim under
+``ptodist check`` (the checker sees the ``pld.tensor.*`` collective the call makes: no finding allowed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from conftest import LOCAL_BACKENDS
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RankError, RunConfig, ir
+from ptodist.check import explore
+from ptodist.errors import ProgramError, ProgramValueError, SignalLayoutError
+
+S = 8  # columns
+M = 3  # all_to_all_v: rows per rank block
+BACKENDS = [*LOCAL_BACKENDS, "check"]
+
+
+def zeros(shape) -> list[int]:
+    return [0] * len(shape)
+
+
+def build(nr: int, xs, ws, host, read=None):
+    """A program: rank r stages ``x[r]`` (shape ``xs``) into window ``a`` and ``cnt[r]`` into INT32 window ``c``
+    (``[nr]``); the host calls ``host(w)`` (``w``: windows ``a``, ``b`` (shape ``ws``), ``c``, ``d`` (INT32
+    ``[nr, 1]``), ``g`` (INT32 ``[nr]``)); rank r reads the window it returns (``read(res, me, n)``, by default
+    all of it, shape ``ws``) into ``y[r]`` and ``d`` into ``rc[r]``."""
+    xs, ws = list(xs), list(ws)
+    read = read or (lambda res, me, n: pl.load(res, zeros(ws), ws))
+
+    @pl.program
+    class Prog:
+        @pl.function(type=pl.FunctionType.InCore)
+        def stage(self, x: pl.Tensor[xs, pl.FP32], cnt: pl.Tensor[[nr], pl.INT32],
+                  a: pl.InOut[pld.DistributedTensor[xs, pl.FP32]], c: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]],
+                  g: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+            pl.store(pl.load(x, zeros(xs), xs), zeros(xs), a)
+            pl.store(pl.load(cnt, [0], [nr]), [0], c)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def pub(self, x: pl.Tensor[xs, pl.FP32], cnt: pl.Tensor[[nr], pl.INT32],
+                a: pl.InOut[pld.DistributedTensor[xs, pl.FP32]], c: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]],
+                g: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+            self.stage(x, cnt, a, c, g)
+
+        @pl.function(type=pl.FunctionType.InCore)
+        def out(self, y: pl.Out[pl.Tensor[ws, pl.FP32]], rc: pl.Out[pl.Tensor[[nr, 1], pl.INT32]],
+                res: pl.InOut[pld.DistributedTensor[ws, pl.FP32]], d: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            ctx = pld.get_comm_ctx(res)
+            pl.store(read(res, pld.rank(ctx), pld.nranks(ctx)), zeros(ws), y)
+            pl.store(pl.load(d, [0, 0], [nr, 1]), [0, 0], rc)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def con(self, y: pl.Out[pl.Tensor[ws, pl.FP32]], rc: pl.Out[pl.Tensor[[nr, 1], pl.INT32]],
+                res: pl.InOut[pld.DistributedTensor[ws, pl.FP32]], d: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            self.out(y, rc, res, d)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host_fn(self, x: pl.Tensor[[nr, *xs], pl.FP32], cnt: pl.Tensor[[nr, nr], pl.INT32],
+                    y: pl.Out[pl.Tensor[[nr, *ws], pl.FP32]], rc: pl.Out[pl.Tensor[[nr, nr, 1], pl.INT32]]):
+            abuf = pld.alloc_window_buffer(xs, dtype=pl.FP32)
+            bbuf = pld.alloc_window_buffer(ws, dtype=pl.FP32)
+            cbuf = pld.alloc_window_buffer([nr], dtype=pl.INT32)
+            dbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            gbuf = pld.alloc_window_buffer([nr], dtype=pl.INT32)
+            w = SimpleNamespace(a=pld.window(abuf, xs, dtype=pl.FP32), b=pld.window(bbuf, ws, dtype=pl.FP32),
+                                c=pld.window(cbuf, [nr], dtype=pl.INT32), d=pld.window(dbuf, [nr, 1], dtype=pl.INT32),
+                                g=pld.window(gbuf, [nr], dtype=pl.INT32))
+            for r in pl.range(pld.world_size()):
+                self.pub(x[r], cnt[r], w.a, w.c, w.g, device=r)
+            res = host(w)
+            for r in pl.range(pld.world_size()):
+                self.con(y[r], rc[r], res, w.d, device=r)
+            return y
+
+    return Prog
+
+
+def run(prog, nr: int, x: np.ndarray, ws, backend: str, cnt: np.ndarray | None = None):
+    """Run ``prog`` on ``nr`` ranks; return (y, rc)."""
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                       backend=None if backend == "check" else backend)
+    compiled = ir.compile(prog, config=config)
+    cnt = np.zeros((nr, nr), np.int32) if cnt is None else cnt
+    y = np.full((nr, *ws), -1, np.float32)
+    rc = np.full((nr, nr, 1), -1, np.int32)
+    with explore.checking(0) if backend == "check" else contextlib.nullcontext():
+        compiled(x, cnt, y, rc)
+    return y, rc
+
+
+def data(nr: int, shape) -> np.ndarray:
+    return np.random.default_rng(nr).standard_normal((nr, *shape)).astype(np.float32)
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request) -> str:
+    return request.param
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+@pytest.mark.parametrize("op", [pld.ReduceOp.Sum, pld.ReduceOp.Max])
+def test_all_reduce_mesh_reduces_every_rank(nr, op, backend):
+    x = data(nr, [1, S])
+    y, _ = run(build(nr, [1, S], [1, S], lambda w: pld.all_reduce(w.a, op=op)), nr, x, [1, S], backend)
+    ref = x.max(axis=0) if op is pld.ReduceOp.Max else x.sum(axis=0, dtype=np.float64)
+    for r in range(nr):
+        np.testing.assert_allclose(y[r], ref, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_all_reduce_ring_sums_every_rank(nr, backend):
+    x = data(nr, [1, S])
+    prog = build(nr, [1, S], [1, S], lambda w: pld.all_reduce(w.a, op=pld.ReduceOp.Sum, mode="ring", nranks=nr))
+    y, _ = run(prog, nr, x, [1, S], backend)
+    for r in range(nr):
+        np.testing.assert_allclose(y[r], x.sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_broadcast_copies_the_roots_data(nr, backend):
+    x = data(nr, [1, S])
+    y, _ = run(build(nr, [1, S], [1, S], lambda w: pld.broadcast(w.a, root=1)), nr, x, [1, S], backend)
+    for r in range(nr):
+        np.testing.assert_array_equal(y[r], x[1])
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_all_gather_collects_every_ranks_chunk(nr, backend):
+    x = data(nr, [1, S])
+    y, _ = run(build(nr, [1, S], [nr, S], lambda w: pld.all_gather(w.a, w.b)), nr, x, [nr, S], backend)
+    for r in range(nr):
+        np.testing.assert_array_equal(y[r], x[:, 0, :])
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_reduce_scatter_leaves_each_rank_its_summed_row(nr, backend):
+    x = data(nr, [nr, S])
+    y, _ = run(build(nr, [nr, S], [nr, S], lambda w: pld.reduce_scatter(w.a)), nr, x, [nr, S], backend)
+    for r in range(nr):
+        np.testing.assert_allclose(y[r][r], x[:, r, :].sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_all_to_all_transposes_the_blocks(nr, backend):
+    x = data(nr, [nr, S])
+    y, _ = run(build(nr, [nr, S], [nr, S], lambda w: pld.all_to_all(w.a, w.b)), nr, x, [nr, S], backend)
+    for r in range(nr):
+        for src in range(nr):
+            np.testing.assert_array_equal(y[r][src], x[src][r])
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_all_to_all_v_sends_the_counted_rows(nr, backend):
+    x = data(nr, [nr * M, S])
+    cnt = np.array([[(p + q) % (M + 1) for q in range(nr)] for p in range(nr)], np.int32)  # cnt[p][q]: p -> q
+    prog = build(nr, [nr * M, S], [nr * M, S], lambda w: pld.all_to_all_v(w.a, w.b, w.c, w.d, nranks=nr))
+    y, rc = run(prog, nr, x, [nr * M, S], backend, cnt)
+    for r in range(nr):
+        for src in range(nr):
+            k = cnt[src][r]
+            np.testing.assert_array_equal(y[r][src * M:src * M + k], x[src][r * M:r * M + k])
+            assert rc[r][src][0] == k
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_barrier_orders_the_staging_before_the_peer_reads(nr, backend):
+    x = data(nr, [1, S])
+
+    def peer_row(res, me, n):
+        return pld.tile.remote_load(res, peer=(me + 1) % n, offsets=[0, 0], shape=[1, S])
+
+    prog = build(nr, [1, S], [1, S], lambda w: (pld.barrier(w.g), w.a)[1], read=peer_row)
+    y, _ = run(prog, nr, x, [1, S], backend)
+    for r in range(nr):
+        np.testing.assert_array_equal(y[r], x[(r + 1) % nr])
+
+
+def test_barrier_returns_its_signal():
+    seen = {}
+
+    def host(w):
+        seen["returned"], seen["given"] = pld.barrier(w.g), w.g
+        return w.a
+
+    run(build(2, [1, S], [1, S], host), 2, data(2, [1, S]), [1, S], "sim")
+    assert seen["returned"] is seen["given"]
+
+
+# -- misuse: upstream's wrappers refuse these, before anything runs ----------------------------------
+
+def compile_error(nr: int, host, xs=(1, S), ws=(1, S)) -> str:
+    with pytest.raises(ProgramValueError) as e:
+        run(build(nr, xs, ws, host), nr, data(nr, list(xs)), list(ws), "sim")
+    return str(e.value)
+
+
+def line_of(text: str) -> str:
+    """``file:line`` of the line of this file containing ``text``."""
+    lines = open(__file__).read().splitlines()
+    return f"{__file__}:{next(i for i, line in enumerate(lines, 1) if text in line and 'line_of' not in line)}"
+
+
+def test_all_reduce_refuses_an_unknown_mode():
+    msg = compile_error(2, lambda w: pld.all_reduce(w.a, mode="tree"))  # unknown mode
+    assert msg == f"pld.all_reduce at {line_of('# unknown mode')}: mode must be \"mesh\" or \"ring\", got 'tree'."
+
+
+def test_all_reduce_ring_needs_nranks():
+    msg = compile_error(2, lambda w: pld.all_reduce(w.a, mode="ring"))  # ring without nranks
+    assert msg == (f"pld.all_reduce(mode='ring') at {line_of('# ring without nranks')}: needs nranks, the rank "
+                   "count as a positive int (the ring signal is [2*(nranks-1)+1, nranks]), got None.")
+
+
+def test_all_reduce_mesh_refuses_nranks():
+    msg = compile_error(2, lambda w: pld.all_reduce(w.a, nranks=2))  # mesh with nranks
+    assert msg == (f"pld.all_reduce at {line_of('# mesh with nranks')}: nranks is only used with mode='ring'; "
+                   "omit it for a mesh allreduce (or pass mode='ring').")
+
+
+def test_all_reduce_ring_refuses_other_ops():
+    msg = compile_error(2, lambda w: pld.all_reduce(w.a, mode="ring", nranks=2, op=pld.ReduceOp.Max))  # ring Max
+    assert msg == (f"pld.all_reduce(mode='ring') at {line_of('# ring Max')}: supports only op=pld.ReduceOp.Sum, "
+                   "got <ReduceOp.Max: 1>. Use mode='mesh' for Max.")
+
+
+def test_reduce_scatter_refuses_other_ops():
+    msg = compile_error(2, lambda w: pld.reduce_scatter(w.a, op=pld.ReduceOp.Min), xs=(2, S), ws=(2, S))  # rs Min
+    assert msg == (f"pld.reduce_scatter at {line_of('# rs Min')}: supports only op=pld.ReduceOp.Sum, got "
+                   "<ReduceOp.Min: 2>. Reduce with pld.tensor.reduce_scatter inside a kernel for other ops.")
+
+
+def test_a_wrong_nranks_is_named_as_the_fault():
+    host = lambda w: pld.all_reduce(w.a, mode="ring", nranks=4)  # noqa: E731  # ring nranks=4 on 2
+    with pytest.raises(SignalLayoutError) as e:
+        run(build(2, [1, S], [1, S], host), 2, data(2, [1, S]), [1, S], "sim")
+    assert str(e.value) == (
+        f"pld.all_reduce(mode='ring') at {line_of('# ring nranks=4 on 2')}: nranks=4 is not the number of ranks the "
+        "collective runs over (the ranks its target window is dispatched to; all of them unless the host "
+        "dispatched it to fewer). Pass that rank count, e.g. nranks=NR for the NR of "
+        "DistributedConfig(device_ids=...).")
+
+
+def test_all_to_all_v_needs_a_positive_nranks():
+    host = lambda w: pld.all_to_all_v(w.a, w.b, w.c, w.d, nranks=0)  # noqa: E731  # a2av nranks=0
+    msg = compile_error(2, host, xs=(2 * M, S), ws=(2 * M, S))
+    assert msg == (f"pld.all_to_all_v at {line_of('# a2av nranks=0')}: needs nranks, the rank count as a "
+                   "positive int (it sizes the [nranks, 1] signal and MAX_RECV = target rows // nranks), got 0.")
+
+
+def test_a_top_level_collective_in_a_kernel_says_it_is_host_only():
+    @pl.program
+    class Prog:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+            pld.all_reduce(a)  # in a kernel
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+            self.k(a)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host_fn(self, x: pl.Tensor[[2, 1, S], pl.FP32]):
+            a = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
+            for r in pl.range(pld.world_size()):
+                self.chip(a, device=r)
+            return x
+
+    compiled = ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
+                                                 backend="sim"))
+    with pytest.raises(RankError) as e:
+        compiled(np.zeros((2, 1, S), np.float32))
+    assert isinstance(e.value.original, ProgramError)
+    assert (f"pld.all_reduce at {line_of('# in a kernel')}: is called outside the host orchestrator; it allocates "
+            "its signal window, which only the host orchestrator (@pl.jit.host) can do. Call it there, or inside a "
+            "kernel call pld.tensor.allreduce(target, signal, ...) with a signal window the host passes in.") \
+        in str(e.value)
