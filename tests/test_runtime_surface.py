@@ -2,11 +2,26 @@
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 
 import ptodist.language as pl
+import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, ir, shared_array
+from ptodist.errors import ApiTypeError, ConfigError
+from ptodist.runtime import (
+    ChipWorker,
+    DistributedWorker,
+    RunResult,
+    ScalarSpec,
+    TensorSpec,
+    Worker,
+    compile_program,
+    execute_compiled,
+)
+from ptodist.runtime.runner import DfxOptions, RunTiming
 
 M = 16
 
@@ -49,6 +64,138 @@ def test_a_worker_runs_chip_tasks_outlined_from_inline_regions(backend):
     compiled(a, b, s, d)
     compiled(b, a, s, d)
     np.testing.assert_array_equal(d, b - a)
+
+
+
+# -- TensorSpec, ScalarSpec ---------------------------------------------------------------------------------------
+
+@pl.program
+class AddScalar:
+    """An L2 program: y = x + k, with k a scalar argument."""
+
+    @pl.function(type=pl.FunctionType.InCore)
+    def add_k(self, x: pl.Tensor[[4, M], pl.FP32], y: pl.Out[pl.Tensor[[4, M], pl.FP32]], k: pl.Scalar[pl.FP32]):
+        return pl.store(pl.add(pl.load(x, [0, 0], [4, M]), k), [0, 0], y)
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def orch(self, x: pl.Tensor[[4, M], pl.FP32], y: pl.Out[pl.Tensor[[4, M], pl.FP32]], k: pl.Scalar[pl.FP32]):
+        return self.add_k(x, y, k)
+
+
+def test_tensor_specs_make_the_arguments_of_a_run(torch):
+    torch.manual_seed(0)
+    specs = [TensorSpec("x", [4, M], torch.float32, init_value=torch.randn),
+             TensorSpec("y", [4, M], torch.float32, init_value=7.0, is_output=True)]
+    x, y = (s.create_tensor() for s in specs)
+    assert x.dtype == torch.float32 and list(x.shape) == [4, M] and x.std() > 0
+    assert (y == 0).all()                              # an output starts as zeros, whatever its init_value
+    k = ScalarSpec("k", 1.5, ctype="float")
+    ir.compile(AddScalar)(x, y, k.value)
+    np.testing.assert_array_equal(y.numpy(), x.numpy() + np.float32(1.5))
+    # every init_value form
+    assert (TensorSpec("a", [2, 3], torch.int32, init_value=5).create_tensor() == 5).all()
+    src = torch.arange(6, dtype=torch.float64).reshape(2, 3)
+    b = TensorSpec("b", [2, 3], torch.float16, init_value=src).create_tensor()
+    assert b.dtype == torch.float16 and (b == src.half()).all()
+    c = TensorSpec("c", [2, 3], torch.float32, init_value=lambda: [[1, 2, 3], [4, 5, 6]]).create_tensor()
+    assert c.dtype == torch.float32 and c.sum().item() == 21
+    assert (TensorSpec("d", [2, 3], torch.float32, init_value=torch.ones).create_tensor() == 1).all()
+
+
+def test_tensor_specs_without_torch_make_numpy_arrays():
+    a = TensorSpec("a", [2, 3], pl.FP16, init_value=2).create_tensor()
+    assert isinstance(a, np.ndarray) and a.dtype == np.float16 and (a == 2).all()
+    b = TensorSpec("b", [3], np.int64, init_value=lambda: np.arange(3)).create_tensor()
+    assert b.dtype == np.int64 and b.tolist() == [0, 1, 2]
+    with pytest.raises(ConfigError) as e:
+        TensorSpec("c", [2, 2], np.float32, init_value=np.zeros(3)).create_tensor()
+    assert str(e.value) == ("TensorSpec('c'): init_value has shape [3], the spec's shape is [2, 2]; give values of "
+                            "the spec's shape")
+    with pytest.raises(ApiTypeError) as e:
+        TensorSpec("d", [2], np.float32, init_value=object()).create_tensor()
+    assert str(e.value) == ("TensorSpec('d'): unsupported init_value type object; give None, a number, a tensor or "
+                            "array, or a callable returning one")
+
+
+def test_scalar_spec_names_the_ctypes_it_accepts():
+    assert ScalarSpec("n", 3).ctype == "int64"
+    with pytest.raises(ValueError) as e:
+        ScalarSpec("n", 3, ctype="int16")
+    assert str(e.value) == ("Unsupported ctype 'int16' for scalar 'n'. Supported: ['int64', 'int32', 'uint64', "
+                            "'uint32', 'float', 'double']")
+
+
+def test_run_result_reads_as_pass_or_fail():
+    assert str(RunResult(True)) == "PASS"
+    assert str(RunResult(True, test_name="add", execution_time=1.234)) == "PASS: add (1.23s)"
+    assert str(RunResult(False, error="mismatch")) == "FAIL: mismatch"
+    assert str(RunResult(False, test_name="add", error="mismatch")) == "FAIL: add - mismatch"
+
+
+# -- compile_program, execute_compiled ----------------------------------------------------------------------------
+
+def test_compile_program_then_execute_compiled(tmp_path):
+    work = tmp_path / "work dir"
+    assert compile_program(AddScalar, work) is None
+    assert work.is_dir()
+    x = np.random.default_rng(5).standard_normal((4, M)).astype(np.float32)
+    y = np.zeros_like(x)
+    timing = execute_compiled(work, [x, y, ctypes.c_float(-2.5)], platform="a2a3sim", device_id=0)
+    np.testing.assert_array_equal(y, x - np.float32(2.5))
+    assert isinstance(timing, RunTiming) and timing.host_wall_us > 0 and timing.device_wall_us == 0
+    # a second run of the same build, with diagnostic outputs under the work dir
+    execute_compiled(str(work), [y, x, 1.0], platform="a2a3sim", device_id=0,
+                     dfx=DfxOptions(enable_dep_gen=True, enable_scope_stats=True))
+    np.testing.assert_array_equal(x, y + np.float32(1.0))
+    assert (work / "dfx_outputs" / "rank0" / "d1" / "deps.json").is_file()
+    with pytest.raises(ApiTypeError, match="args must be a list of the program's arguments"):
+        execute_compiled(work, x)
+
+
+# -- Worker --------------------------------------------------------------------------------------------------------
+
+NR = pl.dynamic("NR")
+
+
+@pl.jit.incore
+def double(x: pl.Tensor[[1, M], pl.FP32], y: pl.Out[pl.Tensor[[1, M], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(x, [0, 0], [1, M]), 2.0), [0, 0], y)
+
+
+@pl.jit
+def double_rank(x: pl.Tensor[[1, M], pl.FP32], y: pl.Out[pl.Tensor[[1, M], pl.FP32]]):
+    return double(x, y)
+
+
+@pl.jit.host
+def double_all(x: pl.Tensor[[NR, 1, M], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, M], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        double_rank(x[r], y[r], device=r)
+
+
+def run_on(worker: Worker, compiled, *args):
+    """Level-agnostic code: any Worker runs a compiled program."""
+    return worker.run(compiled, *args)
+
+
+def test_chip_and_distributed_workers_are_workers(backend):
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend=backend)
+    x, y = shared_array((2, 1, M)), shared_array((2, 1, M))
+    x[...] = np.arange(2 * M, dtype=np.float32).reshape(2, 1, M)
+    compiled = double_all.compile(x, y, config=cfg)
+    with compiled.prepare() as rt:
+        assert isinstance(rt, DistributedWorker) and isinstance(rt, Worker)
+        run_on(rt, compiled, x, y)
+    np.testing.assert_array_equal(y, 2 * x)
+    single = ir.compile(AddScalar)
+    a = np.ones((4, M), np.float32)
+    b = np.zeros_like(a)
+    with ChipWorker(RunConfig(backend=backend)) as chip:
+        assert isinstance(chip, Worker)
+        run_on(chip, single, a, b, 3.0)
+    np.testing.assert_array_equal(b, a + 3)
+    with pytest.raises(TypeError, match="abstract"):
+        Worker()
 
 
 if __name__ == "__main__":

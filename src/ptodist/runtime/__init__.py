@@ -4,15 +4,19 @@ from __future__ import annotations
 
 from ..config import DistributedConfig, RunConfig
 from .chip_worker import BenchmarkStats, ChipRegistrationHandle, ChipWorker, benchmark, run
+from .runner import RunResult, compile_program, execute_compiled
+from .tensor_spec import ScalarSpec, TensorSpec
 from .worker import (
            DeviceTensor,
            DistributedWorker,
            RegistrationHandle,
            RunHandle,
            StackedDeviceTensor,
+           Worker,
            shared_array,
 )
 
 __all__ = ["BenchmarkStats", "ChipRegistrationHandle", "ChipWorker", "DeviceTensor", "DistributedConfig",
-           "DistributedWorker", "RegistrationHandle", "RunConfig", "RunHandle", "StackedDeviceTensor", "benchmark",
-           "run", "shared_array"]
+           "DistributedWorker", "RegistrationHandle", "RunConfig", "RunHandle", "RunResult", "ScalarSpec",
+           "StackedDeviceTensor", "TensorSpec", "Worker", "benchmark", "compile_program", "execute_compiled", "run",
+           "shared_array"]

@@ -22,6 +22,7 @@ from ..language.types import Direction
 from .program import CompiledProgram, _copy_back, _shared_copy
 from .program import compile as compile_program
 from .worker import DeviceTensor, DistributedWorker, RegistrationHandle, StackedDeviceTensor
+from .worker.base import Worker
 
 DEFAULT_RUNTIME = "tensormap_and_ringbuffer"
 
@@ -69,7 +70,7 @@ class ChipRegistrationHandle(RegistrationHandle):
         return self._worker.run(self._compiled, *args, config=config)
 
 
-class ChipWorker:
+class ChipWorker(Worker):
     """A single-device worker (PyPTO's L2 ``ChipWorker``): dispatch compiled programs, keep tensors resident.
 
     Args:

@@ -24,6 +24,7 @@ from ...config import RunConfig
 from ...errors import ConfigError, DispatchTypeError, DispatchValueError, UsageError
 from ...language import dtypes as dt
 from ...language.functions import Function, Kind
+from .base import Worker
 from .callbacks import arity_error, calling_form
 from .engine import Engine, in_callback
 from .handles import (
@@ -101,7 +102,7 @@ def _check_inherited(tensors) -> tuple:
     return items
 
 
-class DistributedWorker:
+class DistributedWorker(Worker):
     """Rank processes started once and dispatched many times (``compiled.prepare()``).
 
     Args:
