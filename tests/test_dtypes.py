@@ -180,3 +180,28 @@ def test_torch_host_tensors_of_the_new_types(backend):
     assert e5m2.float().tolist() == [[1.0, 1.5, float("inf"), float("inf")]]
     assert u16.to(torch.int32).tolist() == [[1, 1, 61440, 65535]]
     assert back.tolist() == [[448.0, -0.5, 0.001953125, 3.0]]
+
+
+def test_the_dispatch_plan_records_a_host_tensor_layout(tmp_path):
+    import json
+
+    @pl.jit.incore
+    def kernel(scale: pl.Tensor[[2, 4], pl.FP32, pl.MX_B_NN], out: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+        pl.store(pl.load(scale, [0, 0], [2, 4]), [0, 0], out)
+
+    @pl.jit
+    def orch(scale: pl.Tensor[[2, 4], pl.FP32, pl.MX_B_NN], out: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+        kernel(scale, out)
+
+    @pl.jit.host
+    def host(scale: pl.Tensor[[2, 4], pl.FP32, pl.MX_B_NN], out: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+        orch(scale, out, device=0)
+
+    scale, out = np.arange(8, dtype=np.float32).reshape(2, 4), np.zeros((2, 4), np.float32)
+    compiled = host.compile(scale, out, config=RunConfig(backend="sim", output_dir=str(tmp_path)))
+    compiled(scale, out)
+    np.testing.assert_array_equal(out, scale)
+    plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
+    assert plan["host_tensors"] == [
+        {"name": "scale", "shape": [2, 4], "dtype": "FP32", "direction": "in", "layout": "MX_B_NN"},
+        {"name": "out", "shape": [2, 4], "dtype": "FP32", "direction": "out"}]

@@ -74,6 +74,7 @@ class HostTensorSpec:
     shape: tuple
     dtype: DataType
     direction: Direction
+    layout: str = "ND"  # the annotation's pl.TensorLayout: recorded for the reader, no value depends on it
 
 
 @dataclass(frozen=True, eq=False)
@@ -236,7 +237,8 @@ class DispatchPlan:
             "world_size": self.world,
             "device_ids": list(self.device_ids),
             "host_tensors": [
-                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype.name, "direction": t.direction.value}
+                {"name": t.name, "shape": list(t.shape), "dtype": t.dtype.name, "direction": t.direction.value,
+                 **({"layout": t.layout} if t.layout != "ND" else {})}
                 for t in self.host_tensors
             ],
             "windows": [

@@ -33,7 +33,7 @@ from ..errors import ConfigError, DispatchError, DispatchTypeError, DispatchValu
 from ..language import dtypes as dt
 from ..language.functions import EntryFunction, Function, Kind, Program
 from ..language.scalar import Scalar, scalar_value
-from ..language.types import Direction, DynDim, DynExpr, ParamSpec
+from ..language.types import Direction, DynDim, DynExpr, ParamSpec, TensorType
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
 _CONVERT = {"float64": ("FP32", "float()", "float32")}
@@ -388,7 +388,8 @@ class CompiledProgram:
         return k
 
     def host_specs(self, hosts: list) -> list[HostTensorSpec]:
-        return [HostTensorSpec(i, p.name, tuple(h.shape), h.dtype, p.direction)
+        return [HostTensorSpec(i, p.name, tuple(h.shape), h.dtype, p.direction,
+                               p.ttype.layout.name if isinstance(p.ttype, TensorType) else "ND")
                 for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
 
     @staticmethod
