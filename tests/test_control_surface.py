@@ -611,3 +611,58 @@ def test_func_attr_goes_first_and_names_each_key_once():
                                         rf"'stationary' of twice_attr\(\) is declared twice \(first at line {first}\); "
                                         r"declare each attribute once"):
         _run(twice_attr)
+
+
+# ---------------------------------------------------------------------------
+# pl.ManualDep: an argument left out of a task's automatic dependencies
+# ---------------------------------------------------------------------------
+
+
+def _held_then_peeked(manual: bool):
+    """``hold`` writes ``out`` and stays incomplete until ``release`` (later in program order) notifies; ``peek``
+    reads ``out`` in between. Tracked, ``peek`` waits for ``hold`` to complete, which never happens before
+    ``release``: a hang. Annotated ``pl.ManualDep``, it runs at once (``release`` leaves the signal it shares
+    with ``hold`` out of its dependencies in both)."""
+    OutT = pl.Tensor[[1, 8], pl.FP32, pl.ManualDep] if manual else pl.Tensor[[1, 8], pl.FP32]
+    Sig = pld.DistributedTensor[[1, 1], pl.INT32]
+
+    @pl.jit.incore
+    def hold(out: pl.Out[pl.Tensor[[1, 8], pl.FP32]], sig: pl.InOut[Sig]):
+        pl.store(pl.full([1, 8], dtype=pl.FP32, value=7.0), [0, 0], out)
+        pld.system.defer_wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+        return out
+
+    @pl.jit.incore
+    def peek(out: OutT, seen: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+        return pl.store(pl.load(out, [0, 0], [1, 8]), [0, 0], seen)
+
+    @pl.jit.incore
+    def release(sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32, pl.ManualDep]]):  # the signal: in both
+        pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+    @pl.jit
+    def chip(out: pl.Out[pl.Tensor[[1, 8], pl.FP32]], seen: pl.Out[pl.Tensor[[1, 8], pl.FP32]], sig: pl.InOut[Sig]):
+        pl.submit(hold, out, sig)
+        peek(out, seen)
+        release(sig)
+
+    @pl.jit.host
+    def host(out: pl.Out[pl.Tensor[[1, 1, 8], pl.FP32]], seen: pl.Out[pl.Tensor[[1, 1, 8], pl.FP32]]):
+        sbuf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
+        chip(out[0], seen[0], pld.window(sbuf, [1, 1], dtype=pl.INT32), device=0)
+
+    return host
+
+
+def test_a_manual_dep_argument_does_not_wait_for_the_tasks_that_touch_it(backend):
+    from ptodist import DistributedConfig
+    from ptodist.errors import HangError
+
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0]), backend=backend, hang_timeout_s=20)
+    out, seen = np.zeros((1, 1, 8), np.float32), np.zeros((1, 1, 8), np.float32)
+    _held_then_peeked(manual=True)(out, seen, config=cfg)
+    assert (out == 7.0).all() and (seen == 7.0).all()
+    if backend == "sim":  # the tracked twin: certain deadlock, found exactly
+        with pytest.raises(HangError):
+            _held_then_peeked(manual=False)(out, seen, config=cfg)
+    assert pl.Tensor[[1, 8], pl.FP32, pl.ManualDep].manual_dep and not pl.Tensor[[1, 8], pl.FP32].manual_dep

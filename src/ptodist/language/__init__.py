@@ -78,7 +78,7 @@ from .spaces import Mem, MemorySpace
 from .text import loads, loads_program, parse, parse_program
 from .tile_ops import Tile
 from .types import DistributedTensor as _DistributedTensor  # noqa: F401  (pld exports it)
-from .types import InOut, Out, Tensor, TensorLayout, TileLayout, dynamic
+from .types import InOut, ManualDep, Out, Tensor, TensorLayout, TileLayout, dynamic
 
 # pl.parser: upstream's parser package, whose entry points are these (its AST machinery has no counterpart here).
 parser = _types.SimpleNamespace(parse=parse, loads=loads, parse_program=parse_program, loads_program=loads_program,
@@ -128,6 +128,6 @@ __all__ = [
     "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType", "CachePolicy", "PipeType",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
     "ForKind", "pipeline", "while_", "TASK_ID", "TaskId", "inline", "InlineFunction",
-    "parse", "loads", "parse_program", "loads_program", "parser", "func_attr", "adir", "JITFunction",
+    "parse", "loads", "parse_program", "loads_program", "parser", "func_attr", "adir", "JITFunction", "ManualDep",
 ]
 __all__ += sorted(set(_top) - set(__all__))

@@ -325,6 +325,12 @@ class TileLayout(Enum):
         return f"pl.TileLayout.{self.name}"
 
 
+class ManualDep:
+    """Marker ``pl.Tensor[[...], dtype, pl.ManualDep]``: a task leaves this argument out of its automatic
+    dependencies (it neither waits for the unfinished tasks that touch it nor makes later ones wait); order it
+    with ``deps=`` or by the kernel's own design."""
+
+
 @dataclass(frozen=True)
 class TensorType:
     """The type in ``pl.Tensor[[d0, ...], dtype]`` or ``pld.DistributedTensor[...]`` (optionally a layout)."""
@@ -335,6 +341,7 @@ class TensorType:
     # Recorded, not emulated: element values never depend on it (ND, and the MX scale markers, are
     # row-major data as the host passes it; DN and NZ are refused in annotations, as upstream does).
     layout: TensorLayout = TensorLayout.ND
+    manual_dep: bool = False  # pl.ManualDep among the annotation's markers
 
     @property
     def type_name(self) -> str:
@@ -401,7 +408,8 @@ def _tensor_type(item, distributed: bool) -> TensorType:
             except (AttributeError, TypeError):
                 raise DeclarationError(f"a tensor dimension must be an int or pl.dynamic(...), got {d!r}") from None
     name = "pld.DistributedTensor" if distributed else "pl.Tensor"
-    return TensorType(tuple(dims), dtype, distributed, _layout_of(item[2:], name, shape, dtype))
+    return TensorType(tuple(dims), dtype, distributed, _layout_of(item[2:], name, shape, dtype),
+                      any(x is ManualDep for x in item[2:]))
 
 
 class Tensor:

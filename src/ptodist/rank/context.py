@@ -334,7 +334,7 @@ class RankContext(context.Context):
             if pipes.collecting(fn):  # an AIC/AIV function called by a group function: runs with its peers
                 return pipes.defer_half(fn, args, kwargs)
             if not self._kernel_depth and not self.graph.idle and not self._manual:
-                self.graph.wait_overlapping(self._buffers((*args, *kwargs.values())))
+                self.graph.wait_overlapping(self._buffers(_tracked(fn, args, kwargs)))
             return self._run_kernel(fn, args, kwargs)
         if fn.kind is Kind.SUBWORKER:
             raise ProgramError(f"{fn.name}() at {user_location(2)}: '{fn.name}' is a sub-worker function "
@@ -575,7 +575,7 @@ class RankContext(context.Context):
                 self._spmd_blocks = saved
             return self._left_conditions
 
-        if self._submit_task(tid, fn.name, run, deps, (*args, *kwargs.values())):
+        if self._submit_task(tid, fn.name, run, deps, _tracked(fn, args, kwargs)):
             result = out["result"]
         else:  # it runs later: what it returns is its outputs, the tensors it was given to write
             outs = [v for spec, v in zip(fn.params, fn.bind_arguments(args, kwargs))
@@ -1534,3 +1534,20 @@ def _collective_key(name: str, here, args, kwargs) -> tuple | None:
         if not (v is None or type(v) in (int, str, bool) or isinstance(v, enum.Enum)):
             return None
     return (here[0], name, *map(id, args), *options)
+
+
+_MANUAL_DEP: dict = {}  # id(a kernel's params) -> (params, indices of its pl.ManualDep parameters)
+
+
+def _tracked(fn: Function, args, kwargs) -> tuple:
+    """The arguments of a call of kernel ``fn`` that its task's automatic dependencies follow: all of them but
+    those whose parameter is annotated ``pl.ManualDep``."""
+    params = fn.params
+    entry = _MANUAL_DEP.get(id(params))
+    if entry is None or entry[0] is not params:
+        entry = _MANUAL_DEP[id(params)] = (params, [i for i, p in enumerate(params)
+                                                    if getattr(p.ttype, "manual_dep", False)])
+    if not entry[1]:
+        return (*args, *kwargs.values())
+    values = fn.bind_arguments(args, kwargs)
+    return tuple(v for i, v in enumerate(values) if i not in entry[1])
