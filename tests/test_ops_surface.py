@@ -405,3 +405,34 @@ def test_available_counts_are_the_a2a3_core_counts_and_size_a_launch(backend):
     want = np.arange(48, dtype=np.float32)[:, None] * x
     want[:24, 0] = 24
     np.testing.assert_array_equal(out, want)
+
+
+@pl.jit.incore
+def masks_and_views(x: pl.Tensor, out: pl.Out[pl.Tensor]):
+    t = pl.load(x, [0, 0], [4, SIZE])
+    even = pl.tile.gather_mask(t, pl.tile.MaskPattern.P0101)                     # columns 0, 2, 4, 6
+    back = pl.tile.scatter_mask(pl.tile.full([4, SIZE], pl.FP32, -1.0), even, pl.tile.MaskPattern.P0101)
+    out = pl.store(back, [0, 0], out)                                              # rows 0..3
+    nz = pl.load(x, [0, 0], [4, SIZE], target_memory=pl.MemorySpace.Mat)
+    out = pl.store(pl.tile.transpose_view(nz), [4, 0], out)                        # rows 4..11, columns 0..3
+    return out
+
+
+def test_scatter_mask_inverts_gather_mask_and_transpose_view_swaps_the_last_axes(backend):
+    x = np.arange(4 * SIZE, dtype=np.float32).reshape(4, SIZE)
+    out = np.zeros((12, SIZE), np.float32)
+    masks_and_views(x, out, config=cfg(backend))
+    want = np.full((4, SIZE), -1, np.float32)
+    want[:, 0::2] = x[:, 0::2]
+    np.testing.assert_array_equal(out[0:4], want)
+    np.testing.assert_array_equal(out[4:12, 0:4], x.T)
+
+
+def test_a_mask_pattern_outside_the_seven_is_an_error():
+    t = pl.tile.full([2, SIZE], pl.FP32, 1.0)
+    with pytest.raises(ValueError, match=r"pl.tile.gather_mask: mask_pattern=9 is not a pattern; pass one of "
+                                         r"pl.tile.MaskPattern.P0101 .. P1111 \(1 .. 7\)"):
+        pl.tile.gather_mask(t, 9)
+    with pytest.raises(ValueError, match=r"pl.tile.scatter_mask: src has shape \[2, 8\], but the pattern selects "
+                                         r"\[2, 4\] of the \[2, 8\] dst"):
+        pl.tile.scatter_mask(t, t, pl.tile.MaskPattern.P1010)

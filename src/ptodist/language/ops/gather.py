@@ -666,16 +666,21 @@ class MaskPattern:
 _MASK_COLUMNS = {1: (0, 2), 2: (1, 2), 3: (0, 4), 4: (1, 4), 5: (2, 4), 6: (3, 4), 7: (0, 1)}  # (first, stride)
 
 
+def _mask_columns(name: str, mask_pattern) -> tuple[int, int]:
+    """``(first column, stride)`` of a mask pattern."""
+    if isinstance(mask_pattern, bool) or mask_pattern not in _MASK_COLUMNS:
+        raise TileValueError(f"pl.tile.{name}: mask_pattern={mask_pattern!r} is not a pattern; pass one of "
+                             "pl.tile.MaskPattern.P0101 .. P1111 (1 .. 7)")
+    return _MASK_COLUMNS[int(mask_pattern)]
+
+
 @op("gather_mask", family=_FAM, reach="tile", dtypes=(dt.FP16, dt.FP32, dt.INT16, dt.INT32), levels=("tile",))
 def gather_mask(src: Tile, mask_pattern: int, *, output_dtype: DataType | None = None) -> Tile:
     """The columns of each row that ``mask_pattern`` (``pl.tile.MaskPattern``) selects; ``output_dtype``
     reinterprets their bits."""
     if not isinstance(src, Tile):
         raise TileTypeError(f"pl.tile.gather_mask takes a Tile, got {type(src).__name__}")
-    if isinstance(mask_pattern, bool) or mask_pattern not in _MASK_COLUMNS:
-        raise TileValueError(f"pl.tile.gather_mask: mask_pattern={mask_pattern!r} is not a pattern; pass one of "
-                             "pl.tile.MaskPattern.P0101 .. P1111 (1 .. 7)")
-    first, stride = _MASK_COLUMNS[int(mask_pattern)]
+    first, stride = _mask_columns("gather_mask", mask_pattern)
     out = np.ascontiguousarray(src.data[..., first::stride])
     valid = (*src.valid_shape[:-1], max(0, -(-(src.valid_shape[-1] - first) // stride)))
     dtype = src.dtype
@@ -685,3 +690,22 @@ def gather_mask(src: Tile, mask_pattern: int, *, output_dtype: DataType | None =
                                 f"source's width ({src.dtype.get_byte()} bytes): the bits are reinterpreted")
         out, dtype = out.view(output_dtype.np_dtype), output_dtype
     return Tile(out, dtype, valid if tuple(valid) != out.shape else None)
+
+
+@op("scatter_mask", family=_FAM, reach="tile", dtypes=ANY, levels=("tile",))
+def scatter_mask(dst: Tile, src: Tile, mask_pattern: int) -> Tile:
+    """``dst`` with each row of ``src`` written into the columns ``mask_pattern`` selects (gather_mask's inverse)."""
+    for what, t in (("dst", dst), ("src", src)):
+        if not isinstance(t, Tile):
+            raise TileTypeError(f"pl.tile.scatter_mask: {what} must be a Tile, got {type(t).__name__}")
+    first, stride = _mask_columns("scatter_mask", mask_pattern)
+    if src.dtype is not dst.dtype:
+        raise TileTypeError(f"pl.tile.scatter_mask: src is {src.dtype.name} but dst is {dst.dtype.name}; convert "
+                            f"src first with pl.cast(src, target_type=pl.{dst.dtype.name})")
+    selected = dst.data[..., first::stride].shape
+    if src.data.shape != selected:
+        raise TileValueError(f"pl.tile.scatter_mask: src has shape {src.shape}, but the pattern selects "
+                             f"{list(selected)} of the {dst.shape} dst (its columns {first}, {first + stride}, ...)")
+    out = dst.data.copy()
+    out[..., first::stride] = src.data
+    return Tile(out, dst.dtype, None if dst.valid_shape == dst.data.shape else dst.valid_shape)

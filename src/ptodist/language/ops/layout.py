@@ -79,6 +79,17 @@ def transpose(x: Tile, axis1: int, axis2: int) -> Tile:
     return Tile(data, x.dtype, valid if tuple(valid) != data.shape else None)
 
 
+@op("transpose_view", family=_SHAPE, reach="tile", dtypes=ANY, levels=("tile",))
+def transpose_view(tile: Tile) -> Tile:
+    """The tile with its last two axes swapped, as an NZ tile seen as ZN (its placement is kept)."""
+    x = _tile("transpose_view", tile)
+    if x.data.ndim < 2:
+        raise TileValueError(f"pl.tile.transpose_view: the tile must have at least 2 dimensions, got {x.shape}")
+    out = transpose(x, -2, -1)
+    out.space = x.space
+    return out
+
+
 @op("concat", family=_SHAPE, dtypes=ANY)
 def concat(src0: Tile, src1: Tile) -> Tile:
     """Join two tiles along the last (column) axis; every other dimension must match."""
