@@ -436,3 +436,12 @@ def test_a_mask_pattern_outside_the_seven_is_an_error():
     with pytest.raises(ValueError, match=r"pl.tile.scatter_mask: src has shape \[2, 8\], but the pattern selects "
                                          r"\[2, 4\] of the \[2, 8\] dst"):
         pl.tile.scatter_mask(t, t, pl.tile.MaskPattern.P1010)
+
+
+def test_a_tile_put_outside_a_kernel_is_named_as_written():
+    stage = pl.tile.create([1, SIZE], pl.FP32)
+    with pytest.raises(Exception, match=r"^pld.tile.put\(\) called outside a program at .*test_ops_surface.py:\d+: "
+                                        r"it is only available inside a kernel"):
+        pld.tile.put(None, 0, None, stage)
+    with pytest.raises(Exception, match=r"^pld.tile.get\(\) called outside a program"):
+        pld.tile.get(None, 0, None, stage)

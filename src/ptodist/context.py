@@ -113,10 +113,11 @@ class Context:
         return self.memory_op(op, tile, target, peer, offsets, atomic)
 
     def put(self, dst, peer, src, *transfer):
-        return self.memory_op("pld.tensor.put", dst, peer, src, *transfer)
+        # transfer: the seven arguments of a put, then the op's name when it is not pld.tensor.put
+        return self.memory_op(transfer[7] if len(transfer) > 7 else "pld.tensor.put", dst, peer, src, *transfer[:7])
 
     def get(self, dst, peer, src, *transfer):
-        return self.memory_op("pld.tensor.get", dst, peer, src, *transfer)
+        return self.memory_op(transfer[7] if len(transfer) > 7 else "pld.tensor.get", dst, peer, src, *transfer[:7])
 
 
 _PYTHON = Context()
