@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import ast
+import re
 from pathlib import Path
 
 import numpy as np
@@ -271,3 +273,44 @@ def test_a_tile_slice_takes_its_valid_shape():
     part = pl_slice(tile, [2, 8], [2, 0], valid_shape=[1, 8])
     assert part.valid_shape == (1, 8)
     np.testing.assert_array_equal(part.data, tile.data[2:4])
+
+
+# ---------------------------------------------------------------------------
+# The audit: every check cites its rule
+# ---------------------------------------------------------------------------
+
+def _check_functions() -> list[str]:
+    """The check functions of compiler/checks.py: every public top-level function named ``check_*`` / ``lint_*``,
+    or that raises, or that judges a value (``scalar_argument``, ``dispatch_result``)."""
+    tree = ast.parse((REPO / "src" / "ptodist" / "compiler" / "checks.py").read_text())
+    names = []
+    for node in tree.body:
+        if not isinstance(node, ast.FunctionDef) or node.name.startswith("_"):
+            continue
+        raises = any(isinstance(n, ast.Raise) for n in ast.walk(node))
+        if raises or node.name.startswith(("check_", "lint_")) or node.name in ("scalar_argument", "dispatch_result"):
+            names.append(node.name)
+    return names
+
+
+def _audit_table() -> str:
+    text = (REPO / "docs" / "errors.md").read_text()
+    start = text.index("## Checks before a run and the rule each enforces")
+    end = text.index("\n## ", start + 1)
+    return text[start:end]
+
+
+def test_every_check_in_compiler_checks_cites_its_rule_in_the_audit_table():
+    table = _audit_table()
+    rows = {m.group(1): m.group(0) for m in re.finditer(r"^\| `([A-Za-z_.]+)`[^\n]*$", table, re.M)}
+    names = _check_functions()
+    assert {"check_task_args_order", "check_arg", "check_coverage", "check_rank_slices", "lint_transfers",
+            "bind_shape", "finish_bindings"} <= set(names)
+    missing = [n for n in names if n not in rows]
+    assert not missing, f"checks with no row in docs/errors.md's audit table: {missing}"
+    for name in names:
+        cells = [c.strip() for c in rows[name].strip("|").split("|")]
+        assert len(cells) == 5 and all(cells), f"{name}: every column of its row is filled in: {cells}"
+        rule = cells[3]
+        assert rule.startswith(("upstream", "no upstream rule", "ptodist cannot run", "(")), (
+            f"{name}: the rule column names an upstream rule or says why ptodist refuses without one: {rule}")

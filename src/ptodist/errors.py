@@ -314,6 +314,14 @@ class CheckError(PtodistError):
         super().__init__(message)
 
 
+class PitfallWarning(UserWarning):
+    """A program upstream PyPTO runs, shaped like a documented pitfall: ptodist runs it as upstream does and says
+    what looks wrong (e.g. a host tensor with more per-rank slices than ranks: the extra slices are never touched).
+
+    Filter it like any warning: ``warnings.simplefilter("error", ptodist.errors.PitfallWarning)`` makes it an error.
+    """
+
+
 class PtodistInternalError(Exception):
     """A bug in ptodist itself (not in the user's program); please report it."""
 

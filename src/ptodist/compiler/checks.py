@@ -13,10 +13,12 @@ import linecache
 import textwrap
 import tokenize
 import types as pytypes
+import warnings
 import weakref
 
 from ..errors import (
     DispatchCoverageError,
+    PitfallWarning,
     ProgramTypeError,
     ProgramValueError,
     ShapeError,
@@ -141,7 +143,9 @@ def lint_transfers(fn: Function) -> None:
 
     ``pipeline=True`` needs ``chunk_rows > 0`` and ``chunk_cols > 0``; the three region
     arguments go together.  Only what the source states literally is judged here; the
-    rank context checks the computed values again when the call runs.
+    rank context checks the computed values again when the call runs.  Upstream rule: the ``pld.tensor.put`` /
+    ``get`` docstrings and their ``ValueError`` checks (regions "must be provided together"; pipelining needs
+    both chunk extents).
     """
     try:
         source = textwrap.dedent(inspect.getsource(fn.fn))
@@ -188,7 +192,11 @@ def value_kind(v) -> str:
 
 
 def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: dict) -> None:
-    """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding)."""
+    """Check one argument against its parameter spec (kind, dtype, shape with dynamic binding).
+
+    Upstream rule: 04-debugging.md, per-step pitfall 03 (a window for a ``pl.Tensor`` or the reverse is a
+    compile-time type error) and "shape mismatch at compile time"; dimensions of size 1 aside (ptodist's own).
+    """
     from ..rank.tensors import RankTensor, WindowTensor
 
     where = LazyText(lambda: f"{param_where(fn, spec)}, called at {loc}")
@@ -238,7 +246,10 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
 
 def scalar_argument(fn: Function, spec: ParamSpec, value, where=None):
     """The exact value scalar parameter ``spec`` of ``fn`` takes from ``value`` (its dtype's rule), else a
-    ProgramTypeError / ProgramValueError naming the parameter, the value and the dtype's range."""
+    ProgramTypeError / ProgramValueError naming the parameter, the value and the dtype's range.
+
+    No upstream rule: refused because the device would wrap or truncate the value (a silent wrong answer).
+    """
     dtype = spec.ttype.dtype if spec.ttype is not None else None
     if where is None:
         where = LazyText(lambda: param_where(fn, spec))
@@ -265,6 +276,7 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
     """Match ``actual`` against ``declared`` dims, binding ``pl.dynamic`` names in ``bindings``.
 
     ``where`` (a string, or anything whose ``str`` is one) starts every message and is kept with each binding.
+    Upstream rule: one size per ``pl.dynamic`` name, and "shape mismatch at compile time" (04-debugging.md).
     """
     def decl() -> str:
         return _decl(declared)
@@ -335,7 +347,10 @@ def _retry_pending(bindings: dict) -> None:
 
 
 def finish_bindings(bindings: dict) -> None:
-    """Every expression dim must end up determined: ShapeError naming the pl.dynamic names nothing binds."""
+    """Every expression dim must end up determined: ShapeError naming the pl.dynamic names nothing binds.
+
+    Not an upstream rule: without a value for the name ptodist cannot make the outputs or check the dims.
+    """
     _retry_pending(bindings)
     pending = bindings.get(_PENDING)
     if not pending:
@@ -373,6 +388,9 @@ def check_dispatch_args(fn: Function, values: list, loc, world: int, child: bool
 def check_coverage(plan: DispatchPlan, host: Function, commless: int = 0) -> None:
     """Every rank must be dispatched (the loop trip count must equal len(device_ids)), and every
     slice of a host tensor the dispatch loop splits per rank must go to a rank (``check_rank_slices``).
+
+    Upstream rule: 04-debugging.md, fatal pitfall "dispatch loop trip count != len(device_ids)"
+    (``MaterializeCommDomainScopes`` requires the ``device=r`` loop to cover ``[0, N)``).
 
     ``commless``: how many chip calls were made without ``device=``.  Those go round-robin over the chips,
     so a program that makes fewer of them than there are chips leaves some idle on purpose: then only a
@@ -441,12 +459,13 @@ def _dispatch_call_line(host: Function) -> int | None:
 
 
 def check_rank_slices(plan: DispatchPlan, host: Function) -> None:
-    """A host tensor split per rank (rank r is given ``x[r]``) must have one slice per rank.
+    """Warn (``PitfallWarning``) when a host tensor split per rank (rank r is given ``x[r]``) has more slices than
+    ranks.
 
-    With more slices than ranks the slices past the world are never read or written: the run would
-    succeed with a wrong result (the rank count bound from the arguments disagrees with
-    ``len(device_ids)``).  A tensor counts as split per rank when every rank r is given ``x[r]...``,
-    no dispatch is given the whole tensor, and no dispatch uses a slice past the world.  Fewer slices
+    The slices past the world are never read or written, as upstream PyPTO runs the same program; it is the
+    shape of upstream's "hard-coded rank count" pitfall (04-debugging.md, per-step pitfall 07), but no upstream
+    rule refuses it, so the run goes ahead.  A tensor counts as split per rank when every rank r is given
+    ``x[r]...``, no dispatch is given the whole tensor, and no dispatch uses a slice past the world.  Fewer slices
     than ranks already fails at ``x[r]`` while planning (``HostTensorRef.__getitem__``).
     """
     world = plan.world
@@ -470,10 +489,10 @@ def check_rank_slices(plan: DispatchPlan, host: Function) -> None:
                 own.setdefault(r, loc)
         if len(own) != world:
             continue  # not the per-rank pattern: the leading dimension is not the rank count
-        _raise_rank_slices(host, spec, world, plan.device_ids, own[0])
+        _warn_rank_slices(host, spec, world, plan.device_ids, own[0])
 
 
-def _raise_rank_slices(host: Function, spec, world: int, device_ids: list, loc: str) -> None:
+def _warn_rank_slices(host: Function, spec, world: int, device_ids: list, loc: str) -> None:
     n = spec.shape[0]
     param = host.params[spec.index]
     declared = param.ttype.shape if isinstance(param.ttype, TensorType) else None
@@ -484,22 +503,20 @@ def _raise_rank_slices(host: Function, spec, world: int, device_ids: list, loc: 
     ranks = f"the world has {world} rank{'s' if world != 1 else ''} (len(device_ids) = {world}, device_ids " \
             f"{list(device_ids)})"
     split = (f"The dispatch loop gives rank r the slice {spec.name}[r] (at {loc} for rank 0), so {unused} of "
-             f"{spec.name} would never be read or written and the run would return a wrong result.")
+             f"{spec.name} {'is' if n == world + 1 else 'are'} never read or written (as upstream PyPTO runs it).")
     if isinstance(dim0, int):
-        raise _with(ShapeError(
-            f"{where}: dimension 0 is fixed at {dim0} by the annotation {_decl(declared)} and the argument has "
-            f"{n} slices (shape {list(spec.shape)}), but {ranks}. {split} The annotation hard-codes a rank count: "
-            f"use NR = pl.dynamic(\"NR\") for dimension 0 so one program runs at any P, and pass one slice per "
-            f"rank ({world})."),
-            f"Declare dimension 0 of '{spec.name}' as NR = pl.dynamic(\"NR\") instead of {dim0}, and pass one "
-            f"slice per rank ({world}).", locations)
-    size = f"pl.dynamic('{dim0.name}') = {n}, bound from" if isinstance(dim0, DynDim) else f"{n} in"
-    raise _with(ShapeError(
-        f"{where}: dimension 0 is {size} the argument's shape {list(spec.shape)}, but {ranks}. {split} "
-        f"Pass one slice per rank (a leading dimension of {world}), or run on {n} devices "
-        f"(DistributedConfig(device_ids=[...]) with one device id per slice)."),
-        f"Pass '{spec.name}' with one slice per rank ({world}), or give DistributedConfig one device id per "
-        f"slice ({n}).", locations)
+        message = (f"{where}: dimension 0 is fixed at {dim0} by the annotation {_decl(declared)} and the argument "
+                   f"has {n} slices (shape {list(spec.shape)}), but {ranks}. {split} The annotation hard-codes a "
+                   f"rank count: use NR = pl.dynamic(\"NR\") for dimension 0 so one program runs at any P, and pass "
+                   f"one slice per rank ({world}).")
+    else:
+        size = f"pl.dynamic('{dim0.name}') = {n}, bound from" if isinstance(dim0, DynDim) else f"{n} in"
+        message = (f"{where}: dimension 0 is {size} the argument's shape {list(spec.shape)}, but {ranks}. {split} "
+                   f"Pass one slice per rank (a leading dimension of {world}), or run on {n} devices "
+                   f"(DistributedConfig(device_ids=[...]) with one device id per slice).")
+    # Attributed to the parameter's line, the root cause (not to ptodist's frames).
+    file, _, line = locations[0].rpartition(":")
+    warnings.warn_explicit(message, PitfallWarning, file, int(line) if line.isdigit() else 0)
 
 
 def _decl(declared: tuple) -> str:

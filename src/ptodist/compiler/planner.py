@@ -180,6 +180,8 @@ class PlanningContext(context.Context):
                 f"{what} at {loc}: in the host orchestrator a region is chip work, `with pl.at(level="
                 "pl.Level.CHIP):`; core-level work (CORE_GROUP, pl.spmd) belongs inside it or inside a chip "
                 "function (@pl.jit) the host calls.")
+        # Not an upstream rule: ptodist does not honour deps= between host regions, and ignoring an order the
+        # program asked for could change its result (architecture.md, Differences).
         if region.deps:
             raise ProgramError(f"pl.at(level=pl.Level.CHIP, deps=...) at {loc}: the host orders chip tasks by "
                                "submission (and the data they share); drop deps= here, or put the dependent work "
@@ -221,7 +223,7 @@ class PlanningContext(context.Context):
         except (AttributeError, TypeError):
             raise ProgramTypeError(f"{fn.name}(..., device={device!r}) at {loc}: device= must be an integer "
                                    "rank index") from None
-        if not 0 <= r < self.world:
+        if not 0 <= r < self.world:  # upstream: 04-debugging.md fatal pitfall, device=r validated in [0, world)
             e = DispatchCoverageError(
                 f"{fn.name}(..., device={r}) at {loc}: device= is a logical rank index and must be in "
                 f"[0, {self.world}) (world = len(device_ids) = {self.world}); device ids "
@@ -294,7 +296,8 @@ class PlanningContext(context.Context):
         return len(got) or self.world
 
     def _reject_in_loop(self, loc) -> None:
-        """A host allreduce without a signal synthesises one per call site: not allowed inside a loop.
+        """A host allreduce without a signal synthesises one per call site: not allowed inside a loop (upstream's
+        ``pld.tensor.allreduce`` docstring: a HOST allreduce is rejected inside for/while loops).
 
         Every user frame from the call up to the host orchestrator is checked, so a loop in a
         helper function the host calls counts too.
