@@ -666,3 +666,71 @@ def test_a_manual_dep_argument_does_not_wait_for_the_tasks_that_touch_it(backend
         with pytest.raises(HangError):
             _held_then_peeked(manual=False)(out, seen, config=cfg)
     assert pl.Tensor[[1, 8], pl.FP32, pl.ManualDep].manual_dep and not pl.Tensor[[1, 8], pl.FP32].manual_dep
+
+
+# ---------------------------------------------------------------------------
+# Graph regions (pl.graph, @pl.jit.graph) and @pl.jit.opaque
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.graph
+def layer(h: pl.InOut[pl.Tensor[[2, 8], pl.FP32]], w: pl.Tensor[[2, 8], pl.FP32]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        h[:, :] = pl.add(pl.mul(pl.load(h, [0, 0], [2, 8]), 2.0), pl.load(w, [0, 0], [2, 8]))
+
+
+@pl.jit.opaque
+def bias(h: pl.InOut[pl.Tensor[[2, 8], pl.FP32]]):
+    for _ in pl.range(2):
+        with pl.at(level=pl.Level.CORE_GROUP):
+            h[:, :] = pl.add(pl.load(h, [0, 0], [2, 8]), 1.0)
+
+
+@pl.jit
+def decode(w: pl.Tensor[[2, 8], pl.FP32], h: pl.InOut[pl.Tensor[[2, 8], pl.FP32]]):
+    for _ in pl.range(3):
+        layer(h, w)  # recorded once, replayed: the same tasks each time
+    with pl.graph("tail"):
+        bias(h)
+    return h
+
+
+@pl.jit
+def nested_graphs(w: pl.Tensor[[2, 8], pl.FP32], h: pl.InOut[pl.Tensor[[2, 8], pl.FP32]]):
+    with pl.graph("outer"):
+        layer(h, w)
+    return h
+
+
+@pl.jit
+def graph_in_a_task(w: pl.Tensor[[2, 8], pl.FP32], h: pl.InOut[pl.Tensor[[2, 8], pl.FP32]]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        with pl.graph("inner"):
+            h[:, :] = pl.load(w, [0, 0], [2, 8])
+    return h
+
+
+def test_graph_regions_and_opaque_functions_run_their_tasks(backend):
+    w = np.full((2, 8), 0.5, np.float32)
+    h = np.arange(16, dtype=np.float32).reshape(2, 8)
+    want = h.copy()
+    for _ in range(3):
+        want = want * 2 + w
+    decode(w, h, config=RunConfig(backend=backend))
+    np.testing.assert_array_equal(h, want + 2)
+    assert isinstance(layer, pl.JITFunction) and layer.options["type"] is pl.FunctionType.Graph
+
+
+def test_graph_region_rules():
+    w, h = np.zeros((2, 8), np.float32), np.zeros((2, 8), np.float32)
+    outer, inner = source_line(nested_graphs, 'pl.graph("outer")'), source_line(nested_graphs, "layer(h, w)")
+    with pytest.raises(RankError, match=rf"pl.graph\('layer'\) at .*test_control_surface.py:{inner}: a graph region "
+                                        rf"may not nest inside another \(pl.graph\('outer'\) at .*:{outer}\)"):
+        nested_graphs(w, h, config=RunConfig(backend="sim"))
+    line = source_line(graph_in_a_task, 'pl.graph("inner")')
+    with pytest.raises(RankError, match=rf"pl.graph\('inner'\) at .*test_control_surface.py:{line}: a graph region "
+                                        r"records a topology of tasks, so it may not sit inside pl.at / pl.spmd / "
+                                        r"pl.cluster \(one task\) or a kernel"):
+        graph_in_a_task(w, h, config=RunConfig(backend="sim"))
+    with pytest.raises(TypeError, match=r"pl.graph\(...\) at .*: the name is required, a non-empty str"):
+        pl.graph("")

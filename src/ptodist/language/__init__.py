@@ -24,6 +24,7 @@ from .control import (
     func_attr,
     get_block_idx,
     get_block_num,
+    graph,
     manual_scope,
     no_dep,
     parallel,
@@ -129,5 +130,6 @@ __all__ = [
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
     "ForKind", "pipeline", "while_", "TASK_ID", "TaskId", "inline", "InlineFunction",
     "parse", "loads", "parse_program", "loads_program", "parser", "func_attr", "adir", "JITFunction", "ManualDep",
+    "graph",
 ]
 __all__ += sorted(set(_top) - set(__all__))

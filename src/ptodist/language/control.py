@@ -238,6 +238,47 @@ def func_attr(attrs: dict) -> None:
                                  f"(pl.func_attr({{\"stationary\": w}})), got {attrs!r}")
 
 
+_graphs = threading.local()
+
+
+class GraphScope:
+    """``with pl.graph("name"):`` (and a ``@pl.jit.graph`` function's call): a recordable orchestration
+    fragment. A runtime that records it once and replays it runs the same tasks in the same order, which is
+    how it runs here; the rules are checked: a name, no graph inside another, none inside a task."""
+
+    __slots__ = ("name", "where")
+
+    def __init__(self, name, where):
+        self.name, self.where = name, where
+
+    def __enter__(self) -> None:
+        stack = getattr(_graphs, "stack", None)
+        if stack is None:
+            stack = _graphs.stack = []
+        if stack:
+            outer = stack[-1]
+            raise ProgramError(f"pl.graph({self.name!r}) at {self.where}: a graph region may not nest inside another "
+                               f"(pl.graph({outer.name!r}) at {outer.where}); make them siblings, or one graph")
+        if getattr(context.current(), "_kernel_depth", 0):
+            raise ProgramError(f"pl.graph({self.name!r}) at {self.where}: a graph region records a topology of tasks, "
+                               "so it may not sit inside pl.at / pl.spmd / pl.cluster (one task) or a kernel; put "
+                               "the task regions inside the graph instead")
+        stack.append(self)
+
+    def __exit__(self, *exc) -> bool:
+        _graphs.stack.pop()
+        return False
+
+
+def graph(name) -> GraphScope:
+    """``with pl.graph("decoder_layer"):``: the block is a recordable graph region named ``name``."""
+    where = user_location(2)
+    if not isinstance(name, str) or not name:
+        raise OperationTypeError(f"pl.graph(...) at {where}: the name is required, a non-empty str that identifies "
+                                 f"the recorded graph (pl.graph(\"decoder_layer\")), got {name!r}")
+    return GraphScope(name, where)
+
+
 class _ArgDirections:
     """``pl.adir``: call-site direction markers, ``f(pl.adir.input(a), pl.adir.inout(out))``. They return their
     argument; ``pl.adir.no_dep(t)`` also leaves ``t`` out of the next task's dependency tracking, as

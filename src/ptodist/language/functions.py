@@ -42,6 +42,7 @@ class FunctionType(Enum):
     AIC = "AIC"
     AIV = "AIV"
     Group = "Group"
+    Graph = "Graph"
 
 
 class Kind(Enum):
@@ -302,6 +303,17 @@ class _Jit:
     def inline(self, fn=None, **options):
         return _decorator(Kind.INLINE, fn, **options)
 
+    def opaque(self, fn=None, **options):
+        """A function of the control plane that may hold loops and ``pl.at`` regions, called by orchestrations:
+        a plain call of the caller's, its regions tasks of the caller's rank."""
+        return _decorator(Kind.INLINE, fn, type=FunctionType.Opaque, **options)
+
+    def graph(self, fn=None, **options):
+        """A recordable orchestration fragment (:class:`GraphFunction`)."""
+        if fn is None:
+            return lambda f: GraphFunction(f, options, _defining_scope())
+        return GraphFunction(fn, options, _defining_scope())
+
 
 jit = _Jit()
 
@@ -364,6 +376,20 @@ class InlineFunction(Function):
 
     def __repr__(self) -> str:
         return f"<ptodist InlineFunction '{self.name}'>"
+
+
+class GraphFunction(Function):
+    """What ``@pl.jit.graph`` makes: an orchestration fragment a runtime records once and replays; each call is
+    a ``pl.graph(<its name>)`` region, with its rules (no graph inside another, none inside a task)."""
+
+    def __init__(self, fn, options: dict | None = None, scope: dict | None = None):
+        super().__init__(fn, Kind.INLINE, options={**(options or {}), "type": FunctionType.Graph}, scope=scope)
+
+    def invoke(self, *args, **kwargs):
+        from .control import GraphScope
+
+        with GraphScope(self.name, _caller()):
+            return super().invoke(*args, **kwargs)
 
 
 def inline(fn) -> InlineFunction:
