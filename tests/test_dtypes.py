@@ -15,8 +15,8 @@ import pytest
 from conftest import run_in_rank
 
 import ptodist.language as pl
-from ptodist import RunConfig
-from ptodist.errors import DeclarationError, TileTypeError, TileValueError
+from ptodist import RunConfig, ir
+from ptodist.errors import DeclarationError, ProgramValueError, TileTypeError, TileValueError
 from ptodist.language.tile_ops import Tile
 
 
@@ -205,3 +205,38 @@ def test_the_dispatch_plan_records_a_host_tensor_layout(tmp_path):
     assert plan["host_tensors"] == [
         {"name": "scale", "shape": [2, 4], "dtype": "FP32", "direction": "in", "layout": "MX_B_NN"},
         {"name": "out", "shape": [2, 4], "dtype": "FP32", "direction": "out"}]
+
+
+def test_tensor_and_tile_views_are_recorded():
+    view = pl.TensorView(stride=[8, 2], layout=pl.ND, valid_shape=[2, 4])
+    assert repr(view) == "pl.TensorView(stride=[8, 2], layout=pl.ND, valid_shape=[2, 4])"
+    assert pl.Tensor[[2, 4], pl.FP32, view].type_name == \
+        "pl.Tensor[[2, 4], pl.FP32, pl.TensorView(stride=[8, 2], layout=pl.ND, valid_shape=[2, 4])]"
+    # a view states its strides, so a DN layout there describes the memory (not the refused shorthand)
+    assert pl.Tensor[[4, 2], pl.FP32, pl.TensorView(stride=[1, 4], layout=pl.DN)].layout is pl.DN
+    assert repr(pl.TileView(blayout=pl.TileLayout.col_major, slayout=pl.TileLayout.row_major)) == \
+        "pl.TileView(blayout=pl.TileLayout.col_major, slayout=pl.TileLayout.row_major)"
+    assert ir.TensorView is pl.TensorView and ir.TileView is pl.TileView
+    with pytest.raises(ProgramValueError) as info:
+        pl.TensorView(stride=[8, 1])
+    assert isinstance(info.value, ValueError)
+    assert re.fullmatch(re.escape("pl.TensorView(stride=[8, 1]) at ") + r".*test_dtypes\.py:\d+: "
+                        + re.escape("layout= is required when stride, valid_shape or pad is given; add "
+                                    "layout=pl.TensorLayout.ND for a row-major tensor"), str(info.value))
+
+    @pl.jit.incore
+    def double(x: pl.Tensor[[2, 4], pl.FP32, view], out: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+        pl.store(pl.mul(pl.load(x, [0, 0], [2, 4]), 2.0), [0, 0], out)
+
+    @pl.jit
+    def orch(x: pl.Tensor[[2, 4], pl.FP32, view], out: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+        double(x, out)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[2, 4], pl.FP32, view], out: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+        orch(x, out, device=0)
+
+    big = np.arange(16, dtype=np.float32).reshape(2, 8)
+    x, out = big[:, ::2], np.zeros((2, 4), np.float32)  # the strided window the view describes
+    host.compile(x, out, config=RunConfig(backend="sim"))(x, out)
+    np.testing.assert_array_equal(out, 2 * big[:, ::2])

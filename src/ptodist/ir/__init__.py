@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from ..config import DistributedConfig
+from ..language.types import TensorView, TileView
 from ..runtime.program import CompiledProgram, compile
 from .pass_manager import OptimizationStrategy, PassManager
 
 DistributedCompiledProgram = CompiledProgram
 
 __all__ = ["CompiledProgram", "DistributedCompiledProgram", "DistributedConfig", "OptimizationStrategy", "PassManager",
-           "compile"]
+           "TensorView", "TileView", "compile"]

@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass
 from enum import Enum
 
-from ..errors import DeclarationError, ShapeError
+from ..errors import DeclarationError, ProgramValueError, ShapeError
 from ..source import user_location
 from .dtypes import DataType
 from .scalar import Scalar
@@ -342,6 +342,7 @@ class TensorType:
     # row-major data as the host passes it; DN and NZ are refused in annotations, as upstream does).
     layout: TensorLayout = TensorLayout.ND
     manual_dep: bool = False  # pl.ManualDep among the annotation's markers
+    view: TensorView | None = None  # a pl.TensorView among them (recorded; its layout is ``layout``)
 
     @property
     def type_name(self) -> str:
@@ -349,13 +350,75 @@ class TensorType:
         if self.shape is None:
             return base
         dims = ", ".join(str(d) for d in self.shape)
-        marker = "" if self.layout is TensorLayout.ND else f", {self.layout!r}"
+        marker = f", {self.view!r}" if self.view is not None else \
+            "" if self.layout is TensorLayout.ND else f", {self.layout!r}"
         return f"{base}[[{dims}], {self.dtype!r}{marker}]"
+
+
+def _view_text(name: str, fields: dict, defaults: dict) -> str:
+    given = ", ".join(f"{k}={list(v) if isinstance(v, tuple) else v!r}" for k, v in fields.items() if v != defaults[k])
+    return f"pl.{name}({given})"
+
+
+@dataclass(frozen=True)
+class TensorView:
+    """``pl.TensorView``: a tensor's strides, layout, valid shape and pad, stated in its annotation.
+
+    Recorded, not emulated: a host tensor is read through its own strides (numpy's or torch's), so the
+    annotation describes it and changes no value.
+    """
+
+    stride: tuple = ()
+    layout: TensorLayout | None = None
+    valid_shape: tuple = ()
+    pad: object = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "stride", tuple(self.stride or ()))
+        object.__setattr__(self, "valid_shape", tuple(self.valid_shape or ()))
+        if self.layout is None and (self.stride or self.valid_shape or self.pad is not None):
+            raise ProgramValueError(f"{self!r} at {user_location(3)}: layout= is required when stride, valid_shape "
+                                    f"or pad is given; add layout=pl.TensorLayout.ND for a row-major tensor")
+        if self.layout is not None and not isinstance(self.layout, TensorLayout):
+            raise DeclarationError(f"{self!r} at {user_location(3)}: layout= takes a pl.TensorLayout such as "
+                                   f"pl.TensorLayout.ND, got {self.layout!r}")
+
+    def __repr__(self) -> str:
+        return _view_text("TensorView", vars(self), _TENSOR_VIEW_DEFAULTS)
+
+
+_TENSOR_VIEW_DEFAULTS = {"stride": (), "layout": None, "valid_shape": (), "pad": None}
+
+
+@dataclass(frozen=True)
+class TileView:
+    """``pl.TileView``: a tile's valid shape, strides and on-chip layouts, stated in its annotation (recorded)."""
+
+    valid_shape: tuple = ()
+    stride: tuple = ()
+    start_offset: object = None
+    blayout: TileLayout = TileLayout.row_major
+    slayout: TileLayout = TileLayout.none_box
+    fractal: int = 512
+    pad: object = None
+
+    def __post_init__(self):
+        object.__setattr__(self, "valid_shape", tuple(self.valid_shape or ()))
+        object.__setattr__(self, "stride", tuple(self.stride or ()))
+
+    def __repr__(self) -> str:
+        return _view_text("TileView", vars(self), _TILE_VIEW_DEFAULTS)
+
+
+_TILE_VIEW_DEFAULTS = {"valid_shape": (), "stride": (), "start_offset": None, "blayout": TileLayout.row_major,
+                       "slayout": TileLayout.none_box, "fractal": 512, "pad": None}
 
 
 def _layout_of(extra: tuple, name: str, shape, dtype) -> TensorLayout:
     """The layout among an annotation's items after ``[shape, dtype]`` (other items change nothing)."""
     for item in extra:
+        if isinstance(item, TensorView) and item.layout is not None:
+            return item.layout  # a view states its strides, so any layout (DN too) describes real memory
         if item is TensorLayout.DN:
             raise DeclarationError(
                 f"{name}[{list(shape)!r}, {dtype!r}, pl.DN] at {user_location(2)}: a tensor annotation takes no DN "
@@ -409,7 +472,8 @@ def _tensor_type(item, distributed: bool) -> TensorType:
                 raise DeclarationError(f"a tensor dimension must be an int or pl.dynamic(...), got {d!r}") from None
     name = "pld.DistributedTensor" if distributed else "pl.Tensor"
     return TensorType(tuple(dims), dtype, distributed, _layout_of(item[2:], name, shape, dtype),
-                      any(x is ManualDep for x in item[2:]))
+                      any(x is ManualDep for x in item[2:]),
+                      next((x for x in item[2:] if isinstance(x, TensorView)), None))
 
 
 class Tensor:
