@@ -22,7 +22,7 @@ from conftest import children, gone
 import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, HangError, RankError, RunConfig
+from ptodist import DistributedConfig, HangError, RankError, RunConfig, ir
 from ptodist.backends import shm
 
 NR = pl.dynamic("NR")
@@ -158,13 +158,13 @@ def test_ctrl_c_during_a_reused_call_leaves_no_rank(clean):
 
 
 def test_the_group_goes_with_its_program_and_after_its_idle_time(clean, monkeypatch):
-    compiled = step.compile(config=cfg())
+    compiled = ir.compile(step, config=cfg())  # a program of its own (step.compile keeps what it compiles)
     compiled(inputs(OK))
     assert len(children()) == 2
     del compiled  # collected: its ranks are stopped at once
     assert children() == []
     monkeypatch.setattr(shm, "KEPT_IDLE_S", 0.05)
-    kept = step.compile(config=cfg())
+    kept = ir.compile(step, config=cfg())
     kept(inputs(OK))
     wait_for(lambda: children() == [], "an idle group was not closed after its idle time")
     x = inputs(OK, base=2.0)

@@ -17,7 +17,7 @@ from conftest import child_env, python_exe
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RunConfig
+from ptodist import DistributedConfig, RunConfig, ir
 
 # A process that makes its program's output directory, says which, waits for a line on stdin, then runs the program
 # again with a diagnostic output on (its ranks write into that directory) and says it is done.
@@ -98,13 +98,14 @@ def test_a_directory_a_live_program_of_this_process_holds_is_never_pruned(monkey
     monkeypatch.setenv("PTODIST_KEEP_OUTPUTS", "1")
     x = np.ones((2, 1, 4), np.float32)
     cfg = RunConfig(backend="sim", distributed_config=DistributedConfig(device_ids=[0, 1]))
-    a = pruned.compile(x, config=cfg)
-    b = pruned.compile(x, config=cfg)
+    # ir.compile makes a new program each time (pruned.compile would give its cached one back)
+    a = ir.compile(pruned, config=cfg)
+    b = ir.compile(pruned, config=cfg)
     root = a.output_dir.parent
     assert a.output_dir != b.output_dir and _ours(root) == sorted([a.output_dir.name, b.output_dir.name])
     assert (a(x) == 1).all() and (a.output_dir / "dispatch_plan.json").is_file()
     gone = a.output_dir.name
     del a
     gc.collect()  # the program is gone: nothing writes into its directory any more
-    c = pruned.compile(x, config=cfg)
+    c = ir.compile(pruned, config=cfg)
     assert gone not in _ours(root) and _ours(root) == sorted([b.output_dir.name, c.output_dir.name])

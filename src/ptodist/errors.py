@@ -162,6 +162,15 @@ class UsageError(PtodistError, RuntimeError):
     sub-worker callback that cannot work there, a second ``ptodist check`` session in one process."""
 
 
+class BuildError(PtodistError, ValueError):
+    """A build folder (a compiled program's output_dir) that cannot be loaded: not one ptodist wrote, unreadable,
+    or made from source that changed since."""
+
+
+class BuildNotFoundError(PtodistError, FileNotFoundError):
+    """``from_dir`` was given a folder without the build's meta file."""
+
+
 class ResourceError(PtodistError, OSError):
     """The machine cannot give the run what it needs (memory for its windows, files for its ranks)."""
 

@@ -13,6 +13,8 @@ import inspect
 import sys
 from enum import Enum
 
+import numpy as np
+
 from .. import context
 from ..errors import DeclarationError, ProgramError
 from ..source import is_internal, user_location
@@ -71,7 +73,11 @@ class Function:
         self._params: list[ParamSpec] | None = None
         self._bound_params: list[ParamSpec] | None = None  # the specs every method-bound copy shares
         self._runnable = None  # fn with its regions outlined, made at the first run
-        self._single: dict = {}  # repr(config) -> the one-device program a direct call compiled for it
+        # compile()'s specializations, as upstream's @pl.jit keeps them: the key of each argument signature
+        # (shapes, pl.dynamic dims as None, dtypes, scalar kinds) and config -> its compiled program.  One program
+        # per config serves all its signatures (it plans per shape), so its rank group and output_dir are one.
+        self._cache: dict = {}
+        self._programs: dict = {}  # repr(config) -> the compiled program of that config
 
     # -- identity -----------------------------------------------------------
     @property
@@ -96,7 +102,7 @@ class Function:
 
     def __get__(self, instance, owner=None):
         # Class form: `self.kernel(...)` binds the program instance like a method.
-        if instance is None or self.bound_self is not None:
+        if instance is None or self.bound_self is not None or not _takes_instance(self.fn):
             return self
         bound = Function(self.fn, self.kind, instance, self.options, self.scope)
         # Every `self.kernel` access makes a copy: evaluate the annotations once, for all of them.
@@ -178,25 +184,54 @@ class Function:
         and, on shm, the ranks it kept from the last call.
         """
         values = self.bind_arguments(args, kwargs)
-        key = repr(config)
-        compiled = self._single.get(key)
-        if compiled is None:
-            compiled = self._single[key] = EntryFunction(self).compile(*values, config=config)
-        return compiled(*values)
+        return self.compile(*values, config=config)(*values)
 
     def compile(self, *args, config=None):
         """Compile this function for ``config`` (args, if given, fix the shapes): a host orchestrator as it is, a
-        per-device function or a kernel as a one-device program."""
+        per-device function or a kernel as a one-device program.  A second compile (or direct call) with the same
+        argument signature and config compiles nothing: ``_cache`` holds one entry per signature."""
+        key = self._cache_key(args, config)
+        compiled = self._cache.get(key)
+        if compiled is not None:
+            return compiled
+        compiled = self._programs.get(repr(config))
+        if compiled is None:
+            compiled = self._programs[repr(config)] = self._compile(args, config)
+        elif args and not compiled._calls_sub_workers():
+            compiled._plan_for(args)  # a new signature of a compiled program: plan it now, as a compile would
+        self._cache[key] = compiled
+        return compiled
+
+    def _compile(self, args: tuple, config):
         from ..runtime.program import CompiledProgram
 
         if self.kind in (Kind.ORCHESTRATION, Kind.KERNEL):
-            return EntryFunction(self).compile(*args, config=config)
+            return CompiledProgram.build(EntryFunction(self), config=config, example_args=args)
         if self.kind is not Kind.HOST:
             raise ProgramError(
                 f"'{self.name}' ({self.location}) is not a host orchestrator (its kind: {self.kind.value}); "
                 "compile the host orchestrator (the @pl.jit.host function that dispatches it with device=r)"
             )
         return CompiledProgram.build(self, config=config, example_args=args)
+
+    def _cache_key(self, args: tuple, config) -> tuple:
+        """What a specialization is found by: each tensor argument's shape (a ``pl.dynamic`` dim as None) and
+        dtype, each scalar's kind, and the config."""
+        params = self.params
+        if len(args) != len(params):  # the inputs-only form: the outputs are made
+            params = [p for p in params if p.direction.value != "out"]
+        parts = []
+        for p, a in zip(params, args):
+            shape = getattr(a, "shape", None)
+            if shape is None or isinstance(a, np.generic):
+                parts.append((p.name, type(a).__name__))
+                continue
+            dims = getattr(p.ttype, "shape", None)
+            if dims is None or len(dims) != len(shape):
+                dims = (None,) * len(shape)
+            parts.append((p.name, tuple(None if hasattr(d, "names") else int(n) for d, n in zip(dims, shape)),
+                          str(getattr(a, "dtype", None))))
+        return repr(config), len(args), tuple(parts)
 
     def lower(self, *args, config=None):
         """The program compiled for ``args`` with its dispatch planned, not run: print it to inspect the plan
@@ -213,6 +248,16 @@ def _source_file(fn) -> str:
 @functools.lru_cache(maxsize=4096)
 def _signature(fn) -> inspect.Signature:
     return inspect.signature(fn)
+
+
+@functools.lru_cache(maxsize=4096)
+def _takes_instance(fn) -> bool:
+    """Whether a program method's first parameter is the instance: one without an annotation.  A function written
+    without it (`def verify(f: pl.Tensor[...])`, called `self.verify(f)`) is called with its own parameters only."""
+    params = list(_signature(fn).parameters.values())
+    return bool(params) and params[0].kind in (inspect.Parameter.POSITIONAL_ONLY,
+                                               inspect.Parameter.POSITIONAL_OR_KEYWORD) \
+        and params[0].annotation is inspect.Parameter.empty
 
 
 @functools.lru_cache(maxsize=4096)

@@ -360,6 +360,8 @@ class BenchmarkStats:
     host_wall_us: list[float] = field(default_factory=list)
     rounds: int = 0
     warmup: int = 0
+    # Upstream sets it when it could not split its trace into rounds; ptodist times each round itself.
+    fallback_flattened: bool = False
 
     @property
     def all_zero_device(self) -> bool:

@@ -24,16 +24,17 @@ from pathlib import Path
 import numpy as np
 
 from .. import backends, dfx
-from ..compiler import checks, planner, scalars
+from ..compiler import checks, ir_view, planner, scalars
 from ..compiler.plan import DispatchPlan, HostTensorSpec
 from ..compiler.scalars import PlanCache
 from ..compiler.state import ProgramState, state_of
-from ..config import RunConfig, keep_outputs_setting
-from ..errors import ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
+from ..config import DistributedConfig, RunConfig, keep_outputs_setting
+from ..errors import BuildError, ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
 from ..language import dtypes as dt
 from ..language.functions import EntryFunction, Function, Kind, Program
 from ..language.scalar import Scalar, scalar_value
 from ..language.types import Direction, DynDim, DynExpr, ParamSpec, TensorType
+from . import artifacts
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
 _CONVERT = {"float64": ("FP32", "float()", "float32")}
@@ -135,26 +136,35 @@ class CompiledProgram:
         self._output_dir: Path | None = Path(config.output_dir) if config.output_dir else None
         self._parent: CompiledProgram | None = None  # an orchestration of a multi-orchestration L2 program
         self._orchestrations: dict[str, CompiledProgram] = {}  # name -> its program (multi-orchestration L2)
+        self.source_program: Program | None = None  # the @pl.program it was compiled from (a build records it)
+        self._variants_written: set | None = None  # the builtin collectives' next_levels folders (L3 builds)
+        self._callees: list[str] = []  # the chip-level functions with a next_levels folder (L3 builds)
         checks.check_program_signatures(host, self.extra_functions)
 
     @classmethod
-    def build(cls, target, config: RunConfig | None = None, example_args=()) -> CompiledProgram:
-        """Compile a host Function or a ``@pl.program``; plan now if shapes are known."""
+    def build(cls, target, config: RunConfig | None = None, example_args=(), *, write_tree: bool = True
+              ) -> CompiledProgram:
+        """Compile a host Function or a ``@pl.program``; write its build tree (``write_tree``); plan now if shapes
+        are known."""
         config = config or RunConfig()
         if isinstance(target, Program) and target.host is None:
-            return cls._build_l2(target, config, example_args)
+            return cls._build_l2(target, config, example_args, write_tree)
         if isinstance(target, Program):
             prog = cls(target.host, target.name, config, target.functions.values())
+            prog.source_program = target
         elif isinstance(target, Function) and target.kind is Kind.HOST:
             prog = cls(target, target.name, config)
         else:
             raise DispatchTypeError(f"compile() takes a @pl.program class or a @pl.jit.host function, got {target!r}")
+        if write_tree:
+            artifacts.write_build(prog)
         if example_args and not prog._calls_sub_workers():  # a worker plans those (with its callbacks)
             prog._plan_for(example_args)
         return prog
 
     @classmethod
-    def _build_l2(cls, target: Program, config: RunConfig, example_args=()) -> CompiledProgram:
+    def _build_l2(cls, target: Program, config: RunConfig, example_args=(), write_tree: bool = True
+                  ) -> CompiledProgram:
         """An L2 program (Orchestration functions, no host orchestrator): each orchestration runs on one chip.
 
         With one orchestration the program is called directly; with several, ``compiled[name]`` (or
@@ -164,15 +174,101 @@ class CompiledProgram:
         orchs = target.orchestrations  # sorted by name
         first = next(iter(orchs.values()))
         prog = cls(EntryFunction(first), target.name, config, functions)
+        prog.source_program = target
         if len(orchs) > 1:
             for name, orch in orchs.items():
                 sub = cls(EntryFunction(orch), name, config, functions)
                 sub._output_dir = None
                 sub._parent = prog
+                sub.source_program = target
                 prog._orchestrations[name] = sub
-        elif example_args:
+        if write_tree:
+            artifacts.write_build(prog)
+        if example_args and len(orchs) == 1:
             prog._plan_for(example_args)
         return prog
+
+    @classmethod
+    def from_dir(cls, output_dir, *, platform: str | None = None, backend_type=None,
+                 distributed_config: DistributedConfig | None = None) -> CompiledProgram:
+        """Load a build (a compiled program's ``output_dir``) back: its program is imported again and compiled
+        for the recorded configuration (``platform``, ``backend_type``, ``distributed_config`` override it).
+
+        An L3 build holds ``distributed_meta.json``, an L2 one ``compiled_meta.json``.  Raises
+        ``BuildNotFoundError`` (a FileNotFoundError) without one, ``BuildError`` (a ValueError) for a build
+        ptodist cannot use, or one whose program's source changed since it was made.
+        """
+        from ..backend import BackendType
+
+        path = Path(output_dir).resolve()
+        l3 = (path / artifacts.DISTRIBUTED_META).is_file()
+        loader = "DistributedCompiledProgram" if l3 else "CompiledProgram"
+        meta = artifacts.read_meta(path, artifacts.DISTRIBUTED_META if l3 else artifacts.COMPILED_META, loader)
+        obj = artifacts.load_origin(meta, path, loader)
+        sub = meta["ptodist"]["origin"].get("orchestration")
+        if isinstance(obj, Program) and sub is not None:
+            if sub not in obj.orchestrations:
+                raise BuildError(f"{loader}.from_dir({str(output_dir)!r}): program {obj.name} has no orchestration "
+                                 f"{sub!r} any more; compile it again (ir.compile(...)).")
+            target, extra = EntryFunction(obj.orchestrations[sub]), list(obj.functions.values())
+        elif isinstance(obj, Program):
+            target, extra = obj, list(obj.functions.values())
+        else:
+            target, extra = (obj if obj.kind is Kind.HOST else EntryFunction(obj)), []
+        host = target if isinstance(target, Function) else obj.host or EntryFunction(next(iter(
+            obj.orchestrations.values())))
+        artifacts.check_sources(meta, ir_view.user_functions(host, extra), path, loader)
+        dc = distributed_config
+        if dc is None and isinstance(meta.get("distributed_config"), dict):
+            dc = DistributedConfig(**meta["distributed_config"])
+        bt = backend_type if backend_type is not None else getattr(BackendType, str(meta.get("backend_type")), None)
+        cfg = RunConfig(platform=platform or meta.get("platform") or "a2a3sim", distributed_config=dc,
+                        output_dir=str(path), backend_type=bt, backend=meta["ptodist"].get("backend"))
+        if isinstance(target, EntryFunction) and sub is not None:
+            prog = cls(target, sub, cfg, extra)
+            prog.source_program = obj
+        else:
+            prog = cls.build(target, cfg, write_tree=False)
+        if l3:
+            prog._variants_written = {p.name for p in (path / "next_levels").glob("builtin.*")}
+            prog._callees = [f.name for f in ir_view.user_functions(prog.host, prog.extra_functions)
+                             if f.kind is Kind.ORCHESTRATION]
+        return prog
+
+    # -- introspection (upstream's compiled.program, ir.Program) ---------------------------------
+    @property
+    def program(self) -> ir_view.ProgramView:
+        """The program's functions as upstream's ``ir.Program`` lists them (``functions``, ``get_function``,
+        ``as_python()``)."""
+        return ir_view.ProgramView(self.name, ir_view.user_functions(self.host, self.extra_functions),
+                                   self.source_program)
+
+    @property
+    def functions(self) -> dict:
+        """The program's functions by name (``self.program.functions``)."""
+        return self.program.functions
+
+    def get_function(self, name: str):
+        """The program function called ``name``, or None."""
+        return self.program.get_function(name)
+
+    def as_python(self) -> str:
+        """The program's Python source (ptodist runs it as written)."""
+        return self.program.as_python()
+
+    @property
+    def has_return(self) -> bool:
+        """Whether the entry function (the host orchestrator, or an L2 program's orchestration) returns values."""
+        return len(ir_view.return_types(self.host)) > 0
+
+    def build_call_config(self, config: RunConfig | None = None, *, aicpu_thread_num: int | None = None,
+                          block_dim: int | None = None, dfx_dir=None) -> artifacts.CallConfig:
+        """The per-call settings ``config`` (else the compiled config) gives, as upstream's ``CallConfig``: block
+        dim and AICPU threads (argument, else ``config``, else the build's ``RUNTIME_CONFIG``), the DFX flags, and
+        ``dfx_dir`` as ``output_prefix``."""
+        self._refuse_multi(f"{self.name}.build_call_config()")
+        return artifacts.call_config(config or self.config, artifacts.runtime_config(self.config),
+                                     aicpu_thread_num=aicpu_thread_num, block_dim=block_dim, dfx_dir=dfx_dir)
 
     # -- L2 programs with several orchestrations (PyPTO's compiled[name]) ------------------------
     @property
@@ -375,7 +471,7 @@ class CompiledProgram:
             plan = planner.make_plan(self.host, self.name, self.device_ids, self.host_specs(hosts), proxies)
             done = scalars.finish(plan, proxies, self.param_names)
             self._plans.put(key, values, done.used, (plan, done))
-            self.write_plan(plan.to_json())
+            self.write_plan(plan.to_json(), plan)
         else:
             plan, done = cached
             scalars.check_values(done, values)
@@ -406,9 +502,12 @@ class CompiledProgram:
         out = tuple(v if h is None else None for v, h in zip(values, hosts))
         return out if any(h is None for h in hosts[:len(values)]) else ()
 
-    def write_plan(self, plan_json: dict) -> None:
+    def write_plan(self, plan_json: dict, plan: DispatchPlan | None = None) -> None:
+        """Write a new plan to ``dispatch_plan.json``; the build gains the builtin collectives ``plan`` calls."""
         path = self.output_dir / "dispatch_plan.json"
         path.write_text(json.dumps(plan_json, indent=2) + "\n")
+        if plan is not None:
+            artifacts.write_variants(self, plan)
 
     def lower(self, *args) -> CompiledProgram:
         """Plan the dispatch for ``args`` without running it; ``str()`` then shows that plan (``fn.lower``)."""
@@ -618,11 +717,14 @@ def compile(program, *, output_dir=None, strategy=None, dump_passes=None, backen
 def _recompiled(compiled: CompiledProgram, cfg: RunConfig) -> CompiledProgram:
     """``compiled``'s functions compiled again for ``cfg`` (plans are made again at the first call)."""
     new = CompiledProgram(compiled.host, compiled.name, cfg, compiled.extra_functions)
+    new.source_program = compiled.source_program
     for name, sub in compiled._orchestrations.items():
         again = CompiledProgram(sub.host, name, cfg, sub.extra_functions)
         again._output_dir = None
         again._parent = new
+        again.source_program = sub.source_program
         new._orchestrations[name] = again
+    artifacts.write_build(new)
     return new
 
 

@@ -35,6 +35,15 @@ class DeviceTensor:
         return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.get_byte()
 
     @property
+    def data_ptr(self) -> int:
+        """The address of the tensor's bytes in this process (upstream's device pointer; ptodist's calls take the
+        tensor itself, never the address)."""
+        if self.freed:
+            raise UsageError(f"{self.describe()}.data_ptr: the tensor was freed (or its worker closed); it has no "
+                             "memory any more. Allocate a new one with rt.alloc_tensor(shape, dtype).")
+        return self._array().ctypes.data
+
+    @property
     def freed(self) -> bool:
         """True once the tensor (or, for a shard, its stacked tensor) was freed or its worker closed."""
         return self._file is None or (self._parent is not None and self._parent.freed)
