@@ -347,7 +347,7 @@ def test_an_error_inside_a_text_names_the_texts_line():
      r"code containing a single function or program"),
     ("@pl.function(type=pl.FunctionType.Kernel)\ndef f(x):\n    return x\n", ProgramSyntaxError,
      r"Unknown FunctionType value: Kernel at <string:[0-9a-f]{8}>:1 \(type= of @pl.function on f\); valid "
-     r"values: AIC, AIV, Group, InCore, Inline, Opaque, Orchestration"),
+     r"values: AIC, AIV, Graph, Group, InCore, Inline, Opaque, Orchestration"),
     ("def f(:\n    pass\n", ProgramSyntaxError,
      r"Failed to compile code from <string:[0-9a-f]{8}>: invalid syntax at <string:[0-9a-f]{8}>:1; fix the "
      r"text's Python syntax"),
