@@ -18,7 +18,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RankError, RunConfig, ir
 from ptodist.check import explore
-from ptodist.errors import ProgramError, ProgramValueError, SignalLayoutError
+from ptodist.errors import CheckError, ProgramError, ProgramValueError, SignalLayoutError
 
 S = 8  # columns
 M = 3  # all_to_all_v: rows per rank block
@@ -284,3 +284,126 @@ def test_a_top_level_collective_in_a_kernel_says_it_is_host_only():
             "its signal window, which only the host orchestrator (@pl.jit.host) can do. Call it there, or inside a "
             "kernel call pld.tensor.allreduce(target, signal, ...) with a signal window the host passes in.") \
         in str(e.value)
+
+
+# -- pl.system.comm_notify / comm_wait / comm_test: signals on one window cell --------------------------------
+
+def ring(nr: int, body):
+    """A program: rank r writes ``x[r]`` into its right neighbour's ``data`` window, then ``body(w)`` (``w``: me,
+    n, nxt, data, sig (INT32 ``[nr]``)) synchronises, then it copies its own ``data`` into ``y[r]``."""
+
+    @pl.program
+    class Prog:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
+              data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+              sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+            ctx = pld.get_comm_ctx(data)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            w = SimpleNamespace(me=me, n=n, nxt=(me + 1) % n, data=data, sig=sig)
+            pld.tile.remote_store(pl.load(x, [0, 0], [1, S]), data, w.nxt, [0, 0])
+            body(w)
+            pl.store(pl.load(data, [0, 0], [1, S]), [0, 0], y)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+            self.k(x, y, data, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host_fn(self, x: pl.Tensor[[nr, 1, S], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, S], pl.FP32]]):
+            data = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
+            sig = pld.window(pld.alloc_window_buffer([nr], dtype=pl.INT32), [nr], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], y[r], data, sig, device=r)
+            return y
+
+    return Prog
+
+
+def run_ring(nr: int, body, backend: str) -> np.ndarray:
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                       backend=None if backend == "check" else backend)
+    compiled = ir.compile(ring(nr, body), config=config)
+    x = data(nr, [1, S])
+    y = np.zeros_like(x)
+    with explore.checking(0) if backend == "check" else contextlib.nullcontext():
+        compiled(x, y)
+    np.testing.assert_array_equal(y, np.roll(x, 1, axis=0))  # y[r] = x[r - 1]
+    return y
+
+
+def cell(w, i: int = 0):
+    return pl.slice(w.sig, [1], [i])
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_comm_wait_orders_a_peers_write_before_the_read(nr, backend):
+    def body(w):
+        pld.system.notify(w.sig, w.nxt, [0], 1, op=pld.NotifyOp.AtomicAdd)
+        pl.system.comm_wait(cell(w), 0, cmp="gt")
+
+    run_ring(nr, body, backend)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_comm_notify_from_the_receiver_and_a_comm_test_poll(nr, backend):
+    def body(w):
+        pld.system.notify(w.sig, w.nxt, [0], -1, op=pld.NotifyOp.AtomicAdd)  # cells only go down: le / lt hold
+        pl.system.comm_wait(cell(w), -1, cmp="le")
+        while not pl.system.comm_test(cell(w), 0, cmp="lt"):
+            pass
+        pl.system.comm_notify(cell(w, 1), 5, op="set")  # this rank's own cell
+        pl.system.comm_notify(cell(w, 1), 2, op="atomic_add")
+        pl.system.comm_wait(cell(w, 1), 7, cmp="eq")
+        assert bool(pl.system.comm_test(cell(w, 1), 7, cmp="ge"))
+        assert not bool(pl.system.comm_test(cell(w, 1), 7, cmp="ne"))
+
+    run_ring(nr, body, backend)
+
+
+def test_a_read_before_comm_wait_is_a_race_the_checker_reports():
+    seen = {}
+
+    def body(w):
+        seen["early"] = pl.load(w.data, [0, 0], [1, S])  # races with the peer's remote_store
+        pld.system.notify(w.sig, w.nxt, [0], 1, op=pld.NotifyOp.AtomicAdd)
+        pl.system.comm_wait(cell(w), 1, cmp="ge")
+
+    with pytest.raises(CheckError) as e:
+        run_ring(2, body, "check")
+    assert "race" in str(e.value)
+
+
+def comm_error(body, kind=ProgramError) -> str:
+    with pytest.raises(RankError) as e:
+        run_ring(2, body, "sim")
+    assert isinstance(e.value.original, kind)
+    return str(e.value.original)
+
+
+@pytest.mark.parametrize(("call", "text"), [
+    (lambda w: pl.system.comm_notify(cell(w), 1, op="add"),  # bad op
+     "op= must be \"atomic_add\" or \"set\", got 'add'"),
+    (lambda w: pl.system.comm_wait(cell(w), 1, cmp=">="),  # bad cmp
+     "cmp= must be one of \"eq\", \"ne\", \"gt\", \"ge\", \"lt\", \"le\", got '>='"),
+    (lambda w: pl.system.comm_test(pl.slice(w.sig, [2], [0]), 1, cmp="eq"),  # two cells
+     "the signal must hold exactly one INT32 cell (every dimension 1), but tensor 'sig[slice]' [2] INT32 has "
+     "shape [2]. Slice one cell: pl.slice(window, [1], [i])."),
+    (lambda w: pl.system.comm_notify(pl.slice(w.data, [1, 1], [0, 0]), 1, op="set"),  # an FP32 cell
+     "the signal must be INT32, but tensor 'data[slice]' [1, 1] FP32 is FP32. Use a cell of an INT32 window."),
+    (lambda w: pl.system.comm_wait(pl.create_tensor([1], dtype=pl.INT32), 1, cmp="eq"),  # not a window
+     "the signal tensor 'pl.create_tensor' [1] INT32 is not a cell of a window, so no other rank can reach it. "
+     "Use a cell of an INT32 window (pld.window), e.g. pl.slice(signal_window, [1], [i])."),
+])
+def test_comm_misuse_is_refused(call, text):
+    op = "comm_notify" if "comm_notify" in line_of_lambda(call) else \
+        "comm_wait" if "comm_wait" in line_of_lambda(call) else "comm_test"
+    msg = comm_error(call)
+    loc = f"{__file__}:{call.__code__.co_firstlineno}"
+    assert msg == f"pl.system.{op} at {loc}: {text}"
+
+
+def line_of_lambda(fn) -> str:
+    return open(__file__).read().splitlines()[fn.__code__.co_firstlineno - 1]

@@ -29,6 +29,11 @@ UNINIT_PITFALL = "8.1 silent data corruption; 8.3 step 13"
 STALE_PITFALL = "8.3 step 09 (stale signal)"
 CLOBBER_PITFALL = "8.1 signal never reaches expected; 8.3 step 04"
 
+# A wait record's comparison (pld.WaitCmp's, and those pl.system.comm_wait / comm_test add), as a test and a symbol.
+_HOLDS = {"Ge": int.__ge__, "Eq": int.__eq__, "Ne": int.__ne__, "Gt": int.__gt__, "Lt": int.__lt__,
+          "Le": int.__le__}
+_SYMBOLS = {"Ge": ">=", "Eq": "==", "Ne": "!=", "Gt": ">", "Lt": "<", "Le": "<="}
+
 
 def analyze(logs: list, plan, since: int = 0) -> list[Finding]:
     """Return the findings of one dispatch's logs (one EventLog per rank, recorded with a shared clock).
@@ -189,10 +194,10 @@ class _Analysis:
     def wait(self, rank: int, rec: dict) -> None:
         a = rec["args"]
         cell = self._cell(rank, a["buffer_id"], a["offset"])
-        expected, ge = a["expected"], a["cmp"] == "Ge"
+        expected, test = a["expected"], _HOLDS[a["cmp"]]
 
         def holds(v: int) -> bool:
-            return v >= expected if ge else v == expected
+            return test(v, expected)
 
         mods = cell.mods
         last_set = max((m.index for m in mods if m.op == "Set"), default=-1)
@@ -347,7 +352,7 @@ class _Analysis:
 
     def _stale_finding(self, rank, rec, prev, used) -> Finding:
         a = rec["args"]
-        sym = ">=" if a["cmp"] == "Ge" else "=="
+        sym = _SYMBOLS[a["cmp"]]
         cell = f"cell {a['cell']} of '{a['buffer']}' on rank {rank}"
         if prev is None:
             why = (f"it held {a['seen']} before any notify reached it: the wait needed no notify at all, so it "

@@ -1462,6 +1462,98 @@ class RankContext(context.Context):
         return data.nbytes
 
 
+    # -- pl.system.comm_*: signals on a one-cell INT32 tensor ----------------------------------------------
+    def _comm_cell(self, op: str, signal) -> tuple[WindowTensor, int]:
+        """The window cell a one-cell INT32 tensor views: its buffer as INT32 cells (a window of this rank's
+        domain) and the cell's byte offset.  The tensor's memory decides, whatever view made it."""
+        t = self._tensor(op, signal, "signal")
+        if t.dtype is not dt.INT32:
+            raise ProgramTypeError(f"{op} at {user_location(3)}: the signal must be INT32, but {t.describe()} is "
+                                   f"{t.dtype.name}. Use a cell of an INT32 window.")
+        if not t.shape or any(d != 1 for d in t.shape):
+            raise ProgramValueError(f"{op} at {user_location(3)}: the signal must hold exactly one INT32 cell (every "
+                                    f"dimension 1), but {t.describe()} has shape {t.shape}. Slice one cell: "
+                                    "pl.slice(window, [1], [i]).")
+        addr = t.array.__array_interface__["data"][0]
+        for b in self.plan.windows:
+            if b.nbytes and (b.ranks is None or self.rank in b.ranks):
+                lo, hi = byte_bounds(self.memory.window_bytes(b.id, self.rank))
+                if lo <= addr < hi and (addr - lo) % 4 == 0:
+                    key = (b.id, (b.nbytes // 4,), "INT32", b.name)
+                    w = self._windows.get(key)
+                    if w is None:
+                        w = self._windows[key] = WindowTensor(b.name, b, (b.nbytes // 4,), dt.INT32, self.rank,
+                                                              self.world, functools.partial(_window_bytes,
+                                                                                            self.memory, b.id))
+                    return w, addr - lo
+        raise ProgramValueError(f"{op} at {user_location(3)}: the signal {t.describe()} is not a cell of a window, so "
+                                "no other rank can reach it. Use a cell of an INT32 window (pld.window), e.g. "
+                                "pl.slice(signal_window, [1], [i]).")
+
+    @staticmethod
+    def _comm_int(op: str, v, what: str) -> int:
+        if isinstance(v, bool) or (type(v) is Scalar and v.dtype.is_float) or not hasattr(v, "__index__"):
+            raise ProgramTypeError(f"{op} at {user_location(3)}: {what} must be an INT32 integer (an int or an "
+                                   f"integer pl.Scalar), got {v!r}")
+        return v.__index__() if type(v) is not Scalar else v.value
+
+    def _comm_notify(self, op, signal, value, mode):
+        """``pl.system.comm_notify``: ``pld.system.notify`` on the cell the tensor views."""
+        if mode not in _COMM_NOTIFY_OPS:
+            raise ProgramValueError(f"{op} at {user_location(2)}: op= must be \"atomic_add\" or \"set\", got "
+                                    f"{mode!r}")
+        w, byte = self._comm_cell(op, signal)
+        v = self._comm_int(op, value, "value")
+        # The cell is in this rank's copy: a notify to itself, which a wait of this rank (or a peer's RMA) pairs.
+        self.notify(w, w.group.index(self.rank), [byte >> 2], v, _COMM_NOTIFY_OPS[mode])
+
+    def _comm_condition(self, op, signal, cmp_value, cmp):
+        if cmp not in _COMM_CMPS:
+            raise ProgramValueError(f"{op} at {user_location(3)}: cmp= must be one of \"eq\", \"ne\", \"gt\", "
+                                    f"\"ge\", \"lt\", \"le\", got {cmp!r}")
+        w, byte = self._comm_cell(op, signal)
+        expected = self._comm_int(op, cmp_value, "cmp_value")
+        if not _INT32_MIN <= expected < _INT32_END:
+            self._int32(op, expected, "expected", w)
+        if cmp == "gt" and expected < _INT32_END - 1:  # > x is >= x + 1: the monotone wait the hang report knows
+            cmp, expected = "ge", expected + 1
+        return w, byte, expected, cmp
+
+    def _comm_wait(self, op, signal, cmp_value, cmp):
+        """``pl.system.comm_wait``: block until this rank's cell compares true (``eq`` / ``ge`` / ``gt`` are
+        ``pld.system.wait``; ``ne`` / ``lt`` / ``le`` wait for the cell to change until it does)."""
+        w, byte, expected, cmp = self._comm_condition(op, signal, cmp_value, cmp)
+        if cmp in ("eq", "ge"):
+            self.wait(w, [byte >> 2], expected, WaitCmp.Eq if cmp == "eq" else WaitCmp.Ge)
+            return
+        test, cells, i = _COMM_CMPS[cmp], self.memory.cells, byte >> 2
+        start = now_ns() if self.events is not None else 0
+        loc = user_location(2)
+        published = False
+        while not self.memory.wait_any(lambda: test(int(cells(w.buffer.id)[i]), expected), self.wait_slice_s):
+            if not published:
+                published = True
+                self.status.set_waiting(self.rank, w.buffer.id, byte, 0, expected, str(loc),
+                                        f"{op} on '{signal.name}' (buffer '{w.buffer.name}') cell {i}: until it is "
+                                        f"{_COMM_SYMBOLS[cmp]} {expected}", i)
+        if published:
+            self.status.set_running(self.rank, self.task or "")
+        self._satisfied((w, byte, [i], expected, _CommCmp[cmp], loc), int(cells(w.buffer.id)[i]), start)
+
+    def _comm_test(self, op, signal, cmp_value, cmp):
+        """``pl.system.comm_test``: whether this rank's cell compares true now; a true test counts as a wait that
+        returned (what the rank read after it is ordered after the notifies that made it true)."""
+        w, byte, expected, cmp = self._comm_condition(op, signal, cmp_value, cmp)
+        start = now_ns() if self.events is not None else 0
+        seen = int(self.memory.cells(w.buffer.id)[byte >> 2])
+        if cmp in ("eq", "ge"):  # confirmed with the backend's atomic read, as a wait's is
+            ok, seen = self.memory.cell_wait(w.buffer.id, byte, cmp == "ge", expected, 0.0)
+        else:
+            ok = _COMM_CMPS[cmp](seen, expected)
+        if ok:
+            self._satisfied((w, byte, [byte >> 2], expected, _CommCmp[cmp], user_location(2)), seen, start)
+        return Scalar(bool(ok), dt.BOOL)
+
 
 # Every pl/pld memory, RMA and signal operation by name.  Unbound functions, kept on the class: a
 # table of bound methods would make each RankContext a reference cycle, which only the garbage
@@ -1471,7 +1563,29 @@ RankContext._OPS = {
     "pl.read": RankContext._read,
     "pl.write": RankContext._write, "pl.slice": RankContext._slice, "pl.create_tensor": RankContext._create_tensor,
     "pld.system.defer_wait": RankContext._defer_wait,
+    "pl.system.comm_notify": RankContext._comm_notify, "pl.system.comm_wait": RankContext._comm_wait,
+    "pl.system.comm_test": RankContext._comm_test,
 }
+
+# pl.system.comm_*: the notify modes, the comparisons (and how an event record names them)
+_COMM_NOTIFY_OPS = {"atomic_add": NotifyOp.AtomicAdd, "set": NotifyOp.Set}
+_COMM_CMPS = {"eq": int.__eq__, "ne": int.__ne__, "gt": int.__gt__, "ge": int.__ge__, "lt": int.__lt__,
+              "le": int.__le__}
+_COMM_SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
+_CommCmp = {"eq": WaitCmp.Eq, "ge": WaitCmp.Ge}
+
+
+class _Cmp(enum.Enum):
+    """The comparisons of comm_wait / comm_test that pld.WaitCmp lacks, by the name their event record gives."""
+
+    Ne = "ne"
+    Gt = "gt"
+    Lt = "lt"
+    Le = "le"
+
+
+_CommCmp.update({c.value: c for c in _Cmp})
+
 
 class _Spmd:
     """``pl.spmd(n)``: iterate block indices, or as a ``with`` block run each kernel call n times."""

@@ -11,6 +11,7 @@ import types
 
 from . import (  # noqa: F401  (each registers its ops)
     bitwise,
+    comm,
     compare,
     creation,
     elementwise,
