@@ -152,6 +152,12 @@ def test_compile_program_then_execute_compiled(tmp_path):
         execute_compiled(work, x)
 
 
+def test_execute_compiled_on_a_folder_without_a_build(tmp_path):
+    with pytest.raises(FileNotFoundError) as e:
+        execute_compiled(tmp_path / "empty", [], platform="a2a3sim", device_id=0)
+    assert str(tmp_path / "empty") in str(e.value)
+
+
 # -- Worker --------------------------------------------------------------------------------------------------------
 
 NR = pl.dynamic("NR")
@@ -196,6 +202,80 @@ def test_chip_and_distributed_workers_are_workers(backend):
     np.testing.assert_array_equal(b, a + 3)
     with pytest.raises(TypeError, match="abstract"):
         Worker()
+
+
+
+# -- sub-workers written without `self`; upstream's wording of the worker's refusals ----------------------------
+
+@pl.program
+class AddThenVerify:
+    """host: chip a + b into f, then the sub-worker `verify(f)`, a program function written without `self`."""
+
+    @pl.function(type=pl.FunctionType.InCore)
+    def tile_add(self, a: pl.Tensor[[4, M], pl.FP32], b: pl.Tensor[[4, M], pl.FP32],
+                 f: pl.Out[pl.Tensor[[4, M], pl.FP32]]):
+        return pl.store(pl.add(pl.load(a, [0, 0], [4, M]), pl.load(b, [0, 0], [4, M])), [0, 0], f)
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def chip_orch(self, a: pl.Tensor[[4, M], pl.FP32], b: pl.Tensor[[4, M], pl.FP32],
+                  f: pl.Out[pl.Tensor[[4, M], pl.FP32]]):
+        return self.tile_add(a, b, f)
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker)
+    def verify(f: pl.Tensor[[4, M], pl.FP32]):
+        SEEN.append(np.asarray(f).copy())
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host_orch(self, a: pl.Tensor[[4, M], pl.FP32], b: pl.Tensor[[4, M], pl.FP32],
+                  f: pl.Out[pl.Tensor[[4, M], pl.FP32]]):
+        out_f = self.chip_orch(a, b, f)
+        self.verify(out_f)
+        return out_f
+
+
+SEEN: list = []
+
+
+def test_a_sub_worker_without_self_is_called_with_its_own_arguments(backend, torch):
+    from ptodist.runtime.distributed_runner import _tensor_from_continuous
+
+    compiled = ir.compile(AddThenVerify, platform="a2a3sim",
+                          config=RunConfig(distributed_config=DistributedConfig(device_ids=[0]), backend=backend))
+    a, b = torch.full((4, M), 2.0), torch.arange(4 * M, dtype=torch.float32).reshape(4, M)
+    f = torch.zeros(4, M)
+    SEEN.clear()
+    compiled(a, b, f)                                  # the sub-worker's body runs in the driver
+    np.testing.assert_array_equal(f.numpy(), (a + b).numpy())
+    np.testing.assert_array_equal(SEEN[0], (a + b).numpy())
+    seen = []
+    f.zero_()
+    with compiled.prepare(callbacks={"verify": lambda args: seen.append(_tensor_from_continuous(args.tensor(0)) * 1)}) \
+            as rt:
+        rt(a.share_memory_(), b.share_memory_(), f.share_memory_())
+    assert torch.equal(seen[0], a + b) and torch.equal(f, a + b)
+
+
+def test_the_worker_refuses_with_upstreams_words(backend):
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0]), backend=backend)
+    compiled = ir.compile(AddThenVerify, platform="a2a3sim", config=cfg)
+    with pytest.raises(ValueError, match=r"not sub-workers.*Available sub-workers") as e:
+        compiled.prepare(callbacks={"nonexistent": lambda args: None})
+    assert str(e.value) == ("prepare(callbacks=...): ['nonexistent'] are not sub-workers of the worker's programs "
+                            "('AddThenVerify'): no @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker) has "
+                            "that name. Available sub-workers: ['verify']. Name one of those, or drop the entry.")
+    with pytest.raises(ValueError, match="positive finite"):
+        compiled.prepare(startup_timeout_s=float("nan"))
+    other = ir.compile(TwoChipRegions, platform="a2a3sim", config=cfg)
+    rt = compiled.prepare()
+    with pytest.raises(ValueError, match="registered when this worker"):
+        rt.register(other)
+    with pytest.raises(ValueError, match="registered when this worker"):
+        rt.run(other, *(np.zeros((M, M), np.float32) for _ in range(4)))
+    rt.close()
+    with pytest.raises(RuntimeError, match="called after close") as e:
+        rt.register(compiled)
+    assert str(e.value) == ("DistributedWorker.register(): called after close(): the worker is closed. Prepare a new "
+                            "one with compiled.prepare().")
 
 
 if __name__ == "__main__":

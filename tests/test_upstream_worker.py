@@ -201,8 +201,9 @@ def test_sub_worker_overrides_is_a_deprecated_alias_of_callbacks(backend):
         with pytest.raises(ConfigError) as info:
             DistributedWorker(compiled, cfg(2, backend), sub_worker_overrides={"inspect": print})
         assert str(info.value) == (
-            f"prepare(): sub-worker function 'verify' ({prog.verify.location}) has no body ('...'): it is a "
-            "callback point. Bind it with prepare(callbacks={'verify': fn}).")
+            f"prepare(): sub-worker function 'verify' ({prog.verify.location}) has no body ('...'): it is one of the "
+            "program's runtime-bound callbacks, which prepare() must be given. Bind it with "
+            "prepare(callbacks={'verify': fn}).")
 
 
 # -- 3. register -------------------------------------------------------------------------------------------
@@ -230,9 +231,9 @@ def test_register_returns_a_callable_handle(backend):
                                    "rt.register(compiled), or dispatch with rt.run(compiled, *args).")
         with pytest.raises(DispatchValueError) as info:
             rt.register(other)
-        assert str(info.value) == ("DistributedWorker.register(): program 'rotated' was not given to prepare(); "
-                                   "this worker runs 'double'. Prepare the worker with extra_compiled=[...] to run "
-                                   "it.")
+        assert str(info.value) == ("DistributedWorker.register(): program 'rotated' was not registered when this "
+                                   "worker was prepared (prepare() was not given it); this worker runs 'double'. "
+                                   "Prepare the worker with extra_compiled=[...] to run it.")
         with pytest.raises(DispatchTypeError, match=r"register\(\): expects one of the worker's compiled programs, "
                                                     "got int"):
             rt.register(3)
@@ -243,7 +244,7 @@ def test_register_returns_a_callable_handle(backend):
     assert str(info.value) == ("RegistrationHandle of 'double': its DistributedWorker was closed (close(), or "
                                "leaving its with block), so it can dispatch nothing more. Prepare a new worker with "
                                "compiled.prepare() and register the program on it: rt.register(compiled).")
-    with pytest.raises(UsageError, match=r"DistributedWorker.register\(\): the worker is closed"):
+    with pytest.raises(UsageError, match=r"DistributedWorker.register\(\): called after close\(\): the worker is closed"):
         rt.register(compiled)
 
 
@@ -326,7 +327,8 @@ def test_inherited_host_tensors_and_their_release(backend):
         np.testing.assert_array_equal(y.numpy(), expected(weights.numpy()))
         rt(p, y)
         np.testing.assert_array_equal(y.numpy(), expected(plain))
-    with pytest.raises(UsageError, match=r"release_inherited_host_tensor_refs\(\): the worker is closed"):
+    with pytest.raises(UsageError, match=r"release_inherited_host_tensor_refs\(\): called after close\(\): the worker "
+                                         r"is closed"):
         rt.release_inherited_host_tensor_refs()
 
     with pytest.raises(DispatchTypeError) as info:

@@ -408,8 +408,8 @@ def test_every_call_after_close_is_a_runtime_error_naming_it(no_leaks):
     for name, call in calls.items():
         with pytest.raises(RuntimeError) as info:
             call()
-        assert str(info.value) == (f"DistributedWorker.{name}: the worker is closed. Prepare a new one with "
-                                   "compiled.prepare().")
+        assert str(info.value) == (f"DistributedWorker.{name}: called after close(): the worker is closed. Prepare "
+                                   "a new one with compiled.prepare().")
     assert t.freed
 
 
@@ -623,7 +623,7 @@ def test_a_rank_that_does_not_come_up_in_time_ends_prepare(no_leaks, monkeypatch
 def test_startup_timeout_must_be_positive(no_leaks):
     compiled = double.compile(config=cfg())
     for bad in (0, -1, float("inf"), "5", True):
-        with pytest.raises(ConfigError, match=r"prepare\(startup_timeout_s=.*\): must be a positive, finite"):
+        with pytest.raises(ConfigError, match=r"prepare\(startup_timeout_s=.*\): must be a positive finite"):
             compiled.prepare(startup_timeout_s=bad)
 
 
@@ -761,8 +761,9 @@ def test_several_programs_on_one_worker(no_leaks):
         with pytest.raises(DispatchValueError) as info:
             rt.run(other, x)
         assert isinstance(info.value, ValueError)
-        assert str(info.value) == ("DistributedWorker.run(): program 'stuck' was not given to prepare(); this "
-                                   "worker runs 'double', 'shift'. Register it with prepare(extra_compiled=[...]).")
+        assert str(info.value) == ("DistributedWorker.run(): program 'stuck' was not registered when this worker "
+                                   "was prepared (prepare() was not given it); this worker runs 'double', 'shift'. "
+                                   "Register it with prepare(extra_compiled=[...]).")
 
 
 def test_programs_on_one_worker_must_agree_on_devices(no_leaks):
@@ -877,13 +878,14 @@ def test_callback_errors_and_missing_callbacks(no_leaks):
     with pytest.raises(ConfigError) as info:
         compiled.prepare()
     assert str(info.value) == (
-        f"prepare(): sub-worker function 'inspect' ({prog.inspect.location}) has no body ('...'): it is a callback "
-        "point. Bind it with prepare(callbacks={'inspect': fn}).")
+        f"prepare(): sub-worker function 'inspect' ({prog.inspect.location}) has no body ('...'): it is one of the "
+        "program's runtime-bound callbacks, which prepare() must be given. Bind it with "
+        "prepare(callbacks={'inspect': fn}).")
     with pytest.raises(DispatchTypeError, match=r"prepare\(callbacks=...\): the callback for 'inspect' must be "
                                                 r"callable, got int"):
         compiled.prepare(callbacks={"inspect": 3})
-    with pytest.raises(ConfigError, match=r"prepare\(callbacks=...\): no sub-worker function is called 'inspcet' "
-                                          r"in the worker's programs \(sub-worker functions: inspect\)"):
+    with pytest.raises(ConfigError, match=r"prepare\(callbacks=...\): \['inspcet'\] are not sub-workers of the "
+                                          r"worker's programs .*Available sub-workers: \['inspect'\]"):
         compiled.prepare(callbacks={"inspect": print, "inspcet": print})
 
     def failing(t, step):

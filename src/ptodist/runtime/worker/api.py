@@ -166,7 +166,7 @@ class DistributedWorker(Worker):
                               "reset_persistent_windows.")
         timeout = DEFAULT_STARTUP_TIMEOUT_S if startup_timeout_s is None else startup_timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ConfigError(f"prepare(startup_timeout_s={startup_timeout_s!r}): must be a positive, finite number "
+            raise ConfigError(f"prepare(startup_timeout_s={startup_timeout_s!r}): must be a positive finite number "
                               "of seconds")
         callbacks = _coalesce_callbacks(callbacks, sub_worker_overrides)
         inherited = _check_inherited(inherited_host_tensors)
@@ -198,11 +198,13 @@ class DistributedWorker(Worker):
             for f in checks.reachable_functions(c.host, c.extra_functions):
                 if f.kind is Kind.SUBWORKER:
                     subs.setdefault(f.name, f)
+        unknown = [name for name in callbacks if name not in subs]
+        if unknown:
+            progs = ", ".join(f"'{c.name}'" for c in programs)
+            raise ConfigError(f"prepare(callbacks=...): {unknown} are not sub-workers of the worker's programs "
+                              f"({progs}): no @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker) has that name. "
+                              f"Available sub-workers: {sorted(subs)}. Name one of those, or drop the entry.")
         for name, fn in callbacks.items():
-            if name not in subs:
-                known = ", ".join(sorted(subs)) or "none"
-                raise ConfigError(f"prepare(callbacks=...): no sub-worker function is called '{name}' in the "
-                                  f"worker's programs (sub-worker functions: {known})")
             if not callable(fn):
                 raise DispatchTypeError(f"prepare(callbacks=...): the callback for '{name}' must be callable, got "
                                         f"{type(fn).__name__}")
@@ -212,7 +214,8 @@ class DistributedWorker(Worker):
         for name, f in subs.items():
             if name not in callbacks and is_abstract(f):
                 raise ConfigError(f"prepare(): sub-worker function '{name}' ({f.location}) has no body ('...'): it is "
-                                  f"a callback point. Bind it with prepare(callbacks={{'{name}': fn}}).")
+                                  "one of the program's runtime-bound callbacks, which prepare() must be given. "
+                                  f"Bind it with prepare(callbacks={{'{name}': fn}}).")
         return dict(callbacks)
 
     # -- identity ---------------------------------------------------------------------------------
@@ -282,9 +285,9 @@ class DistributedWorker(Worker):
                 raise DispatchTypeError(f"DistributedWorker.{call}: the first argument is the program to run "
                                         f"(a compiled program), got {type(compiled).__name__}")
             names = ", ".join(f"'{c.name}'" for c in core.programs)
-            raise DispatchValueError(f"DistributedWorker.{call}: program '{compiled.name}' was not given to "
-                                     f"prepare(); this worker runs {names}. Register it with "
-                                     "prepare(extra_compiled=[...]).")
+            raise DispatchValueError(f"DistributedWorker.{call}: program '{compiled.name}' was not registered when "
+                                     f"this worker was prepared (prepare() was not given it); this worker runs "
+                                     f"{names}. Register it with prepare(extra_compiled=[...]).")
         while True:
             with core.state:
                 oldest = core.queue[0].handle if len(core.queue) >= MAX_IN_FLIGHT else None
@@ -311,9 +314,9 @@ class DistributedWorker(Worker):
                 raise DispatchTypeError(f"DistributedWorker.register(): expects one of the worker's compiled "
                                         f"programs, got {type(compiled).__name__}")
             names = ", ".join(f"'{c.name}'" for c in core.programs)
-            raise DispatchValueError(f"DistributedWorker.register(): program '{compiled.name}' was not given to "
-                                     f"prepare(); this worker runs {names}. Prepare the worker with "
-                                     "extra_compiled=[...] to run it.")
+            raise DispatchValueError(f"DistributedWorker.register(): program '{compiled.name}' was not registered "
+                                     f"when this worker was prepared (prepare() was not given it); this worker runs "
+                                     f"{names}. Prepare the worker with extra_compiled=[...] to run it.")
         return RegistrationHandle(self, compiled)
 
     @property

@@ -237,8 +237,8 @@ class Engine:
     def check_usable(self, call: str) -> None:
         """Raise UsageError when the worker is closed or broken, or ``call`` is refused in a callback."""
         if self.closed or self.closing:
-            raise UsageError(f"DistributedWorker.{call}: the worker is closed. Prepare a new one with "
-                             "compiled.prepare().")
+            raise UsageError(f"DistributedWorker.{call}: called after close(): the worker is closed. Prepare a new "
+                             "one with compiled.prepare().")
         if in_callback() is not None and call.startswith(("run", "submit", "__call__", "close")):
             raise UsageError(f"DistributedWorker.{call}: called from inside a sub-worker callback, which runs "
                              "while its own dispatch is in progress; dispatch after result() returns instead.")
