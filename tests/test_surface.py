@@ -19,10 +19,13 @@ NOT_YET = {
         optimizations prefetch
     """,
     "pypto.language.tile": """
-        gather_compare scatter_mask transpose_view
+        gather_compare
     """,
     "pypto.language.tensor": """
         quant_mx
+    """,
+    "pypto.language.system": """
+        comm_notify comm_test comm_wait
     """,
     "pypto.language.distributed.system": """
         async_session wait_async_event
