@@ -255,6 +255,43 @@ def test_a_sub_worker_without_self_is_called_with_its_own_arguments(backend, tor
     assert torch.equal(seen[0], a + b) and torch.equal(f, a + b)
 
 
+@pl.program
+class HostWorkerRole:
+    """A host function with role=pl.Role.Worker is a sub-worker too (PyPTO's earlier spelling)."""
+
+    @pl.function(type=pl.FunctionType.InCore)
+    def tile_add(self, a: pl.Tensor[[4, M], pl.FP32], b: pl.Tensor[[4, M], pl.FP32],
+                 f: pl.Out[pl.Tensor[[4, M], pl.FP32]]):
+        return pl.store(pl.add(pl.load(a, [0, 0], [4, M]), pl.load(b, [0, 0], [4, M])), [0, 0], f)
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def chip_orch(self, a: pl.Tensor[[4, M], pl.FP32], b: pl.Tensor[[4, M], pl.FP32],
+                  f: pl.Out[pl.Tensor[[4, M], pl.FP32]]):
+        return self.tile_add(a, b, f)
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Worker)
+    def verify(self, f: pl.Tensor[[4, M], pl.FP32]):
+        SEEN.append(np.asarray(f).copy())
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host_orch(self, a: pl.Tensor[[4, M], pl.FP32], b: pl.Tensor[[4, M], pl.FP32],
+                  f: pl.Out[pl.Tensor[[4, M], pl.FP32]]):
+        out_f = self.chip_orch(a, b, f)
+        self.verify(out_f)
+        return out_f
+
+
+def test_a_host_function_with_the_worker_role_is_a_sub_worker(backend):
+    compiled = ir.compile(HostWorkerRole, platform="a2a3sim",
+                          config=RunConfig(distributed_config=DistributedConfig(device_ids=[7]), backend=backend))
+    a, b = np.full((4, M), 2.0, np.float32), np.full((4, M), 3.0, np.float32)
+    f = np.zeros_like(a)
+    SEEN.clear()
+    compiled(a, b, f)
+    np.testing.assert_array_equal(f, a + b)
+    np.testing.assert_array_equal(SEEN[0], a + b)
+
+
 def test_the_worker_refuses_with_upstreams_words(backend):
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0]), backend=backend)
     compiled = ir.compile(AddThenVerify, platform="a2a3sim", config=cfg)

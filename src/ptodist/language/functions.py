@@ -448,7 +448,7 @@ def inline(fn) -> InlineFunction:
 def function(fn=None, *, type: FunctionType | None = None, level: Level | None = None,
              role: Role | None = None, **options):
     """Mark a method of a ``@pl.program`` class with its kind."""
-    if role is Role.SubWorker:
+    if role is Role.SubWorker or (role is Role.Worker and level is Level.HOST):  # a host worker: a sub-worker
         kind = Kind.SUBWORKER
     elif level is Level.HOST:
         kind = Kind.HOST
