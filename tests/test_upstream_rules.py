@@ -314,3 +314,45 @@ def test_every_check_in_compiler_checks_cites_its_rule_in_the_audit_table():
         rule = cells[3]
         assert rule.startswith(("upstream", "no upstream rule", "ptodist cannot run", "(")), (
             f"{name}: the rule column names an upstream rule or says why ptodist refuses without one: {rule}")
+
+
+@pl.jit.incore
+def tail_views(x: pl.Tensor[[20, 128], pl.FP32], y: pl.InOut[pl.Tensor[[20, 128], pl.FP32]],
+               win: pl.InOut[pld.DistributedTensor[[16, 128], pl.FP32]], z: pl.Out[pl.Tensor[[16, 128], pl.FP32]]):
+    tail = pl.slice(y, [16, 128], [16, 0], valid_shape=[4, 128])
+    tail[0:8, :] = pl.full([8, 128], dtype=pl.FP32, value=3.0)  # rows 16..19 of y: the valid ones
+    part = tail[2:8, 0:64]  # valid where tail is: rows 18, 19
+    pl.write(part, [1, 1], 9.0)  # y[19, 1]
+    x_tail = pl.slice(x, [16, 128], [16, 0], valid_shape=[4, 128])
+    pld.tensor.put(win, 0, x_tail)  # moves the 4 valid rows into the window's rows 0..3
+    z = pl.store(pl.load(win, [0, 0], [16, 128]), [0, 0], z)
+    return z
+
+
+@pl.jit
+def per_rank_tail_views(x: pl.Tensor[[20, 128], pl.FP32], y: pl.InOut[pl.Tensor[[20, 128], pl.FP32]],
+                        win: pl.InOut[pld.DistributedTensor[[16, 128], pl.FP32]],
+                        z: pl.Out[pl.Tensor[[16, 128], pl.FP32]]):
+    return tail_views(x, y, win, z)
+
+
+@pl.jit.host
+def host_tail_views(x: pl.Tensor[[20, 128], pl.FP32], y: pl.InOut[pl.Tensor[[20, 128], pl.FP32]],
+                    z: pl.Out[pl.Tensor[[16, 128], pl.FP32]]):
+    buf = pld.alloc_window_buffer([16, 128], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        per_rank_tail_views(x, y, pld.window(buf, [16, 128], dtype=pl.FP32), z, device=r)
+
+
+def test_subscripts_writes_and_puts_through_a_tail_view_touch_only_its_valid_rows(backend):
+    x = np.arange(20 * 128, dtype=np.float32).reshape(20, 128)
+    y = np.zeros((20, 128), np.float32)
+    z = np.full((16, 128), -1.0, np.float32)
+    host_tail_views(x, y, z, config=cfg(backend, 1))
+    expected_y = np.zeros((20, 128), np.float32)
+    expected_y[16:] = 3.0
+    expected_y[19, 1] = 9.0
+    np.testing.assert_array_equal(y, expected_y)
+    expected_z = np.zeros((16, 128), np.float32)  # the window is zeroed; the put filled its rows 0..3
+    expected_z[:4] = x[16:]
+    np.testing.assert_array_equal(z, expected_z)

@@ -1451,6 +1451,14 @@ class RankContext(context.Context):
             dsl, ssl = self._transfer_regions(op, dst, src, dst_offsets, src_offsets, shape, chunk_rows, chunk_cols,
                                               pipeline)
         data = src_array[ssl]
+        if src.full_shape is not None or dst.full_shape is not None:
+            # A partly valid view on either side: only what is valid on both sides moves (numpy has cut each
+            # region to its view's valid region).
+            room = dst_array[dsl].shape
+            if data.shape != room:
+                data = data[tuple(slice(0, min(a, b)) for a, b in zip(data.shape, room))]
+                dsl = tuple(slice(s.indices(n)[0], s.indices(n)[0] + c) for s, n, c in zip(dsl, dst_array.shape,
+                                                                                          data.shape))
         if self._trace:
             self._touch(op, src, data, False)
         if atomic is AtomicType.Add:
