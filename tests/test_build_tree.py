@@ -8,6 +8,7 @@ import json
 import os
 import runpy
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -78,6 +79,34 @@ def total(x: pl.Tensor[[NR, 1, 64], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 64], p
         collect(pld.window(buf, [1, 64], dtype=pl.FP32), y[r], device=r)
 
 
+@pl.jit.incore
+def pick_row(g: pld.DistributedTensor[[NR, 64], pl.FP32], y: pl.Out[pl.Tensor[[1, 64], pl.FP32]]):
+    pl.store(pl.load(g, [1, 0], [1, 64]), [0, 0], y)
+
+
+@pl.jit
+def pick(g: pld.DistributedTensor[[NR, 64], pl.FP32], y: pl.Out[pl.Tensor[[1, 64], pl.FP32]]):
+    pick_row(g, y)
+
+
+@pl.jit.host
+def mixed(x: pl.Tensor[[NR, 1, 64], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 64], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1, 64], dtype=pl.FP32)
+    gbuf = pld.alloc_window_buffer([pld.world_size(), 64], dtype=pl.FP32)
+    bbuf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    abuf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        stage(x[r], pld.window(buf, [1, 64], dtype=pl.FP32), device=r)
+    data = pld.window(buf, [1, 64], dtype=pl.FP32)
+    bar = pld.window(bbuf, [pld.world_size(), 1], dtype=pl.INT32)
+    pld.tensor.barrier(bar)
+    pld.tensor.allreduce(data, mode="ring")
+    gathered = pld.window(gbuf, [pld.world_size(), 64], dtype=pl.FP32)
+    pld.tensor.allgather(data, gathered, pld.window(abuf, [pld.world_size(), 1], dtype=pl.INT32))
+    for r in pl.range(pld.world_size()):
+        pick(gathered, y[r], device=r)
+
+
 # -- L2 programs ------------------------------------------------------------------------------------
 
 @pl.program
@@ -136,6 +165,7 @@ def inputs(nr: int = 2) -> np.ndarray:
 def test_an_l3_build_holds_the_host_orchestration_its_meta_and_a_folder_per_chip_function(tmp_path):
     compiled = ir.compile(peak, output_dir=tmp_path / "peak", config=sim())
     out = compiled.output_dir
+    assert Path(compiled) == out == tmp_path / "peak" and os.path.join(compiled, "x") == str(out / "x")
     assert sorted(p.name for p in (out / "next_levels").iterdir()) == [
         "builtin.tensor.allreduce__max__fp32", "collect", "stage"]
     assert (out / "orchestration" / "host_orch.py").is_file()
@@ -191,6 +221,21 @@ def test_a_collective_variant_the_source_does_not_tell_is_written_with_the_first
     assert sorted(p.name for p in (out / "next_levels").iterdir()) == [
         "builtin.tensor.allreduce__sum__fp32", "collect", "stage"]
     assert "builtin.tensor.allreduce__sum__fp32" in config_of(out / "orchestration" / "host_orch.py")["CALLABLES"]
+
+
+def test_each_collective_variant_is_named_as_upstream_names_it_at_compile_and_by_the_plan_alike(tmp_path):
+    compiled = ir.compile(mixed, output_dir=tmp_path / "mixed", config=sim())
+    variants = ["builtin.tensor.allgather__fp32", "builtin.tensor.allreduce_ring__sum__fp32",
+                "builtin.tensor.barrier__fp32"]
+    folders = ["pick", "stage"]
+    assert sorted(p.name for p in (compiled.output_dir / "next_levels").iterdir()) == variants + folders
+    x = inputs()
+    np.testing.assert_array_equal(compiled(x), np.broadcast_to((x + 1).sum(axis=0), x.shape))
+    assert sorted(p.name for p in (compiled.output_dir / "next_levels").iterdir()) == variants + folders
+    barrier = config_of(compiled.output_dir / "next_levels" / variants[2] / "kernel_config.py")
+    assert barrier["ORCHESTRATION"]["signature"] == [ArgDirection.INOUT]
+    gather = config_of(compiled.output_dir / "next_levels" / variants[0] / "kernel_config.py")
+    assert gather["ORCHESTRATION"]["signature"] == [ArgDirection.IN, ArgDirection.INOUT, ArgDirection.INOUT]
 
 
 def test_an_l3_build_loads_back_and_runs(tmp_path):

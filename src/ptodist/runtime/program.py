@@ -235,6 +235,10 @@ class CompiledProgram:
                              if f.kind is Kind.ORCHESTRATION]
         return prog
 
+    def __fspath__(self) -> str:
+        """The output directory: as upstream's, a compiled program stands for its build (``Path(compiled)``)."""
+        return str(self.output_dir)
+
     # -- introspection (upstream's compiled.program, ir.Program) ---------------------------------
     @property
     def program(self) -> ir_view.ProgramView:
