@@ -388,7 +388,10 @@ class CompiledProgram:
         return values, hosts, created
 
     def _scalar_arg(self, p: ParamSpec, v):
-        """The exact value scalar parameter ``p`` takes from ``v`` (its dtype's rule), or a DispatchError."""
+        """The exact value scalar parameter ``p`` takes from ``v`` (its dtype's rule), or a DispatchError.
+
+        No upstream rule: a value its dtype cannot hold would be wrapped or truncated on the device (checks.py's
+        ``scalar_argument``, docs/errors.md's table of checks)."""
         if type(v) is int and p.ttype is None:  # the usual case: a plain int, no dtype to fit
             return v
         where = checks.LazyText(lambda: checks.param_where(self.host, p))
@@ -396,6 +399,8 @@ class CompiledProgram:
         return scalar_value(v, dtype, where, DispatchTypeError, DispatchValueError)
 
     def _check_host(self, p: ParamSpec, h: HostTensor, bindings: dict) -> None:
+        # Upstream: a parameter's annotation fixes its dtype and shape ("shape mismatch at compile time",
+        # 04-debugging.md); pl.dynamic dims bind from the arguments.
         where = checks.LazyText(lambda: checks.param_where(self.host, p))
         if p.ttype is None or p.ttype.shape is None:
             return
@@ -405,7 +410,9 @@ class CompiledProgram:
         checks.bind_shape(where, p.ttype.shape, tuple(h.shape), bindings, self.world)
 
     def _check_writable(self, p: ParamSpec, value) -> None:
-        """An output (``pl.Out``/``pl.InOut``) must take the results: refuse it now, not after the run."""
+        """An output (``pl.Out``/``pl.InOut``) must take the results: refuse it now, not after the run.
+
+        No upstream rule: an output that cannot hold the results would leave a silent wrong answer."""
         if isinstance(value, np.ndarray):
             kind, shape, strides = "numpy array", value.shape, value.strides
             if not value.flags.writeable:
