@@ -42,7 +42,7 @@ def _idle_program(config: RunConfig) -> CompiledProgram:
             """Never dispatched."""
 
         _IDLE.append(EntryFunction(jit(chip_worker_idle)))
-    return CompiledProgram.build(_IDLE[0], config)
+    return CompiledProgram.build(_IDLE[0], config, write_tree=False)  # ptodist's own: no build to show
 
 
 class ChipRegistrationHandle(RegistrationHandle):
