@@ -223,6 +223,17 @@ def test_a_collective_variant_the_source_does_not_tell_is_written_with_the_first
     assert "builtin.tensor.allreduce__sum__fp32" in config_of(out / "orchestration" / "host_orch.py")["CALLABLES"]
 
 
+def test_a_workers_first_plan_writes_the_variant_too(tmp_path):
+    compiled = ir.compile(total, output_dir=tmp_path / "total", config=sim())
+    x = inputs()
+    y = np.zeros_like(x)
+    with compiled.prepare() as rt:
+        rt(x, y)
+    np.testing.assert_array_equal(y, np.broadcast_to((x + 1).sum(axis=0), x.shape))
+    assert sorted(p.name for p in (compiled.output_dir / "next_levels").iterdir()) == [
+        "builtin.tensor.allreduce__sum__fp32", "collect", "stage"]
+
+
 def test_each_collective_variant_is_named_as_upstream_names_it_at_compile_and_by_the_plan_alike(tmp_path):
     compiled = ir.compile(mixed, output_dir=tmp_path / "mixed", config=sim())
     variants = ["builtin.tensor.allgather__fp32", "builtin.tensor.allreduce_ring__sum__fp32",

@@ -175,7 +175,7 @@ class Planner:
         if calls:
             out["sub_worker_calls"] = [{"seq": c.seq, "function": c.function.name, "called_at": c.location,
                                         "args": [_arg_json(a) for a in c.args]} for c in calls]
-        compiled.write_plan(out)
+        compiled.write_plan(out, plan)
         return entry
 
 
