@@ -12,7 +12,7 @@ import ptodist.language as pl
 from ptodist import RunConfig, backend, ir
 from ptodist.backend import BackendType
 from ptodist.config import DistributedConfig
-from ptodist.errors import ApiTypeError, ConfigError, DispatchTypeError, UsageError
+from ptodist.errors import ApiTypeError, ConfigError, DispatchTypeError, DispatchValueError, UsageError
 from ptodist.ir.pass_manager import OptimizationStrategy, PassManager
 from ptodist.runtime import ChipWorker, benchmark, run
 from ptodist.runtime.program import IGNORED_COMPILE_OPTIONS, CompiledProgram
@@ -490,12 +490,13 @@ def test_a_device_tensor_of_another_worker_is_refused():
     (None, lambda w: w.free(64), UsageError,
      "ChipWorker.free(): ptodist has no raw device memory or device pointers; free a resident tensor with "
      "free_tensor(t)"),
-    (None, lambda w: w.copy_from(0x1000, 0x2000, 64), ApiTypeError,
-     "ChipWorker.copy_from(): ptodist has no device pointers (data_ptr, nbytes); pass the tensors themselves: "
-     "copy_from(host_tensor, device_tensor)"),
-    (None, lambda w: w.copy_to(0x1000, 0x2000, 64), ApiTypeError,
-     "ChipWorker.copy_to(): ptodist has no device pointers (data_ptr, nbytes); pass the tensors themselves: "
-     "copy_to(device_tensor, host_tensor)"),
+    (None, lambda w: w.copy_from(0x1000, 0x2000, 64), DispatchValueError,
+     "copy_from(dst_host_ptr, src_dev_ptr, nbytes): no resident tensor of this worker holds the 64 bytes at device "
+     "pointer 0x2000; give a DeviceTensor's data_ptr (alloc_tensor(...)) and at most its nbytes"),
+    (None, lambda w: w.copy_to(0x1000, 0x2000, -1), DispatchTypeError,
+     "copy_to(dst_dev_ptr, src_host_ptr, nbytes): the nbytes must be a non-negative int (a DeviceTensor's data_ptr, "
+     "a host tensor's data_ptr(), a byte count), got -1; or pass the tensors themselves: "
+     "copy_to(device_tensor, host)"),
     (None, lambda w: w.alloc_tensor((4,), torch.float32, worker_id=1), ConfigError,
      "ChipWorker.alloc_tensor(worker_id=1): a ChipWorker has one device, worker 0"),
 ])

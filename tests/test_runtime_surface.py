@@ -315,5 +315,31 @@ def test_the_worker_refuses_with_upstreams_words(backend):
                             "one with compiled.prepare().")
 
 
+
+def test_pointer_copies_between_host_and_resident_tensors(backend, torch):
+    """PyPTO's copy_to(dst_dev_ptr, src_host_ptr, nbytes) / copy_from(dst_host_ptr, src_dev_ptr, nbytes)."""
+    host_in = torch.arange(256, dtype=torch.float32).view(16, 16)
+    host_out = torch.zeros_like(host_in)
+    with ChipWorker(RunConfig(backend=backend)) as w:
+        t = w.alloc_tensor((16, 16), torch.float32, init=host_in)
+        w.copy_from(host_out.data_ptr(), t.data_ptr, t.nbytes)
+        assert torch.equal(host_out, host_in)
+        row = torch.full((16,), -1.0)
+        w.copy_to(t.data_ptr + 3 * 16 * 4, row.data_ptr(), 16 * 4)     # row 3 only
+        back = torch.zeros_like(host_in)
+        w.copy_from(back, t)
+        expected = host_in.clone()
+        expected[3] = -1.0
+        assert torch.equal(back, expected)
+        x = torch.ones(4, M)
+        y = torch.zeros(4, M)
+        k = w.alloc_tensor((4, M), torch.float32)
+        w.copy_to(k.data_ptr, x.data_ptr(), k.nbytes)
+        w.run(ir.compile(AddScalar), k, y, 2.0)                          # the program reads what was copied
+        assert torch.equal(y, x + 2)
+        with pytest.raises(ValueError, match="no resident tensor of this worker holds the 1028 bytes"):
+            w.copy_from(host_out.data_ptr(), t.data_ptr, t.nbytes + 4)
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-v"])

@@ -306,18 +306,18 @@ class ChipWorker(Worker):
         self._worker().free_tensor(tensor)
 
     def copy_to(self, dst: DeviceTensor, src, *args, worker_id: int = 0) -> None:
-        """Copy host tensor ``src`` into resident tensor ``dst`` (same shape and dtype)."""
+        """Copy host tensor ``src`` into resident tensor ``dst`` (same shape and dtype); or PyPTO's pointer form,
+        ``copy_to(dst_dev_ptr, src_host_ptr, nbytes)`` (a ``DeviceTensor.data_ptr`` and a host ``data_ptr()``)."""
         self._require_open("copy_to")
-        self._no_pointers("copy_to", (dst, src, *args), "copy_to(device_tensor, host_tensor)")
         self._local_only(worker_id, "copy_to")
-        self._worker().copy_to(dst, src)
+        self._worker().copy_to(dst, src, *args)
 
     def copy_from(self, dst, src: DeviceTensor, *args, worker_id: int = 0) -> None:
-        """Copy resident tensor ``src`` into host tensor ``dst`` (same shape and dtype)."""
+        """Copy resident tensor ``src`` into host tensor ``dst`` (same shape and dtype); or PyPTO's pointer form,
+        ``copy_from(dst_host_ptr, src_dev_ptr, nbytes)``."""
         self._require_open("copy_from")
-        self._no_pointers("copy_from", (dst, src, *args), "copy_from(host_tensor, device_tensor)")
         self._local_only(worker_id, "copy_from")
-        self._worker().copy_from(dst, src)
+        self._worker().copy_from(dst, src, *args)
 
     def malloc(self, nbytes: int, *, worker_id: int = 0) -> int:
         """Refused: ptodist has no raw device memory; allocate a tensor with ``alloc_tensor(shape, dtype)``."""
@@ -328,12 +328,6 @@ class ChipWorker(Worker):
         """Refused: ptodist has no raw device memory; free a resident tensor with ``free_tensor(t)``."""
         raise UsageError("ChipWorker.free(): ptodist has no raw device memory or device pointers; free a resident "
                          "tensor with free_tensor(t)")
-
-    @staticmethod
-    def _no_pointers(call: str, args: tuple, form: str) -> None:
-        if len(args) > 2 or any(isinstance(a, int) and not isinstance(a, bool) for a in args):
-            raise ApiTypeError(f"ChipWorker.{call}(): ptodist has no device pointers (data_ptr, nbytes); pass the "
-                               f"tensors themselves: {form}")
 
     @staticmethod
     def _local_only(worker_id: int, call: str) -> None:

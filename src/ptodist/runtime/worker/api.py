@@ -438,23 +438,60 @@ class DistributedWorker(Worker):
             core.binding.forget_file(t._file)
             t._file = None
 
-    def copy_to(self, dst: DeviceTensor, src) -> None:
+    def copy_to(self, dst: DeviceTensor, src, nbytes: int | None = None, *, worker_id: int = 0) -> None:
         """Copy host tensor ``src`` into resident tensor ``dst`` (same shape and dtype).
 
-        Waits first for the accepted dispatches that use ``dst``.
+        PyPTO's pointer form, ``copy_to(dst_dev_ptr, src_host_ptr, nbytes)``, copies ``nbytes`` bytes from the
+        host address into the resident tensor that holds ``dst_dev_ptr`` (a ``DeviceTensor.data_ptr``, plus an
+        offset).  Waits first for the accepted dispatches that use ``dst``.
         """
+        if nbytes is not None or isinstance(dst, int):
+            return self._copy_bytes("copy_to", dst, src, nbytes, worker_id, into_resident=True)
         target = self._resident(dst, "copy_to(dst, src)", "dst", "copy_from(dst, src)")
         array = host_array(src, "copy_to(dst, src): src")
         check_same(dst, array, "copy_to(dst, src)", "src")
         target[...] = array
 
-    def copy_from(self, dst, src: DeviceTensor) -> None:
+    def copy_from(self, dst, src: DeviceTensor, nbytes: int | None = None, *, worker_id: int = 0) -> None:
         """Copy resident tensor ``src`` into host tensor ``dst`` (same shape and dtype).
 
-        Waits first for the accepted dispatches that use ``src``.
+        PyPTO's pointer form, ``copy_from(dst_host_ptr, src_dev_ptr, nbytes)``, copies ``nbytes`` bytes of the
+        resident tensor that holds ``src_dev_ptr`` to the host address.  Waits first for the accepted dispatches
+        that use ``src``.
         """
+        if nbytes is not None or isinstance(src, int):
+            return self._copy_bytes("copy_from", src, dst, nbytes, worker_id, into_resident=False)
         source = self._resident(src, "copy_from(dst, src)", "src", "copy_to(dst, src)")
         copy_out(dst, source, src, "copy_from(dst, src)")
+
+    def _copy_bytes(self, call: str, device_ptr, host_ptr, nbytes, worker_id, into_resident: bool) -> None:
+        """PyPTO's pointer forms of copy_to / copy_from: ``nbytes`` between a host address and resident bytes."""
+        import ctypes
+
+        form = f"{call}({'dst_dev_ptr, src_host_ptr' if into_resident else 'dst_host_ptr, src_dev_ptr'}, nbytes)"
+        self._core.check_usable(f"{call}()")
+        if worker_id != 0:
+            raise ConfigError(f"{form}: worker_id={worker_id!r}: ptodist's resident tensors are reached from worker 0")
+        for name, v in (("device pointer", device_ptr), ("host pointer", host_ptr), ("nbytes", nbytes)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise DispatchTypeError(f"{form}: the {name} must be a non-negative int (a DeviceTensor's data_ptr, "
+                                        f"a host tensor's data_ptr(), a byte count), got {v!r}; or pass the tensors "
+                                        f"themselves: {call}({'device_tensor, host' if into_resident else 'host, device_tensor'})")
+        with self._core.state:
+            residents = list(self._core.residents.values())
+        for t in residents:
+            arr = t._array()
+            start = arr.ctypes.data
+            if start <= device_ptr and device_ptr + nbytes <= start + arr.nbytes:
+                self._wait_for(t)
+                if into_resident:
+                    ctypes.memmove(device_ptr, host_ptr, nbytes)
+                else:
+                    ctypes.memmove(host_ptr, device_ptr, nbytes)
+                return
+        raise DispatchValueError(f"{form}: no resident tensor of this worker holds the {nbytes} bytes at device "
+                                 f"pointer {device_ptr:#x}; give a DeviceTensor's data_ptr (alloc_tensor(...)) and at "
+                                 "most its nbytes")
 
     def copy_stacked_from(self, stacked: StackedDeviceTensor, host_out) -> None:
         """Copy every shard of ``stacked`` into ``host_out`` ([world, ...], same dtype)."""
