@@ -147,6 +147,12 @@ def twice(x: pl.Tensor[[N, 8], pl.FP32], y: pl.Out[pl.Tensor[[N, 8], pl.FP32]]):
     twice_kernel(x, y)
 
 
+@pl.jit.incore
+def square(a: pl.Tensor[[16, 16], pl.FP32], c: pl.Out[pl.Tensor[[16, 16], pl.FP32]]):
+    t = pl.load(a, [0, 0], [16, 16])
+    pl.store(pl.matmul(t, t), [0, 0], c)
+
+
 @pl.jit
 def copy_any(x: pl.Tensor, y: pl.Out[pl.Tensor]):
     y[...] = x
@@ -283,6 +289,19 @@ def test_an_l2_build_holds_kernel_config_and_compiled_meta_and_loads_back(tmp_pa
     loaded = CompiledProgram.from_dir(out)
     x = np.arange(32, dtype=np.float32).reshape(4, 8)
     np.testing.assert_array_equal(loaded(x), 3 * x)
+
+
+def test_a_kernel_compiled_on_its_own_is_the_chips_one_kernel_and_a_matmul_makes_it_aic(tmp_path):
+    compiled = square.compile(config=RunConfig(backend="sim", output_dir=str(tmp_path / "sq")))
+    config = config_of(compiled.output_dir / "kernel_config.py")
+    assert config["ORCHESTRATION"]["function_name"] == "square"
+    assert config["KERNELS"] == [{"func_id": 0, "name": "square", "source": HERE, "line": square.line,
+                                  "qualname": "square", "core_type": "aic",
+                                  "signature": [ArgDirection.IN, ArgDirection.OUT]}]
+    a = np.arange(256, dtype=np.float32).reshape(16, 16) / 256
+    c = np.zeros_like(a)
+    CompiledProgram.from_dir(compiled.output_dir)(a, c)
+    np.testing.assert_allclose(c, a @ a, rtol=1e-5)
 
 
 def test_several_orchestrations_each_get_a_build_of_their_own(tmp_path):

@@ -63,7 +63,8 @@ _PARAM_DIRECTION = {Direction.IN: ParamDirection.In, Direction.OUT: ParamDirecti
 # Upstream's text for a dtype (str(DataType)) where it is not the lower-case name.
 _DTYPE_TEXT = {"BF16": "bfloat16", "FP8E4M3FN": "fp8e4m3fn", "FP8E8M0": "fp8e8m0"}
 # Ops a kernel runs on the cube core (a kernel calling one is an AIC kernel).
-_CUBE_OPS = frozenset({"matmul", "matmul_acc", "matmul_bias", "batch_matmul", "gemv", "gemv_acc", "matmul_mx"})
+_CUBE_OPS = frozenset({"matmul", "matmul_acc", "matmul_bias", "batch_matmul", "batch_matmul_acc", "gemv", "gemv_acc",
+                       "gemv_bias", "matmul_mx", "matmul_mx_acc", "matmul_mx_bias"})
 
 
 def dtype_text(dtype: dt.DataType | None) -> str | None:
