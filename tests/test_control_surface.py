@@ -463,6 +463,8 @@ def test_a_parsed_distributed_program_on_one_shot_calls_and_a_worker(backend, to
 
 
 MPI_SCRIPT = '''\
+import sys
+
 import numpy as np
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -473,7 +475,9 @@ x = np.arange(16, dtype=np.float32).reshape(2, 1, 8)
 out = np.zeros_like(x)
 ir.compile(prog, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=[0, 1]))(x, out)
 want = np.stack([(x[r] * (r + 2) + 4) * 2 for r in range(2)])
-print("RESULT", "same" if np.array_equal(out, want) else f"differs: {{out.ravel().tolist()}}", flush=True)
+result = "same" if np.array_equal(out, want) else f"differs: {{out.ravel().tolist()}}"
+sys.stdout.write(f"RESULT {{result}}\\n")  # one write: the two processes share the pipe
+sys.stdout.flush()
 '''
 
 
