@@ -240,3 +240,31 @@ def test_tensor_and_tile_views_are_recorded():
     x, out = big[:, ::2], np.zeros((2, 4), np.float32)  # the strided window the view describes
     host.compile(x, out, config=RunConfig(backend="sim"))(x, out)
     np.testing.assert_array_equal(out, 2 * big[:, ::2])
+
+
+def test_dumped_tensors_of_types_numpy_lacks_load_back_with_their_values(tmp_path):
+    from ptodist import dfx
+
+    @pl.jit.incore
+    def kernel(x: pl.Tensor[[1, 4], pl.FP32], e5m2: pl.Out[pl.Tensor[[1, 4], pl.FP8E5M2]],
+               i4: pl.Out[pl.Tensor[[1, 4], pl.INT4]]):
+        t = pl.load(x, [0, 0], [1, 4])
+        pl.store(pl.cast(t, pl.FP8E5M2), [0, 0], e5m2)
+        pl.store(pl.cast(t, pl.INT4), [0, 0], i4)
+
+    @pl.jit
+    def orch(x: pl.Tensor, e5m2: pl.Out[pl.Tensor], i4: pl.Out[pl.Tensor]):
+        kernel(x, e5m2, i4)
+
+    @pl.jit.host
+    def host(x: pl.Tensor, e5m2: pl.Out[pl.Tensor], i4: pl.Out[pl.Tensor]):
+        orch(x, e5m2, i4, device=0)
+
+    x = np.array([[1.125, -3.0, 7.0, 9.0]], np.float32)
+    e5m2, i4 = np.zeros((1, 4), ml_dtypes.float8_e5m2), np.zeros((1, 4), ml_dtypes.int4)
+    host.compile(x, e5m2, i4, config=RunConfig(backend="sim", enable_dump_args=2, output_dir=str(tmp_path)))(
+        x, e5m2, i4)
+    dumps = {p.name.rpartition("_")[2]: np.load(p) for p in dfx.latest_run(tmp_path).glob("rank0/d*/dump/*.npy")}
+    assert dumps["e5m2.npy"].dtype == np.float32 and dumps["e5m2.npy"].tolist() == [[1.0, -3.0, 7.0, 8.0]]
+    assert dumps["i4.npy"].dtype == np.int8 and dumps["i4.npy"].tolist() == [[1, -3, 7, -7]]
+    assert e5m2.astype(np.float32).tolist() == [[1.0, -3.0, 7.0, 8.0]]

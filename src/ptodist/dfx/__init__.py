@@ -32,6 +32,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ..language import dtypes as dt
+
 BUILD_TIME_SWITCHES = ("SIMPLER_HOST_STRACE", "SIMPLER_DFX")
 DFX_DIR = "dfx_outputs"
 OUTPUTS_DIR = re.compile(r"dfx_outputs(\.\d+)?$")  # dfx_outputs, or dfx_outputs.<n> beside a folder in use
@@ -260,7 +262,7 @@ def write_rank_outputs(log, request: DfxRequest) -> None:
         dump = out / "dump"
         dump.mkdir(exist_ok=True)
         for d in log.dumps:  # the tensors as the task left them: task<id>_<task>_<argument>.npy
-            np.save(dump / f"task{d['task_id']}_{d['task']}_{d['arg']}.npy", d["array"])
+            np.save(dump / f"task{d['task_id']}_{d['task']}_{d['arg']}.npy", dt.portable(d["array"]))
 
 
 def finish_run(request: DfxRequest, world: int, device_ids: list[int],

@@ -141,3 +141,17 @@ def numpy_as_torch(a: np.ndarray, dtype: DataType):
     if dtype in _THROUGH_BITS:
         return torch.from_numpy(a.view({1: np.int8, 2: np.int16}[a.itemsize])).view(to_torch(dtype))
     return torch.from_numpy(a)
+
+
+def portable(a: np.ndarray) -> np.ndarray:
+    """Return ``a`` in a numpy type that ``np.save`` / ``np.load`` round-trip, with the same values.
+
+    numpy cannot reload the ml_dtypes types (BF16 and FP8 come back as raw bytes, or not at all): their
+    values widen exactly to float32, 4-bit integers to int8 / uint8.
+    """
+    dtype = from_numpy(a.dtype)
+    if dtype is None or a.dtype.type.__module__ == "numpy":
+        return a
+    if dtype.is_float:
+        return a.astype(np.float32)
+    return a.astype(np.int8 if dtype.is_signed else np.uint8)
