@@ -18,7 +18,14 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RankError, RunConfig, ir
 from ptodist.check import explore
-from ptodist.errors import CheckError, ProgramError, ProgramValueError, SignalLayoutError
+from ptodist.errors import (
+    CheckError,
+    KernelStateError,
+    ProgramError,
+    ProgramTypeError,
+    ProgramValueError,
+    SignalLayoutError,
+)
 
 S = 8  # columns
 M = 3  # all_to_all_v: rows per rank block
@@ -407,3 +414,186 @@ def test_comm_misuse_is_refused(call, text):
 
 def line_of_lambda(fn) -> str:
     return open(__file__).read().splitlines()[fn.__code__.co_firstlineno - 1]
+
+
+# -- pld.system.async_session / pld.tensor.put_async / pld.system.wait_async_event ---------------------------
+
+def async_ring(nr: int, body, backend: str = "sim") -> np.ndarray:
+    """``ring`` with the write made by ``body(w, x_tile_tensor)`` instead of remote_store (``w.x``: the input)."""
+
+    @pl.program
+    class Prog:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
+              stage: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+              data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+              sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+            ctx = pld.get_comm_ctx(data)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            pl.store(pl.load(x, [0, 0], [1, S]), [0, 0], stage)
+            body(SimpleNamespace(me=me, n=n, nxt=(me + 1) % n, data=data, sig=sig, stage=stage, x=x))
+            pld.system.wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
+            pl.store(pl.load(data, [0, 0], [1, S]), [0, 0], y)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
+                 stage: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+            self.k(x, y, stage, data, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host_fn(self, x: pl.Tensor[[nr, 1, S], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, S], pl.FP32]]):
+            stage = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
+            data = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
+            sig = pld.window(pld.alloc_window_buffer([nr], dtype=pl.INT32), [nr], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], y[r], stage, data, sig, device=r)
+            return y
+
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
+                       backend=None if backend == "check" else backend)
+    compiled = ir.compile(Prog, config=config)
+    x = data(nr, [1, S])
+    y = np.zeros_like(x)
+    with explore.checking(0) if backend == "check" else contextlib.nullcontext():
+        compiled(x, y)
+    np.testing.assert_array_equal(y, np.roll(x, 1, axis=0))  # y[r] = x[r - 1]
+    return y
+
+
+def put_then_wait(w):
+    sess = pld.system.async_session(sync_id=1)
+    ev = pld.tensor.put_async(w.data, w.nxt, w.stage, sess)
+    done = pld.system.wait_async_event(ev, sess)
+    assert bool(done) and done.dtype is pl.BOOL
+    pld.system.notify(w.sig, w.nxt, [0], 1, op=pld.NotifyOp.AtomicAdd)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_put_async_lands_by_its_wait(nr, backend):
+    async_ring(nr, put_then_wait, backend)
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_put_async_of_a_region_from_a_plain_tensor(nr, backend):
+    def body(w):
+        sess = pld.system.async_session()
+        half = S // 2
+        ev1 = pld.tensor.put_async(w.data, w.nxt, w.x, sess, [0, 0], [0, 0], [1, half])
+        ev2 = pld.tensor.put_async(w.data, w.nxt, w.x, sess, [0, half], [0, half], [1, S - half])
+        pld.system.wait_async_event(ev2, sess)
+        pld.system.wait_async_event(ev1, sess)
+        pld.system.notify(w.sig, w.nxt, [0], 1, op=pld.NotifyOp.AtomicAdd)
+
+    async_ring(nr, body, backend)
+
+
+def test_a_notify_before_the_wait_is_a_race_the_checker_reports():
+    def body(w):
+        sess = pld.system.async_session()
+        ev = pld.tensor.put_async(w.data, w.nxt, w.stage, sess)
+        pld.system.notify(w.sig, w.nxt, [0], 1, op=pld.NotifyOp.AtomicAdd)  # the data may still be in flight
+        pld.system.wait_async_event(ev, sess)
+
+    async_ring(2, body, "sim")  # the numbers alone do not show it
+    with pytest.raises(CheckError) as e:
+        async_ring(2, body, "check")
+    assert "race" in str(e.value) and "pld.tensor.put_async" in str(e.value)
+
+
+def async_error(body, kind) -> str:
+    with pytest.raises(RankError) as e:
+        async_ring(2, body)
+    assert isinstance(e.value.original, kind), repr(e.value.original)
+    return str(e.value.original)
+
+
+def test_a_kernel_that_returns_with_a_transfer_not_waited_is_refused():
+    def body(w):
+        sess = pld.system.async_session()
+        pld.tensor.put_async(w.data, w.nxt, w.stage, sess)  # never waited
+        pld.system.notify(w.sig, w.nxt, [0], 1, op=pld.NotifyOp.AtomicAdd)
+
+    msg = async_error(body, KernelStateError)
+    assert msg == (f"pld.tensor.put_async at {line_of('# never waited')}: the kernel returned before waiting for "
+                   "its event (1 transfer not waited); the data may still be in flight. Call "
+                   "pld.system.wait_async_event(event, session) before the kernel returns.")
+
+
+def test_a_source_changed_before_the_wait_is_refused():
+    def body(w):
+        sess = pld.system.async_session()
+        ev = pld.tensor.put_async(w.data, w.nxt, w.stage, sess)
+        pl.store(pl.full([1, S], dtype=pl.FP32, value=0.0), [0, 0], w.stage)
+        pld.system.wait_async_event(ev, sess)  # after the source changed
+
+    msg = async_error(body, KernelStateError)
+    assert msg.startswith(f"pld.system.wait_async_event at {line_of('# after the source changed')}: the source "
+                          "window 'stage' [1, 8] FP32")
+    assert msg.endswith("changed before this wait; the device may read the source until the wait returns, so the "
+                        "peer could receive either version. Write the source only after the wait (or put_async a "
+                        "copy).")
+
+
+@pytest.mark.parametrize(("call", "kind", "text"), [
+    (lambda w: pld.system.async_session(sync_id=8),  # sync_id 8
+     ProgramValueError, "sync_id must be an int in [0, 7] (the device has 8 SDMA sync flags), got 8"),
+    (lambda w: pld.system.async_session(block_bytes=-1),  # negative block
+     ProgramValueError, "block_bytes must be an int >= 0 (the SDMA chunk size in bytes; 0 for the 1 MiB "
+                        "default), got -1"),
+    (lambda w: pld.tensor.put_async(w.data, w.nxt, w.stage, None),  # no session
+     ProgramTypeError, "session must be the pl.AsyncSession of pld.system.async_session(), got a NoneType"),
+    (lambda w: pld.system.wait_async_event(
+        pld.tensor.put_async(w.data, w.nxt, w.stage, pld.system.async_session()), pld.system.async_session()),
+     ProgramValueError, "the event was issued on another session (by the put_async at "),
+])
+def test_async_misuse_is_refused(call, kind, text):
+    msg = async_error(call, kind)
+    assert f" at {__file__}:{call.__code__.co_firstlineno}: {text}" in msg
+
+
+def test_put_async_moves_one_flat_run():
+    @pl.program
+    class Prog:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, a: pl.InOut[pld.DistributedTensor[[2, S], pl.FP32]]):
+            sess = pld.system.async_session()
+            pld.tensor.put_async(a, 0, a, sess)  # two rows
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, a: pl.InOut[pld.DistributedTensor[[2, S], pl.FP32]]):
+            self.k(a)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host_fn(self, x: pl.Tensor[[2, 1, S], pl.FP32]):
+            a = pld.window(pld.alloc_window_buffer([2, S], dtype=pl.FP32), [2, S], dtype=pl.FP32)
+            for r in pl.range(pld.world_size()):
+                self.chip(a, device=r)
+            return x
+
+    compiled = ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
+                                                 backend="sim"))
+    with pytest.raises(RankError) as e:
+        compiled(np.zeros((2, 1, S), np.float32))
+    assert isinstance(e.value.original, ProgramValueError)
+    assert str(e.value.original) == (
+        f"pld.tensor.put_async at {line_of('# two rows')}: what moves must be logically 1-D (every dimension but "
+        "one of size 1: the SDMA engine moves one flat run), got shape [2, 8]. Move it with pld.tensor.put, or "
+        "one row per put_async.")
+
+
+def test_async_session_outside_a_kernel_is_refused():
+    @pl.program
+    class Prog:
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host_fn(self, x: pl.Tensor[[2, 1, S], pl.FP32]):
+            pld.system.async_session()  # in the host
+            return x
+
+    compiled = ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
+                                                 backend="sim"))
+    with pytest.raises(ProgramError) as e:
+        compiled(np.zeros((2, 1, S), np.float32))
+    assert str(e.value) == (f"pld.system.async_session() at {line_of('# in the host')} is called in the host "
+                            "orchestrator; it belongs in a kernel (@pl.jit.incore) dispatched to a rank.")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 NOT_YET = {
     "pypto.language": """
-        AsyncEvent AsyncSession CompactMode DynVar IntLike MemRef MemRefType PrefetchAsyncContext Ptr RUNTIME
+        CompactMode DynVar IntLike MemRef MemRefType PrefetchAsyncContext Ptr RUNTIME
         optimizations prefetch
     """,
     "pypto.language.tile": """
@@ -23,12 +23,6 @@ NOT_YET = {
     """,
     "pypto.language.tensor": """
         quant_mx
-    """,
-    "pypto.language.system": """
-        comm_notify comm_test comm_wait
-    """,
-    "pypto.language.distributed.system": """
-        async_session wait_async_event
     """,
     "pypto.runtime": """
         configure_log log_level

@@ -40,7 +40,7 @@ from .control import (
     while_,
     yield_,
 )
-from .distributed.types import AtomicType
+from .distributed.types import AsyncEvent, AsyncSession, AtomicType
 from .dtypes import (
     BF16,
     BOOL,
@@ -126,7 +126,8 @@ __all__ = [
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
     "unroll", "yield_", "no_dep", "dump_tag", "static_assert", "static_print", "scope", "ScopeMode", "spmd_submit",
-    "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType", "CachePolicy", "PipeType",
+    "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType", "AsyncEvent", "AsyncSession", "CachePolicy",
+    "PipeType",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
     "ForKind", "pipeline", "while_", "TASK_ID", "TaskId", "inline", "InlineFunction",
     "parse", "loads", "parse_program", "loads_program", "parser", "func_attr", "adir", "JITFunction", "ManualDep",

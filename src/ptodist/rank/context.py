@@ -30,6 +30,7 @@ from ..compiler.plan import (
 )
 from ..errors import (
     KernelIndexError,
+    KernelStateError,
     KernelValueError,
     PeerRangeError,
     ProgramError,
@@ -39,7 +40,7 @@ from ..errors import (
 )
 from ..language import dtypes as dt
 from ..language.control import loop_indices
-from ..language.distributed.types import AtomicType, CommCtx, NotifyOp, WaitCmp
+from ..language.distributed.types import AsyncEvent, AsyncSession, AtomicType, CommCtx, NotifyOp, WaitCmp
 from ..language.functions import Function, Kind
 from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
@@ -138,6 +139,7 @@ class RankContext(context.Context):
         self._manual = 0  # depth of pl.manual_scope blocks
         self._no_dep: set[int] = set()  # ids of the arguments pl.no_dep excluded from the next task's tracking
         self._left_conditions: list = []  # the deferred waits the last lazily run task left pending
+        self._async_open: list = []  # the pld.tensor.put_async events not waited yet
         self._dump_keys: set = set()  # the memory pl.dump_tag marked for the selective dump
 
     def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
@@ -394,6 +396,8 @@ class RankContext(context.Context):
         outer_rec, self._task_rec = self._task_rec, rec
         try:
             result = body()
+            if self._async_open:
+                self._undrained()
             if self.events is not None and self.events.dump_args:
                 self._dump(name, tensors, dumps)
             if lazy:
@@ -1562,6 +1566,95 @@ class RankContext(context.Context):
             self._satisfied((w, byte, [byte >> 2], expected, _CommCmp[cmp], user_location(2)), seen, start)
         return Scalar(bool(ok), dt.BOOL)
 
+    # -- pld.tensor.put_async, its session and its event -------------------------------------------------------
+    # The data lands when put_async is called (as the device's CPU simulation does), but the transfer counts as
+    # complete only at its wait: that is where the checker sees the write (a notify between the two races with
+    # it), and a source changed before the wait is an error (the device may read it until then).
+    def _async_session(self, op, sync_id, block_bytes):
+        loc = user_location(2)
+        if not self._kernel_depth:
+            raise ProgramError(f"{op} at {loc}: is called outside a kernel; an SDMA session belongs to a kernel "
+                               "(@pl.jit.incore): build it there, before the kernel's first pld.tensor.put_async.")
+        if isinstance(sync_id, bool) or not isinstance(sync_id, int) or not 0 <= sync_id <= 7:
+            raise ProgramValueError(f"{op} at {loc}: sync_id must be an int in [0, 7] (the device has 8 SDMA sync "
+                                    f"flags), got {sync_id!r}")
+        if isinstance(block_bytes, bool) or not isinstance(block_bytes, int) or block_bytes < 0:
+            raise ProgramValueError(f"{op} at {loc}: block_bytes must be an int >= 0 (the SDMA chunk size in bytes; "
+                                    f"0 for the 1 MiB default), got {block_bytes!r}")
+        return AsyncSession(sync_id, block_bytes or 1 << 20, self._task_id, str(loc))
+
+    def _put_async(self, op, dst, peer, src, session, dst_offsets, src_offsets, shape):
+        loc = user_location(2)
+        if not isinstance(session, AsyncSession):
+            raise ProgramTypeError(f"{op} at {loc}: session must be the pl.AsyncSession of "
+                                   f"pld.system.async_session(), got {checks.value_kind(session)}")
+        if session.task != self._task_id:
+            raise ProgramValueError(f"{op} at {loc}: the session was built by another task (at {session.where}); "
+                                    "build one in this kernel with pld.system.async_session()")
+        w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
+        p = self._peer(op, peer, w)
+        s = self._tensor(op, src, "src")
+        if s.dtype is not w.dtype:
+            raise ProgramTypeError(f"{op} at {loc}: dst {w.describe()} and src {s.describe()} must have the same "
+                                   "dtype")
+        if len(w.shape) != len(s.shape):
+            raise ProgramValueError(f"{op} at {loc}: dst rank ({len(w.shape)}) must match src rank "
+                                    f"({len(s.shape)}); {w.describe()} and {s.describe()}")
+        dsl, ssl = self._transfer_regions(op, w, s, dst_offsets, src_offsets, shape, 0, 0, False)
+        dst_view, src_view = w.peer_array(p)[dsl], s.array[ssl]
+        if sum(d != 1 for d in dst_view.shape) > 1:
+            raise ProgramValueError(f"{op} at {loc}: what moves must be logically 1-D (every dimension but one of "
+                                    f"size 1: the SDMA engine moves one flat run), got shape {list(dst_view.shape)}. "
+                                    "Move it with pld.tensor.put, or one row per put_async.")
+        self._progressed()
+        start = now_ns() if self.events is not None else 0
+        sent = src_view.copy()
+        dst_view[...] = sent
+        if self.events is not None:
+            self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=sent.nbytes, direction="write",
+                      atomic="None_")
+        event = AsyncEvent(session, str(loc), (w, dst_view, s, src_view, sent))
+        self._async_open.append(event)
+        return event
+
+    def _wait_async_event(self, op, event, session):
+        loc = user_location(2)
+        if not isinstance(event, AsyncEvent):
+            raise ProgramTypeError(f"{op} at {loc}: event must be the pl.AsyncEvent pld.tensor.put_async returned, "
+                                   f"got {checks.value_kind(event)}")
+        if not isinstance(session, AsyncSession):
+            raise ProgramTypeError(f"{op} at {loc}: session must be the pl.AsyncSession of "
+                                   f"pld.system.async_session(), got {checks.value_kind(session)}")
+        if event.session is not session:
+            raise ProgramValueError(f"{op} at {loc}: the event was issued on another session (by the put_async at "
+                                    f"{event.where}); wait with the session it was issued on")
+        if event.transfer is None:  # drained by an earlier wait
+            return Scalar(True, dt.BOOL)
+        w, dst_view, s, src_view, sent = event.transfer
+        event.transfer = None
+        self._async_open.remove(event)
+        if src_view.tobytes() != sent.tobytes():
+            raise KernelStateError(
+                f"{op} at {loc}: the source {s.describe()} of the pld.tensor.put_async at {event.where} changed "
+                "before this wait; the device may read the source until the wait returns, so the peer could "
+                "receive either version. Write the source only after the wait (or put_async a copy).")
+        if self._trace:  # the transfer's accesses, complete here
+            self._touch("pld.tensor.put_async", s, src_view, False)
+            self._touch("pld.tensor.put_async", w, dst_view, True)
+        self._progressed()
+        return Scalar(True, dt.BOOL)
+
+    def _undrained(self) -> None:
+        """Refuse a task that returns with put_async transfers of its own not waited."""
+        left = [e for e in self._async_open if e.session.task == self._task_id]
+        if left:
+            for e in left:
+                self._async_open.remove(e)
+            raise KernelStateError(
+                f"pld.tensor.put_async at {left[0].where}: the kernel returned before waiting for its event "
+                f"({len(left)} transfer{'s' if len(left) > 1 else ''} not waited); the data may still be in "
+                "flight. Call pld.system.wait_async_event(event, session) before the kernel returns.")
+
 
 # Every pl/pld memory, RMA and signal operation by name.  Unbound functions, kept on the class: a
 # table of bound methods would make each RankContext a reference cycle, which only the garbage
@@ -1573,6 +1666,8 @@ RankContext._OPS = {
     "pld.system.defer_wait": RankContext._defer_wait,
     "pl.system.comm_notify": RankContext._comm_notify, "pl.system.comm_wait": RankContext._comm_wait,
     "pl.system.comm_test": RankContext._comm_test,
+    "pld.system.async_session": RankContext._async_session, "pld.tensor.put_async": RankContext._put_async,
+    "pld.system.wait_async_event": RankContext._wait_async_event,
 }
 
 # pl.system.comm_*: the notify modes, the comparisons (and how an event record names them)

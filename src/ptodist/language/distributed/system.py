@@ -50,3 +50,19 @@ def defer_wait(signal, offsets, expected, *, cmp=WaitCmp.Ge):
 
 def fence():
     """Order this rank's earlier remote writes before its later ones (always true here)."""
+
+
+def async_session(*, sync_id: int = 0, block_bytes: int = 0):
+    """Build the ``pl.AsyncSession`` that ``pld.tensor.put_async`` issues on (inside a kernel; one per kernel).
+
+    ``sync_id``: the SDMA sync flag, 0-7; ``block_bytes``: the SDMA chunk size, 0 for the 1 MiB default.
+    """
+    return context.current().memory_op("pld.system.async_session", sync_id, block_bytes)
+
+
+def wait_async_event(event, session):
+    """Block until the ``pld.tensor.put_async`` transfer ``event`` (on ``session``) is complete; ``Scalar(BOOL)``.
+
+    A notify that tells a peer the data arrived must come after this wait, not after the put_async.
+    """
+    return context.current().memory_op("pld.system.wait_async_event", event, session)

@@ -38,6 +38,15 @@ def get(dst, peer, src, dst_offsets=None, src_offsets=None, shape=None, *, atomi
     _current().get(dst, peer, src, dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
 
 
+def put_async(dst, peer, src, session, dst_offsets=None, src_offsets=None, shape=None):
+    """Start writing local ``src`` into rank ``peer``'s window ``dst`` on ``session``; return its ``pl.AsyncEvent``.
+
+    The transfer is complete only at ``pld.system.wait_async_event(event, session)`` (before the kernel ends);
+    what moves is logically 1-D (every dimension but one of size 1); there is no atomic form.
+    """
+    return _current().memory_op("pld.tensor.put_async", dst, peer, src, session, dst_offsets, src_offsets, shape)
+
+
 def remote_store(src, target, peer, offsets, *, atomic=AtomicType.None_):
     """Write a local tensor or tile into rank ``peer``'s window at ``offsets``."""
     if atomic is not AtomicType.None_:

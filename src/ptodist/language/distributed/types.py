@@ -72,3 +72,34 @@ class CommCtx:
 
     def __repr__(self) -> str:
         return f"CommCtx(rank={self.rank_index}, nranks={self.world})"
+
+
+class AsyncSession:
+    """``pld.system.async_session()``: the SDMA session a kernel issues ``pld.tensor.put_async`` transfers on
+    (``pl.AsyncSession``); ``sync_id`` and ``block_bytes`` are the device's session settings."""
+
+    __slots__ = ("sync_id", "block_bytes", "task", "where")
+
+    def __init__(self, sync_id: int, block_bytes: int, task, where: str):
+        self.sync_id = sync_id
+        self.block_bytes = block_bytes
+        self.task = task  # the id of the task that built it
+        self.where = where
+
+    def __repr__(self) -> str:
+        return f"AsyncSession(sync_id={self.sync_id}, block_bytes={self.block_bytes})"
+
+
+class AsyncEvent:
+    """The completion handle of one ``pld.tensor.put_async`` transfer (``pl.AsyncEvent``); drained by
+    ``pld.system.wait_async_event(event, session)``.  ``transfer`` is the rank's record of it, None once drained."""
+
+    __slots__ = ("session", "where", "transfer")
+
+    def __init__(self, session: AsyncSession, where: str, transfer):
+        self.session = session
+        self.where = where
+        self.transfer = transfer
+
+    def __repr__(self) -> str:
+        return f"AsyncEvent(put_async at {self.where}, {'pending' if self.transfer is not None else 'drained'})"
