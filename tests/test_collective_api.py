@@ -8,6 +8,11 @@ reads the result back; the numbers are checked against numpy at P=2 and P=4 on s
 from __future__ import annotations
 
 import contextlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -95,7 +100,7 @@ def build(nr: int, xs, ws, host, read=None):
 def run(prog, nr: int, x: np.ndarray, ws, backend: str, cnt: np.ndarray | None = None):
     """Run ``prog`` on ``nr`` ranks; return (y, rc)."""
     config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
-                       backend=None if backend == "check" else backend)
+                       backend=None if backend in ("check", None) else backend)
     compiled = ir.compile(prog, config=config)
     cnt = np.zeros((nr, nr), np.int32) if cnt is None else cnt
     y = np.full((nr, *ws), -1, np.float32)
@@ -331,7 +336,7 @@ def ring(nr: int, body):
 
 def run_ring(nr: int, body, backend: str) -> np.ndarray:
     config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
-                       backend=None if backend == "check" else backend)
+                       backend=None if backend in ("check", None) else backend)
     compiled = ir.compile(ring(nr, body), config=config)
     x = data(nr, [1, S])
     y = np.zeros_like(x)
@@ -452,7 +457,7 @@ def async_ring(nr: int, body, backend: str = "sim") -> np.ndarray:
             return y
 
     config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
-                       backend=None if backend == "check" else backend)
+                       backend=None if backend in ("check", None) else backend)
     compiled = ir.compile(Prog, config=config)
     x = data(nr, [1, S])
     y = np.zeros_like(x)
@@ -597,3 +602,44 @@ def test_async_session_outside_a_kernel_is_refused():
         compiled(np.zeros((2, 1, S), np.float32))
     assert str(e.value) == (f"pld.system.async_session() at {line_of('# in the host')} is called in the host "
                             "orchestrator; it belongs in a kernel (@pl.jit.incore) dispatched to a rank.")
+
+
+# -- the same programs under mpirun (the mpi backend) -----------------------------------------------------------
+
+def mpi_batch(nr: int) -> list[str]:
+    """What an MPI process of an ``nr``-process job runs: each family once, checked against numpy."""
+    done = []
+    x = data(nr, [1, S])
+    y, _ = run(build(nr, [1, S], [1, S], lambda w: pld.all_reduce(w.a)), nr, x, [1, S], None)
+    np.testing.assert_allclose(y, np.broadcast_to(x.sum(axis=0, dtype=np.float64), y.shape), rtol=1e-5, atol=1e-5)
+    done.append("all_reduce")
+    y, _ = run(build(nr, [1, S], [nr, S], lambda w: pld.all_gather(w.a, w.b)), nr, x, [nr, S], None)
+    np.testing.assert_array_equal(y, np.broadcast_to(x[:, 0], y.shape))
+    done.append("all_gather")
+    test_comm_notify_from_the_receiver_and_a_comm_test_poll(nr, None)
+    done.append("comm")
+    async_ring(nr, put_then_wait, None)
+    done.append("put_async")
+    return done
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs an MPI launcher (mpirun) and mpi4py")
+@pytest.mark.parametrize("nr", [2, 4])
+def test_the_families_run_under_mpirun(nr, tmp_path):
+    pytest.importorskip("mpi4py")
+    env = {k: v for k, v in os.environ.items() if k != "PTODIST_BACKEND"}  # the launcher selects mpi
+    env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    proc = subprocess.run(["mpirun", "-n", str(nr), "--oversubscribe", "--mca", "oob_tcp_if_include", "lo",
+                           "--mca", "btl_tcp_if_include", "lo", sys.executable, __file__, str(nr), str(tmp_path)],
+                          cwd=Path(__file__).parent, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    for r in range(nr):
+        assert (tmp_path / f"rank{r}").read_text() == "all_reduce all_gather comm put_async"
+
+
+if __name__ == "__main__":  # one process of test_the_families_run_under_mpirun's job
+    from mpi4py import MPI
+
+    families = mpi_batch(int(sys.argv[1]))
+    (Path(sys.argv[2]) / f"rank{MPI.COMM_WORLD.Get_rank()}").write_text(" ".join(families))

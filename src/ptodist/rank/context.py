@@ -1601,19 +1601,18 @@ class RankContext(context.Context):
             raise ProgramValueError(f"{op} at {loc}: dst rank ({len(w.shape)}) must match src rank "
                                     f"({len(s.shape)}); {w.describe()} and {s.describe()}")
         dsl, ssl = self._transfer_regions(op, w, s, dst_offsets, src_offsets, shape, 0, 0, False)
-        dst_view, src_view = w.peer_array(p)[dsl], s.array[ssl]
-        if sum(d != 1 for d in dst_view.shape) > 1:
+        sent = s.array[ssl].copy()
+        if sum(d != 1 for d in sent.shape) > 1:
             raise ProgramValueError(f"{op} at {loc}: what moves must be logically 1-D (every dimension but one of "
-                                    f"size 1: the SDMA engine moves one flat run), got shape {list(dst_view.shape)}. "
+                                    f"size 1: the SDMA engine moves one flat run), got shape {list(sent.shape)}. "
                                     "Move it with pld.tensor.put, or one row per put_async.")
         self._progressed()
         start = now_ns() if self.events is not None else 0
-        sent = src_view.copy()
-        dst_view[...] = sent
+        w.peer_array(p)[dsl] = sent  # a peer's window on mpi is a RemoteArray: an assignment is its MPI Put
         if self.events is not None:
             self._log("rma", op, start, buffer=w.buffer.name, peer=p, bytes=sent.nbytes, direction="write",
                       atomic="None_")
-        event = AsyncEvent(session, str(loc), (w, dst_view, s, src_view, sent))
+        event = AsyncEvent(session, str(loc), (w, p, dsl, s, ssl, sent))
         self._async_open.append(event)
         return event
 
@@ -1630,9 +1629,10 @@ class RankContext(context.Context):
                                     f"{event.where}); wait with the session it was issued on")
         if event.transfer is None:  # drained by an earlier wait
             return Scalar(True, dt.BOOL)
-        w, dst_view, s, src_view, sent = event.transfer
+        w, p, dsl, s, ssl, sent = event.transfer
         event.transfer = None
         self._async_open.remove(event)
+        src_view = s.array[ssl]
         if src_view.tobytes() != sent.tobytes():
             raise KernelStateError(
                 f"{op} at {loc}: the source {s.describe()} of the pld.tensor.put_async at {event.where} changed "
@@ -1640,7 +1640,7 @@ class RankContext(context.Context):
                 "receive either version. Write the source only after the wait (or put_async a copy).")
         if self._trace:  # the transfer's accesses, complete here
             self._touch("pld.tensor.put_async", s, src_view, False)
-            self._touch("pld.tensor.put_async", w, dst_view, True)
+            self._touch("pld.tensor.put_async", w, w.peer_array(p)[dsl], True)
         self._progressed()
         return Scalar(True, dt.BOOL)
 
