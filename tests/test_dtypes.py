@@ -96,6 +96,17 @@ def test_unsigned_integers():
     assert cast_in_a_rank(np.array([2 ** 64 - 1], np.uint64), pl.INT64, source=pl.UINT64).tolist() == [-1]
 
 
+def test_large_integers_round_once():
+    big = 2 ** 60
+    # BF16 has 8 bits of precision: at 2**60 its spacing is 2**53, so 2**52 is half of it
+    values = [big + 2 ** 52 + 1, big + 2 ** 52, big + 3 * 2 ** 52, -(big + 2 ** 52 + 1)]
+    want = [big + 2 ** 53, big, big + 2 ** 54, -(big + 2 ** 53)]
+    assert cast_in_a_rank(values, pl.BF16, source=pl.INT64).astype(np.float64).tolist() == want
+    assert cast_in_a_rank([big + 2 ** 36 + 1], pl.FP32, source=pl.INT64).tolist() == [big + 2 ** 37]
+    assert cast_in_a_rank(np.array([2 ** 63 + 2 ** 55 + 1], np.uint64), pl.BF16, source=pl.UINT64) \
+        .astype(np.float64).tolist() == [2 ** 63 + 2 ** 56]
+
+
 def test_hifloat_tiles_keep_their_bits_and_refuse_conversion():
     bits = np.array([0x00, 0x7F, 0x80, 0xFF], np.uint8)
     t = Tile(bits, pl.HF8)

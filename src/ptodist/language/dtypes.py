@@ -104,9 +104,9 @@ def convert(data: np.ndarray, source: DataType, target: DataType) -> np.ndarray:
     if not source.is_float and data.dtype.itemsize < 8 and data.dtype.kind not in "iub":
         data = data.astype(np.int8 if source.is_signed else np.uint8)  # a 4-bit integer, widened exactly
     if target.is_float:
-        if not source.is_float:
-            # through float64: exact below 2**53, far beyond every narrow format's range
-            data = data.astype(np.float64)
+        if not source.is_float and target.np_dtype.type.__module__ != "numpy":
+            # ml_dtypes would round an integer to float32 first: rounding twice
+            data = _float64_round_to_odd(data)
         return data.astype(target.np_dtype)
     if target.bits < 8:
         if source.is_float:
@@ -115,6 +115,20 @@ def convert(data: np.ndarray, source: DataType, target: DataType) -> np.ndarray:
         # ml_dtypes' 4-bit integers wrap modulo 16 from a machine integer
         return data.astype(np.int64).astype(target.np_dtype)
     return data.astype(target.np_dtype)
+
+
+def _float64_round_to_odd(data: np.ndarray) -> np.ndarray:
+    """Integers as float64, exact below 2**53; above, rounded to odd, so that the one later rounding to a
+    narrower float (at most 51 bits of precision) gives what rounding the integer itself would."""
+    out = data.astype(np.float64)
+    for i in zip(*np.nonzero(np.abs(out) >= 2.0 ** 53)):  # few: integers past float64's exact range
+        x = int(data[i])
+        f = float(x)
+        if int(f) != x:
+            toward_zero = f if abs(int(f)) < abs(x) else float(np.nextafter(f, 0.0))
+            # setting the last bit picks the odd one of the two neighbours of x
+            out[i] = (np.array(toward_zero).view(np.int64) | 1).view(np.float64)
+    return out
 
 
 # The types torch and ml_dtypes both have, but cannot hand each other: their bits pass as integers.
