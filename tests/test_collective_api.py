@@ -21,7 +21,7 @@ from conftest import LOCAL_BACKENDS
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RankError, RunConfig, ir
+from ptodist import DistributedConfig, RankError, RunConfig, ir, shared_array
 from ptodist.check import explore
 from ptodist.errors import (
     CheckError,
@@ -206,6 +206,58 @@ def test_barrier_returns_its_signal():
 
     run(build(2, [1, S], [1, S], host), 2, data(2, [1, S]), [1, S], "sim")
     assert seen["returned"] is seen["given"]
+
+
+@pytest.mark.parametrize("nr", [2, 4])
+def test_a_prepared_worker_runs_them_call_after_call(nr, local_backend):
+    """Kept rank processes run the same plan again: the signals each call allocated are clear for the next."""
+    def host(w):
+        pld.all_to_all(w.a, w.b)
+        return pld.reduce_scatter(w.b)
+
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=local_backend)
+    compiled = ir.compile(build(nr, [nr, S], [nr, S], host), config=config)
+    with compiled.prepare() as rt:
+        for i in range(3):
+            x = shared_array((nr, nr, S), np.float32)
+            x[...] = np.random.default_rng(i).standard_normal((nr, nr, S))
+            cnt = shared_array((nr, nr), np.int32)
+            y, rc = shared_array((nr, nr, S), np.float32), shared_array((nr, nr, 1), np.int32)
+            rt(x, cnt, y, rc)
+            # all_to_all: rank q's row r is x[r][q]; reduce_scatter: rank r's row r sums that over q
+            for r in range(nr):
+                np.testing.assert_allclose(y[r][r], x[r].sum(axis=0, dtype=np.float64), rtol=1e-5, atol=1e-5)
+
+
+def test_the_decorator_form_called_directly():
+    @pl.jit.incore
+    def stage(x: pl.Tensor[[1, S], pl.FP32], a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+        pl.store(pl.load(x, [0, 0], [1, S]), [0, 0], a)
+
+    @pl.jit.incore
+    def unstage(y: pl.Out[pl.Tensor[[1, S], pl.FP32]], a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+        pl.store(pl.load(a, [0, 0], [1, S]), [0, 0], y)
+
+    @pl.jit
+    def put_in(x: pl.Tensor[[1, S], pl.FP32], a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+        stage(x, a)
+
+    @pl.jit
+    def take_out(y: pl.Out[pl.Tensor[[1, S], pl.FP32]], a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+        unstage(y, a)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[2, 1, S], pl.FP32], y: pl.Out[pl.Tensor[[2, 1, S], pl.FP32]]):
+        a = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
+        for r in pl.range(pld.world_size()):
+            put_in(x[r], a, device=r)
+        a = pld.all_reduce(a, op=pld.ReduceOp.Min)
+        for r in pl.range(pld.world_size()):
+            take_out(y[r], a, device=r)
+
+    x = data(2, [1, S])
+    y = host(x, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend="sim"))
+    np.testing.assert_array_equal(y, np.broadcast_to(x.min(axis=0), y.shape))
 
 
 # -- misuse: upstream's wrappers refuse these, before anything runs ----------------------------------
