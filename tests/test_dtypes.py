@@ -279,3 +279,52 @@ def test_dumped_tensors_of_types_numpy_lacks_load_back_with_their_values(tmp_pat
     assert dumps["e5m2.npy"].dtype == np.float32 and dumps["e5m2.npy"].tolist() == [[1.0, -3.0, 7.0, 8.0]]
     assert dumps["i4.npy"].dtype == np.int8 and dumps["i4.npy"].tolist() == [[1, -3, 7, -7]]
     assert e5m2.astype(np.float32).tolist() == [[1.0, -3.0, 7.0, 8.0]]
+
+
+def _shift_program(dtype, nr):
+    """Each rank writes its index (as ``dtype``) into its window; every rank reads its left neighbour's."""
+    import ptodist.language.distributed as pld
+
+    @pl.program
+    class Shift:
+        @pl.function(type=pl.FunctionType.InCore)
+        def step(self, y: pl.Out[pl.Tensor[[1, 4], dtype]], data: pl.InOut[pld.DistributedTensor[[1, 4], dtype]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            ctx = pld.get_comm_ctx(data)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            mine = pl.cast(pl.full([1, 4], dtype=pl.FP32, value=pl.cast(me + 1, target_type=pl.FP32)), dtype)
+            data = pl.store(mine, [0, 0], data)
+            for p in pl.range(n):
+                pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+            for p in pl.range(n):
+                pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
+            return pl.store(pld.tile.remote_load(data, (me - 1 + n) % n, [0, 0], [1, 4]), [0, 0], y)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, y: pl.Out[pl.Tensor[[1, 4], dtype]], data: pl.InOut[pld.DistributedTensor[[1, 4], dtype]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            return self.step(y, data, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, y: pl.Out[pl.Tensor[[nr, 1, 4], dtype]]):
+            dbuf = pld.alloc_window_buffer([1, 4], dtype=dtype)
+            sbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(y[r], pld.window(dbuf, [1, 4], dtype=dtype), pld.window(sbuf, [nr, 1], dtype=pl.INT32),
+                          device=r)
+
+    return Shift
+
+
+@pytest.mark.parametrize("backend", ["sim", "shm"])
+@pytest.mark.parametrize("dtype", [pl.FP8E5M2, pl.FP4, pl.INT4, pl.UINT4, pl.UINT16, pl.UINT64],
+                         ids=lambda d: d.name)
+def test_windows_hold_the_new_types(dtype, backend):
+    from ptodist import DistributedConfig
+
+    compiled = ir.compile(_shift_program(dtype, 3), platform="a2a3sim",
+                          distributed_config=DistributedConfig(device_ids=[0, 1, 2]),
+                          config=RunConfig(backend=backend))
+    y = np.zeros((3, 1, 4), dtype.np_dtype)
+    compiled(y)
+    assert y.astype(np.float64)[:, 0, :].tolist() == [[3.0] * 4, [1.0] * 4, [2.0] * 4]
