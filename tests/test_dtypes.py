@@ -227,6 +227,8 @@ def test_tensor_and_tile_views_are_recorded():
     assert pl.Tensor[[4, 2], pl.FP32, pl.TensorView(stride=[1, 4], layout=pl.DN)].layout is pl.DN
     assert repr(pl.TileView(blayout=pl.TileLayout.col_major, slayout=pl.TileLayout.row_major)) == \
         "pl.TileView(blayout=pl.TileLayout.col_major, slayout=pl.TileLayout.row_major)"
+    assert repr(pl.TileView(valid_shape=[16, 64], compact=pl.CompactMode.normal)) == \
+        "pl.TileView(valid_shape=[16, 64], compact=pl.CompactMode.normal)"
     assert ir.TensorView is pl.TensorView and ir.TileView is pl.TileView
     with pytest.raises(ProgramValueError) as info:
         pl.TensorView(stride=[8, 1])

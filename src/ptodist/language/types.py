@@ -325,6 +325,16 @@ class TileLayout(Enum):
         return f"pl.TileLayout.{self.name}"
 
 
+class CompactMode(Enum):
+    """``pl.CompactMode``: ``normal`` marks a partly valid boxed tile sent in the packed transfer format."""
+
+    null = "null"
+    normal = "normal"
+
+    def __repr__(self) -> str:
+        return f"pl.CompactMode.{self.name}"
+
+
 class ManualDep:
     """Marker ``pl.Tensor[[...], dtype, pl.ManualDep]``: a task leaves this argument out of its automatic
     dependencies (it neither waits for the unfinished tasks that touch it nor makes later ones wait); order it
@@ -401,6 +411,7 @@ class TileView:
     slayout: TileLayout = TileLayout.none_box
     fractal: int = 512
     pad: object = None
+    compact: CompactMode = CompactMode.null
 
     def __post_init__(self):
         object.__setattr__(self, "valid_shape", tuple(self.valid_shape or ()))
@@ -411,7 +422,7 @@ class TileView:
 
 
 _TILE_VIEW_DEFAULTS = {"valid_shape": (), "stride": (), "start_offset": None, "blayout": TileLayout.row_major,
-                       "slayout": TileLayout.none_box, "fractal": 512, "pad": None}
+                       "slayout": TileLayout.none_box, "fractal": 512, "pad": None, "compact": CompactMode.null}
 
 
 def _layout_of(extra: tuple, name: str, shape, dtype) -> TensorLayout:
