@@ -21,7 +21,7 @@ from conftest import LOCAL_BACKENDS
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RankError, RunConfig, ir, shared_array
+from ptodist import DistributedConfig, HangError, RankError, RunConfig, ir, shared_array
 from ptodist.check import explore
 from ptodist.errors import (
     CheckError,
@@ -386,9 +386,9 @@ def ring(nr: int, body):
     return Prog
 
 
-def run_ring(nr: int, body, backend: str) -> np.ndarray:
+def run_ring(nr: int, body, backend: str, **config_args) -> np.ndarray:
     config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
-                       backend=None if backend in ("check", None) else backend)
+                       backend=None if backend in ("check", None) else backend, **config_args)
     compiled = ir.compile(ring(nr, body), config=config)
     x = data(nr, [1, S])
     y = np.zeros_like(x)
@@ -438,6 +438,18 @@ def test_a_read_before_comm_wait_is_a_race_the_checker_reports():
     with pytest.raises(CheckError) as e:
         run_ring(2, body, "check")
     assert "race" in str(e.value)
+
+
+@pytest.mark.parametrize("backend_name", LOCAL_BACKENDS)
+def test_a_comm_wait_that_never_holds_is_a_hang_report_with_its_comparison(backend_name):
+    def body(w):
+        pl.system.comm_notify(cell(w, 1), 3, op="set")
+        pl.system.comm_wait(cell(w, 1), 3, cmp="ne")  # holds 3 for ever
+
+    with pytest.raises(HangError) as e:
+        run_ring(2, body, backend_name, hang_timeout_s=2.0)
+    assert (f"blocked at {line_of('# holds 3 for ever')} in kernel 'k': pl.system.comm_wait on 'sig[slice]' "
+            "(buffer 'sig') cell 1 holds 3, needs != 3") in str(e.value)
 
 
 def comm_error(body, kind=ProgramError) -> str:

@@ -93,6 +93,7 @@ from ..rank.status import (
     STATUS_DTYPE,
     WAITING,
     StatusBoard,
+    cell_holds,
     current_line,
     waited_cells,
 )
@@ -1222,11 +1223,10 @@ class _Control:
             row = peeks[r].row
             if int(row["state"]) != WAITING:
                 return False
-            for buffer_id, offset, ge, expected in waited_cells(row, peeks[r].others):
+            for buffer_id, offset, cmp, expected in waited_cells(row, peeks[r].others):
                 if not 0 <= buffer_id < windows:
                     return False
-                value = memory.cell_load(buffer_id, r, offset)
-                if (value >= expected) if ge else (value == expected):
+                if cell_holds(cmp, memory.cell_load(buffer_id, r, offset), expected):
                     return False
         return True
 

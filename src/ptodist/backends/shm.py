@@ -49,7 +49,16 @@ from ..language.types import Direction
 from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
-from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, install_line_sampler, waited_cells
+from ..rank.status import (
+    DONE,
+    FAILED,
+    RUNNING,
+    WAITING,
+    StatusBoard,
+    cell_holds,
+    install_line_sampler,
+    waited_cells,
+)
 from . import resources
 from .base import STOP_WRITE_S, Command, HostView, SharedHeap, StallRule, died, last_activity, sample_lines
 
@@ -237,9 +246,8 @@ class _Monitor:
             row = self.rows[r]
             if row["state"] != WAITING:
                 return False
-            for buffer_id, offset, ge, expected in waited_cells(row, others[r]):
-                value = self.memory.cell_load(buffer_id, r, offset)
-                if (value >= expected) if ge else (value == expected):
+            for buffer_id, offset, cmp, expected in waited_cells(row, others[r]):
+                if cell_holds(cmp, self.memory.cell_load(buffer_id, r, offset), expected):
                     return False
         return True
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 import time
 
 from ..errors import HangError
-from ..rank.status import DONE, OTHER_WAITS, RUNNING, STATE_NAMES, WAITING
+from ..rank.status import DONE, OTHER_WAITS, RUNNING, STATE_NAMES, WAIT_CMPS, WAITING
+
+_SYMBOLS = {"Eq": "==", "Ge": ">=", "Ne": "!=", "Lt": "<", "Le": "<=", "Gt": ">"}
 
 
 def received(state: dict, sent: list[dict]) -> list[dict]:
@@ -178,7 +180,7 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
         if s["state"] == "waiting" and s.get("order"):
             lines.append(f"{who}: blocked at {s['where']} by {s['wait']} (waiting {s['waiting_s']:.2f} s)")
         elif s["state"] == "waiting":
-            sym = "==" if s["cmp"] == "Eq" else ">="
+            sym = _SYMBOLS[s["cmp"]]
             task = f" in kernel '{s['task']}'" if s.get("task") else ""
             lines.append(f"{who}: blocked at {s['where']}{task}: {s['wait']} holds {s['current']}, "
                          f"needs {sym} {s['expected']} (waiting {s['waiting_s']:.2f} s)")
@@ -189,7 +191,7 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
                 lines.append(f"      it waits for whichever of its {n} pending deferred waits holds first; "
                              "the others:")
                 for o in others:
-                    sym = "==" if o["cmp"] == "Eq" else ">="
+                    sym = _SYMBOLS[o["cmp"]]
                     lines.append(f"    - at {o['where']}: {o['wait']} holds {o['current']}, needs {sym} "
                                  f"{o['expected']}")
                     if o.get("received"):  # (most received nothing: saying so for each would bury the rest)
@@ -260,7 +262,7 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
         st.update(wait=row["what"].decode(errors="replace"), where=row["where"].decode(errors="replace"),
                   buffer=plan.windows[buffer_id].name, buffer_id=buffer_id, offset=offset,
                   cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
-                  cmp="Ge" if row["wait_cmp"] else "Eq", current=cell_load(buffer_id, r, offset),
+                  cmp=WAIT_CMPS[int(row["wait_cmp"])], current=cell_load(buffer_id, r, offset),
                   waiting_s=round(time.time() - float(row["since"]), 3))
         order = getattr(plan, "order_signal", None)
         if order is not None and buffer_id == order.id:
@@ -271,7 +273,7 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
             st["others"] = [{"rank": r, "wait": o["what"].decode(errors="replace"),
                              "where": o["where"].decode(errors="replace"), "buffer": plan.windows[int(o["buffer"])].name,
                              "buffer_id": int(o["buffer"]), "offset": int(o["offset"]), "cell0": int(o["cell0"]),
-                             "expected": int(o["expected"]), "cmp": "Ge" if o["cmp"] else "Eq",
+                             "expected": int(o["expected"]), "cmp": WAIT_CMPS[int(o["cmp"])],
                              "current": cell_load(int(o["buffer"]), r, int(o["offset"]))} for o in listed]
             st["unlisted"] = more - len(listed)
     if st["state"] == STATE_NAMES[RUNNING] and (asked or line):

@@ -49,7 +49,7 @@ from ..language.types import Direction
 from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
-from .status import LAST_OP_CODES, OTHER_WAITS
+from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
 from .tasks import Task, TaskGraph, buffer_key, overlap
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
@@ -1545,9 +1545,9 @@ class RankContext(context.Context):
         while not self.memory.wait_any(lambda: test(int(cells(w.buffer.id)[i]), expected), self.wait_slice_s):
             if not published:
                 published = True
-                self.status.set_waiting(self.rank, w.buffer.id, byte, 0, expected, str(loc),
-                                        f"{op} on '{signal.name}' (buffer '{w.buffer.name}') cell {i}: until it is "
-                                        f"{_COMM_SYMBOLS[cmp]} {expected}", i)
+                self.status.set_waiting(self.rank, w.buffer.id, byte, WAIT_CMPS.index(_CommCmp[cmp].name),
+                                        expected, str(loc),
+                                        f"{op} on '{signal.name}' (buffer '{w.buffer.name}') cell {i}", i)
         if published:
             self.status.set_running(self.rank, self.task or "")
         self._satisfied((w, byte, [i], expected, _CommCmp[cmp], loc), int(cells(w.buffer.id)[i]), start)
@@ -1674,7 +1674,6 @@ RankContext._OPS = {
 _COMM_NOTIFY_OPS = {"atomic_add": NotifyOp.AtomicAdd, "set": NotifyOp.Set}
 _COMM_CMPS = {"eq": int.__eq__, "ne": int.__ne__, "gt": int.__gt__, "ge": int.__ge__, "lt": int.__lt__,
               "le": int.__le__}
-_COMM_SYMBOLS = {"eq": "==", "ne": "!=", "gt": ">", "ge": ">=", "lt": "<", "le": "<="}
 _CommCmp = {"eq": WaitCmp.Eq, "ge": WaitCmp.Ge}
 
 

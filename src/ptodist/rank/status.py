@@ -259,12 +259,23 @@ class StatusBoard:
         return self.rows[rank]["busy"].decode(errors="replace")
 
 
-def waited_cells(row, others) -> list[tuple[int, int, bool, int]]:
+# A status row's wait_cmp: how the cell compares with the expected value (pld.WaitCmp's Eq and Ge; the others
+# are pl.system.comm_wait's), by code.
+WAIT_CMPS = ("Eq", "Ge", "Ne", "Lt", "Le", "Gt")
+_CMP_TESTS = (int.__eq__, int.__ge__, int.__ne__, int.__lt__, int.__le__, int.__gt__)
+
+
+def cell_holds(cmp: int, value: int, expected: int) -> bool:
+    """Whether a cell holding ``value`` ends a wait with comparison code ``cmp`` (of ``WAIT_CMPS``)."""
+    return _CMP_TESTS[cmp](value, expected)
+
+
+def waited_cells(row, others) -> list[tuple[int, int, int, int]]:
     """The cells a waiting rank's status row (and its rows of ``others``) says it waits on, any one of which
-    ends its wait: ``(buffer_id, byte offset, whether >=, expected)``, the row's first."""
-    cells = [(int(row["wait_buffer"]), int(row["wait_offset"]), bool(row["wait_cmp"]), int(row["wait_expected"]))]
+    ends its wait: ``(buffer_id, byte offset, comparison code, expected)``, the row's first."""
+    cells = [(int(row["wait_buffer"]), int(row["wait_offset"]), int(row["wait_cmp"]), int(row["wait_expected"]))]
     for o in others[:min(int(row["wait_others"]), OTHER_WAITS)]:
-        cells.append((int(o["buffer"]), int(o["offset"]), bool(o["cmp"]), int(o["expected"])))
+        cells.append((int(o["buffer"]), int(o["offset"]), int(o["cmp"]), int(o["expected"])))
     return cells
 
 
