@@ -15,8 +15,7 @@ from pathlib import Path
 
 NOT_YET = {
     "pypto.language": """
-        CompactMode DynVar IntLike MemRef MemRefType PrefetchAsyncContext Ptr RUNTIME
-        optimizations prefetch
+        DynVar IntLike MemRef MemRefType PrefetchAsyncContext Ptr RUNTIME optimizations prefetch
     """,
     "pypto.language.tile": """
         gather_compare
