@@ -1545,10 +1545,14 @@ class RankContext(context.Context):
         while not self.memory.wait_any(lambda: test(int(cells(w.buffer.id)[i]), expected), self.wait_slice_s):
             if not published:
                 published = True
+                if self.events is not None:  # for a stopped rank's records (dfx/flush.py)
+                    self.blocked_in = (w, byte, [i], expected, _CommCmp[cmp], loc, start, self._task_rec,
+                                       loop_indices())
                 self.status.set_waiting(self.rank, w.buffer.id, byte, WAIT_CMPS.index(_CommCmp[cmp].name),
                                         expected, str(loc),
                                         f"{op} on '{signal.name}' (buffer '{w.buffer.name}') cell {i}", i)
         if published:
+            self.blocked_in = None
             self.status.set_running(self.rank, self.task or "")
         self._satisfied((w, byte, [i], expected, _CommCmp[cmp], loc), int(cells(w.buffer.id)[i]), start)
 
