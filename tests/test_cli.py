@@ -21,7 +21,7 @@ from conftest import PACKAGE_DIR, child_env
 import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import ConfigError, DistributedConfig, RunConfig, cli
+from ptodist import ConfigError, DistributedConfig, RunConfig, cli, ir
 from ptodist.errors import DispatchTypeError
 
 PYPTO_RING = '''
@@ -741,7 +741,8 @@ def _stamped(root, name: str, n: int) -> list[str]:
 
 
 def _compile_and_touch(config=None):
-    compiled = _doubled.compile(config=config or RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    # ir.compile makes a new program (and directory) each time; _doubled.compile gives back the one it keeps
+    compiled = ir.compile(_doubled, config=config or RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
     return compiled.output_dir
 
 
