@@ -330,3 +330,26 @@ def test_windows_hold_the_new_types(dtype, backend):
     y = np.zeros((3, 1, 4), dtype.np_dtype)
     compiled(y)
     assert y.astype(np.float64)[:, 0, :].tolist() == [[3.0] * 4, [1.0] * 4, [2.0] * 4]
+
+
+def test_dynvar_and_intlike_are_the_dynamic_dimension_types():
+    rows = pl.DynVar("ROWS")  # what pl.dynamic returns, made directly
+    assert isinstance(pl.dynamic("M"), pl.DynVar)
+    assert all(isinstance(v, pl.IntLike) for v in (3, rows, rows * 2, pl.dynamic("M") + 1))
+    assert not isinstance(1.5, pl.IntLike)
+
+    @pl.jit.incore
+    def double(x: pl.Tensor[[rows, 4], pl.FP32], out: pl.Out[pl.Tensor[[rows, 4], pl.FP32]]):
+        pl.store(pl.mul(pl.load(x, [0, 0], [3, 4]), 2.0), [0, 0], out)
+
+    @pl.jit
+    def orch(x: pl.Tensor[[rows, 4], pl.FP32], out: pl.Out[pl.Tensor[[rows, 4], pl.FP32]]):
+        double(x, out)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[rows, 4], pl.FP32], out: pl.Out[pl.Tensor[[rows, 4], pl.FP32]]):
+        orch(x, out, device=0)
+
+    x, out = np.arange(12, dtype=np.float32).reshape(3, 4), np.zeros((3, 4), np.float32)
+    host.compile(x, out, config=RunConfig(backend="sim"))(x, out)
+    np.testing.assert_array_equal(out, 2 * x)

@@ -80,7 +80,9 @@ from .text import loads, loads_program, parse, parse_program
 from .tile_ops import Tile
 from .types import (
     CompactMode,
+    DynVar,
     InOut,
+    IntLike,
     ManualDep,
     Out,
     Tensor,
@@ -132,7 +134,7 @@ ND, DN, NZ, MX_A_ZZ, MX_B_NN = (TensorLayout.ND, TensorLayout.DN, TensorLayout.N
 __all__ = [
     "BF16", "BOOL", "FP8E4M3FN", "FP8E8M0", "FP16", "FP32", "INDEX", "INT8", "INT16", "INT32", "INT64", "UINT8",
     "FP4", "FP8E5M2", "HF4", "HF8", "INT4", "UINT4", "UINT16", "UINT32", "UINT64",
-    "TensorLayout", "TileLayout", "TensorView", "TileView", "CompactMode", "ND", "DN", "NZ", "MX_A_ZZ", "MX_B_NN",
+    "TensorLayout", "TileLayout", "TensorView", "TileView", "CompactMode", "DynVar", "IntLike", "ND", "DN", "NZ", "MX_A_ZZ", "MX_B_NN",
     "DataType", "FunctionType", "InOut", "Level", "Out", "Program", "Role", "Scalar", "Tensor", "Tile", "Tuple",
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",

@@ -172,6 +172,12 @@ def dynamic(name: str) -> DynDim:
     return DynDim(name)
 
 
+# Upstream's names: pl.DynVar is the type pl.dynamic returns; pl.IntLike what an integer argument may be
+# (an int, an integer Scalar, or a dynamic dimension or arithmetic on one).
+DynVar = DynDim
+IntLike = int | Scalar | _Dim
+
+
 def solve(dim: _Dim, actual: int, env: dict):
     """Match a declared dim against an actual size with the names bound in ``env`` (name -> int).
 
