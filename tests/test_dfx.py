@@ -592,6 +592,23 @@ def test_a_later_run_in_one_output_dir_replaces_the_earlier_runs_files(tmp_path)
     assert f"1 other run(s) beside it (the newest: {old}); give a run's folder" in p.stderr
 
 
+def test_two_live_programs_take_turns_in_one_output_dir(tmp_path, capfd):
+    """Each takes the folder, cleared of the other's files, when the other has no call in progress."""
+    out = tmp_path / "out"
+    x = np.arange(3 * N, dtype=np.float32).reshape(3, 1, N)
+    a = twice.compile(x, config=config(out, enable_chip_swimlane=True))
+    xb = np.zeros((2, 1), np.float32)
+    b = defers.compile(xb, config=config(out, ids=(0, 1), enable_chip_swimlane=True))
+    a(x)
+    b(xb)
+    run = out / "dfx_outputs"
+    assert_only_its_own_records(run, [0, 1], {"deferred"})
+    a(x)                                               # a's second call, d1, in the folder cleared of b's files
+    assert sorted(p.name for p in run.iterdir() if p.is_dir()) == ["rank0", "rank1", "rank2"]
+    assert all(sorted(p.name for p in (run / f"rank{r}").iterdir()) == ["d1"] for r in range(3))
+    assert dfx.runs(out) == [run] and "is in use by another run" not in capfd.readouterr().err
+
+
 def test_runs_at_the_same_time_in_one_output_dir_keep_their_own_records(tmp_path, capfd):
     out = tmp_path / "out"
     gate_r, gate_w = os.pipe()

@@ -9,9 +9,11 @@ driver stops it (:mod:`.flush`); the driver merges the swimlanes and, when the d
 ``findings_d{k}.json``.  ``ptodist trace DIR [--html FILE]`` (:mod:`.summary`, :mod:`.html`) reads them.
 
 A *run* (the dispatches of one ``CompiledProgram`` object in one process, or in every process of one MPI job)
-takes the folder with an exclusive ``flock`` on its lock file, held while the program lives, and first clears what
-an earlier run left there (as PyPTO clears stale ``rank*/d{k}`` folders).  A run that finds the folder held by a
-live run writes beside it, in ``dfx_outputs.2`` (``.3``, ...), and says so on stderr: two runs never mix files.
+takes the folder (its process holds an exclusive ``flock`` on the folder's lock file) and first clears what an
+earlier run left there (as PyPTO clears stale ``rank*/d{k}`` folders).  In one process the folder passes to the next
+run that asks once no dispatch of the holder is in progress; a run that finds it in use (a dispatch writing into it,
+or another process holding it) writes beside it, in ``dfx_outputs.2`` (``.3``, ...), and says so on stderr: two
+runs never mix files.
 Folders of the older ``dfx_outputs/run_<timestamp>_<pid>/`` layout are still read, never cleared.
 """
 
@@ -43,10 +45,9 @@ _STALE = (re.compile(r"merged_swimlane_.*\.json$"), re.compile(r"findings_d\d+\.
 _RANK = re.compile(r"rank\d+$")
 _DISPATCH = re.compile(r"d\d+$")
 _told: set[str] = set()
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a collected program's release may run while it is held
 _runs_by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> {(pid, output_dir): run}
 _runs_by_dir: dict[tuple, Path] = {}  # (pid, output_dir) -> run folder, for callers that name no owner
-_held: dict[int, object] = {}  # lock descriptor -> its finalizer (or None: held while this process lives)
 
 
 @dataclass(frozen=True)
@@ -138,48 +139,78 @@ def _owner_of(output_dir: Callable[[], Path]):
     return None
 
 
+class _Holder:
+    """This process's hold on a run folder: its lock's descriptor, the program whose run it holds, and how many
+    of that program's dispatches are writing into it."""
+
+    __slots__ = ("fd", "owner", "active")
+
+    def __init__(self, fd: int, owner):
+        self.fd = fd
+        self.owner = owner  # a weak reference to the owner, or None: this process's own run
+        self.active = 0
+
+    def owned_by(self, owner) -> bool:
+        return (self.owner() if self.owner is not None else None) is owner
+
+    def idle(self) -> bool:
+        return self.active == 0 or (self.owner is not None and self.owner() is None)
+
+
+_holders: dict[Path, _Holder] = {}  # run folder -> this process's hold on it
+
+
 def _run_dir(out_dir: Path, owner, config) -> Path:
-    """This owner's run folder in ``out_dir`` (taken at its first request)."""
-    key = (os.getpid(), out_dir.resolve())  # a forked process that dispatches makes its own run
+    """The run folder this owner's next dispatch writes into (its own while it holds one; else taken now)."""
+    comm = _mpi_comm(config)
+    if comm is not None and comm.Get_rank() != 0:  # every process of an MPI job writes where its process 0 does
+        name = comm.bcast(None, root=0)
+        (out_dir / name).mkdir(parents=True, exist_ok=True)  # processes on other machines
+        return out_dir / name
+    out_dir = out_dir.resolve()  # one folder, one hold, however the output_dir is spelled
+    key = (os.getpid(), out_dir)  # a forked process that dispatches makes its own run
     with _lock:
         try:
             mine = _runs_by_owner.setdefault(owner, {}) if owner is not None else _runs_by_dir
         except TypeError:  # an owner without weak references: one run per process
             owner, mine = None, _runs_by_dir
         run = mine.get(key)
-        if run is None:
-            run = mine[key] = _new_run(out_dir, owner, config)
-        return run
-
-
-def _new_run(out_dir: Path, owner, config) -> Path:
-    """Take a run folder in ``out_dir``; every process of an MPI job gets the one its process 0 took."""
-    comm = _mpi_comm(config)
-    name = None
-    if comm is None or comm.Get_rank() == 0:
-        name = _take(out_dir, owner).name
+        holder = _holders.get(run) if run is not None else None
+        if holder is None or not holder.owned_by(owner):  # its first dispatch, or another run took the folder
+            run = mine[key] = _take(out_dir, owner)
+            holder = _holders[run]
+        holder.active += 1
     if comm is not None:
-        name = comm.bcast(name, root=0)
-        (out_dir / name).mkdir(parents=True, exist_ok=True)  # processes on other machines
-    return out_dir / name
+        comm.bcast(run.name, root=0)
+    return run
 
 
 def _take(out_dir: Path, owner) -> Path:
-    """Lock ``dfx_outputs`` (else the first free ``dfx_outputs.<n>``), clear what an earlier run left, return it."""
+    """Hold ``dfx_outputs`` (else the first free ``dfx_outputs.<n>``) for ``owner``'s run, cleared of what an
+    earlier run left there.  A folder this process holds for a program with no dispatch in progress passes to the
+    new run; one a dispatch is writing into, or another process holds, is in use."""
     busy = []
     for n in itertools.count(1):
         folder = out_dir / (DFX_DIR if n == 1 else f"{DFX_DIR}.{n}")
-        folder.mkdir(parents=True, exist_ok=True)
-        fd = os.open(folder / IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            busy.append((folder, os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"))
-            os.close(fd)
-            continue
+        held = _holders.get(folder)
+        if held is not None:
+            if not held.idle():
+                busy.append((folder, str(os.getpid())))
+                continue
+            held.owner = _ref(owner, folder)
+        else:
+            folder.mkdir(parents=True, exist_ok=True)
+            fd = os.open(folder / IN_USE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                busy.append((folder, os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"))
+                os.close(fd)
+                continue
+            _holders[folder] = _Holder(fd, _ref(owner, folder))
+        fd = _holders[folder].fd
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)  # who holds it (for the message of a run that finds it busy)
-        _held[fd] = weakref.finalize(owner, _release, fd) if owner is not None else None
         _clear_stale(folder)
         if busy:
             first, pid = busy[0]
@@ -187,6 +218,41 @@ def _take(out_dir: Path, owner) -> Path:
                   f"the two runs' files apart this run writes its DFX outputs to {folder} instead. Give runs that "
                   "overlap in time their own output_dir to find the outputs in dfx_outputs/.", file=sys.stderr)
         return folder
+
+
+def _ref(owner, folder: Path):
+    """A weak reference to ``owner`` that lets ``folder`` go when the owner is collected with no dispatch active."""
+    return weakref.ref(owner, lambda ref: _release(folder, ref)) if owner is not None else None
+
+
+def _release(folder: Path, ref) -> None:
+    with _lock:
+        held = _holders.get(folder)
+        if held is not None and held.owner is ref and held.active == 0:
+            del _holders[folder]
+            with contextlib.suppress(OSError):
+                os.close(held.fd)
+
+
+def _dispatch_ended(root: Path) -> None:
+    """A dispatch writing into ``root`` ended (``finish_run``): the folder may pass to another run."""
+    with _lock:
+        held = _holders.get(root)
+        if held is not None and held.active > 0:
+            held.active -= 1
+            if held.active == 0 and held.owner is not None and held.owner() is None:
+                _release(root, held.owner)
+
+
+def _forget_held() -> None:
+    """In a forked child (a rank): the run folders are the parent's to hold, and to release."""
+    for held in _holders.values():
+        with contextlib.suppress(OSError):
+            os.close(held.fd)
+    _holders.clear()
+
+
+os.register_at_fork(after_in_child=_forget_held)
 
 
 def _clear_stale(folder: Path) -> None:
@@ -200,25 +266,6 @@ def _clear_stale(folder: Path) -> None:
                 child.rmdir()  # only when nothing else is left in it
         elif any(p.match(child.name) for p in _STALE) and child.is_file():
             child.unlink(missing_ok=True)
-
-
-def _release(fd: int) -> None:
-    _held.pop(fd, None)
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-def _forget_held() -> None:
-    """In a forked child (a rank): the run folders are the parent's to hold, and to release when its programs go."""
-    for fd, fin in list(_held.items()):
-        if fin is not None:
-            fin.detach()
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    _held.clear()
-
-
-os.register_at_fork(after_in_child=_forget_held)
 
 
 def _mpi_comm(config):
@@ -273,6 +320,7 @@ def finish_run(request: DfxRequest, world: int, device_ids: list[int],
     The error is ``error``, or else the exception propagating through the caller (backends call
     this in a ``finally``); an exception the caller's callers are handling does not count.
     """
+    _dispatch_ended(request.root)
     if error is None:
         error = _propagating(sys._getframe(1))
     if error is not None:
