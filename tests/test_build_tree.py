@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, compat, ir
@@ -467,3 +468,8 @@ def test_the_upstream_module_paths_resolve():
     from pypto.ir.distributed_compiled_program import _META_SCHEMA
 
     assert Upstream is CompiledProgram and _COMPILED_META_SCHEMA == _META_SCHEMA == 1
+    from pypto.runtime.bench import BenchmarkStats as Stats
+    from pypto.runtime.device_tensor import DeviceTensor, StackedDeviceTensor
+
+    assert Stats is BenchmarkStats and DeviceTensor is ptodist.DeviceTensor
+    assert StackedDeviceTensor is ptodist.StackedDeviceTensor
