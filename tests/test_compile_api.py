@@ -424,7 +424,8 @@ def test_chip_worker_reopens_after_close():
     w = ChipWorker(config=RunConfig(backend="sim"), auto_init=False)
     assert w.closed and not w.initialized
     with pytest.raises(UsageError, match=exactly(
-            "ChipWorker.run(): the worker is closed; call init() or use it in a with block "
+            "ChipWorker.run(): called after close() (or before init()): the worker is closed; call init() or use it "
+            "in a with block "
             "(with ChipWorker(config) as w: ...)")):
         w.run(ir.compile(Scale), rand())
     w.init()

@@ -185,8 +185,8 @@ class ChipWorker(Worker):
 
     def _require_open(self, call: str) -> None:
         if not self._initialized:
-            raise UsageError(f"ChipWorker.{call}(): the worker is closed; call init() or use it in a with block "
-                             "(with ChipWorker(config) as w: ...)")
+            raise UsageError(f"ChipWorker.{call}(): called after close() (or before init()): the worker is closed; "
+                             "call init() or use it in a with block (with ChipWorker(config) as w: ...)")
 
     # -- programs ----------------------------------------------------------------------------------
     def _worker(self) -> DistributedWorker:
