@@ -151,7 +151,9 @@ class _Holder:
         self.active = 0
 
     def owned_by(self, owner) -> bool:
-        return (self.owner() if self.owner is not None else None) is owner
+        if owner is None:
+            return self.owner is None
+        return self.owner is not None and self.owner() is owner
 
     def idle(self) -> bool:
         return self.active == 0 or (self.owner is not None and self.owner() is None)
