@@ -27,7 +27,6 @@ import importlib
 import importlib.util
 import inspect
 import json
-import linecache
 import os
 import sys
 import textwrap
@@ -94,11 +93,23 @@ def param_info(p) -> dict:
             "dtype": dtype_text(getattr(tt, "dtype", None))}
 
 
+def _disk_source(f: Function) -> str:
+    """``f``'s text as its file holds it now, read afresh: the lines a module's loader cached are never checked
+    again, and leaving that cache alone keeps every message's source lines as they were."""
+    code = f.fn.__code__
+    try:
+        with open(code.co_filename, encoding="utf-8") as fh:
+            lines = fh.read().splitlines(keepends=True)
+    except (OSError, UnicodeDecodeError):  # no file (a pl.parse text): the lines Python keeps are all there is
+        return function_source(f)
+    try:
+        return textwrap.dedent("".join(inspect.getblock(lines[code.co_firstlineno - 1:])))
+    except Exception:  # noqa: BLE001 - a file cut short since: its text is what it is
+        return "".join(lines[code.co_firstlineno - 1:])
+
+
 def _source_hash(f: Function) -> str:
-    # Hash what is on disk now: a module's lines are cached (from its loader) and never checked again.
-    if os.path.exists(f.fn.__code__.co_filename):  # (a pl.parse text has no file: its cached lines are all it has)
-        linecache.cache.pop(f.fn.__code__.co_filename, None)
-    return hashlib.sha256(function_source(f).encode()).hexdigest()
+    return hashlib.sha256(_disk_source(f).encode()).hexdigest()
 
 
 def _function_record(f: Function) -> dict:
