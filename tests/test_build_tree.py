@@ -201,6 +201,8 @@ def test_an_l3_build_holds_the_host_orchestration_its_meta_and_a_folder_per_chip
     assert variant["ORCHESTRATION"]["function_name"] == "pld.tensor.allreduce"
     assert variant["KERNELS"][0]["name"] == "allreduce__max__fp32"
     assert variant["KERNELS"][0]["signature"] == [ArgDirection.INOUT, ArgDirection.INOUT]
+    line = open(HERE).read().splitlines().index("    pld.tensor.allreduce(data, sig, op=pld.ReduceOp.Max)") + 1
+    assert variant["KERNELS"][0]["called_at"] == f"{HERE}:{line}"
 
     host_orch = config_of(out / "orchestration" / "host_orch.py")
     assert host_orch["CALLABLES"] == {"collect": "next_levels/collect", "stage": "next_levels/stage",
@@ -228,6 +230,10 @@ def test_a_collective_variant_the_source_does_not_tell_is_written_with_the_first
     assert sorted(p.name for p in (out / "next_levels").iterdir()) == [
         "builtin.tensor.allreduce__sum__fp32", "collect", "stage"]
     assert "builtin.tensor.allreduce__sum__fp32" in config_of(out / "orchestration" / "host_orch.py")["CALLABLES"]
+    variant = config_of(out / "next_levels" / "builtin.tensor.allreduce__sum__fp32" / "kernel_config.py")
+    line = [i for i, t in enumerate(open(HERE).read().splitlines(), 1)
+            if t.startswith("    pld.tensor.allreduce(pld.window(buf")][0]
+    assert variant["KERNELS"][0]["called_at"] == f"{HERE}:{line}"
 
 
 def test_a_workers_first_plan_writes_the_variant_too(tmp_path):

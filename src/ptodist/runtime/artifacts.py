@@ -419,7 +419,7 @@ def static_variants(host: Function) -> dict[str, dict]:
         dtype = dtypes[0] if dtypes else None
         out[variant_name(name, op_name, mode, dtype)] = {"name": name, "op": op_name, "mode": mode, "dtype": dtype,
                                                           "nargs": len(node.args),
-                                                          "loc": f"{host.file}:{host.line + node.lineno - 2}"}
+                                                          "loc": f"{host.file}:{host.fn.__code__.co_firstlineno + node.lineno - 1}"}
     return out
 
 
