@@ -7,11 +7,13 @@ import inspect
 import json
 import os
 import runpy
+import subprocess
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import child_env, python_exe
 
 import ptodist
 import ptodist.language as pl
@@ -328,6 +330,35 @@ def test_several_orchestrations_each_get_a_build_of_their_own(tmp_path):
         f"CompiledProgram.from_dir({str(out)!r}): {out / 'compiled_meta.json'} not found, so the folder is not a "
         "build ptodist can load. It holds next_levels/: a program with several orchestrations keeps one build per "
         "orchestration there; load next_levels/<name>. Compile the program (ir.compile(...)) to make one.")
+
+
+def test_a_build_a_script_made_in_another_process_loads_from_the_scripts_file(tmp_path):
+    script = tmp_path / "negate.py"
+    script.write_text(textwrap.dedent("""
+        import sys
+
+        import ptodist.language as pl
+        from ptodist import RunConfig
+
+
+        @pl.jit.incore
+        def negate(x: pl.Tensor[[2, 4], pl.FP32], y: pl.Out[pl.Tensor[[2, 4], pl.FP32]]):
+            pl.store(pl.neg(pl.load(x, [0, 0], [2, 4])), [0, 0], y)
+
+
+        if __name__ == "__main__":
+            print(negate.compile(config=RunConfig(backend="sim", output_dir=sys.argv[1])).output_dir)
+    """))
+    done = subprocess.run([python_exe(), str(script), str(tmp_path / "build")], capture_output=True, text=True,
+                          env=child_env(), timeout=120)
+    assert done.returncode == 0, done.stderr
+    loaded = CompiledProgram.from_dir(done.stdout.strip())
+    assert json.loads((tmp_path / "build" / "compiled_meta.json").read_text())["ptodist"]["origin"]["module"] == \
+        "__main__"
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    y = np.zeros_like(x)
+    loaded(x, y)
+    np.testing.assert_array_equal(y, -x)
 
 
 def test_from_dir_of_a_folder_without_a_build_says_what_is_missing(tmp_path):
