@@ -368,7 +368,7 @@ def write_variants(compiled, plan: DispatchPlan) -> None:
     if written is None or compiled._parent is not None or isinstance(compiled.host, EntryFunction):
         return
     seen, new = set(), False
-    for task in plan.tasks[0] if plan.tasks else ():
+    for task in (t for tasks in plan.tasks for t in tasks):  # every rank's: a comm domain may leave rank 0 out
         if isinstance(task.function, BuiltinCall) and task.function.key not in seen:
             seen.add(task.function.key)
             name, info = _variant_of(task.function)
