@@ -15,8 +15,14 @@ import pytest
 from conftest import run_in_rank
 
 import ptodist.language as pl
-from ptodist import RunConfig, ir
-from ptodist.errors import DeclarationError, ProgramValueError, TileTypeError, TileValueError
+from ptodist import RankError, RunConfig, ir
+from ptodist.errors import (
+    DeclarationError,
+    OperationTypeError,
+    ProgramValueError,
+    TileTypeError,
+    TileValueError,
+)
 from ptodist.language.tile_ops import Tile
 
 
@@ -107,16 +113,63 @@ def test_large_integers_round_once():
         .astype(np.float64).tolist() == [2 ** 63 + 2 ** 56]
 
 
-def test_hifloat_tiles_keep_their_bits_and_refuse_conversion():
+def test_hifloat_tiles_keep_their_bits_and_refuse_values():
+    why = ("ptodist keeps HF8 (a HiSilicon float format) as raw bits and does not emulate its encoding or rounding; "
+           "load, store and move HF8 data as it is, and compute in FP32/FP16/BF16")
     bits = np.array([0x00, 0x7F, 0x80, 0xFF], np.uint8)
     t = Tile(bits, pl.HF8)
     assert pl.cast(t, pl.HF8).data.tolist() == bits.tolist()
-    with pytest.raises(TileTypeError) as info:
-        pl.cast(t, pl.FP32)
-    assert isinstance(info.value, TypeError)
-    assert re.fullmatch(r"pl\.cast at .*test_dtypes\.py:\d+: cannot convert HF8 to FP32: ptodist keeps HF8 \(a "
-                        r"HiSilicon float format\) as raw bits and does not emulate its rounding; load, store and "
-                        r"move HF8 tiles as they are, and compute in FP32/FP16/BF16", str(info.value))
+    assert pl.move(t, target_memory=pl.MemorySpace.Mat).data.tolist() == bits.tolist()
+    for call, cls, what in [
+            (lambda: pl.cast(t, pl.FP32), TileTypeError, "pl.cast at {}: cannot convert HF8 to FP32: "),
+            (lambda: pl.cast(Tile(np.ones(4, np.float32), pl.FP32), pl.HF8), TileTypeError,
+             "pl.cast at {}: cannot convert FP32 to HF8: "),
+            (lambda: pl.full([4], pl.HF8, 1.0), TileTypeError, "pl.full at {}: cannot fill with 1.0: "),
+            (lambda: pl.tile.write(t, [0], 1.0), TileTypeError, "pl.tile.write at {}: cannot write 1.0 into the HF8 "
+                                                               "tile: "),
+            (lambda: pl.tile.read(t, [1]), OperationTypeError, "a Scalar of HF8 at {}: ")]:
+        with pytest.raises(cls) as info:
+            call()
+        assert isinstance(info.value, TypeError)
+        assert re.fullmatch(re.escape(what).replace(r"\{\}", r".*test_dtypes\.py:\d+") + re.escape(why),
+                            str(info.value)), str(info.value)
+
+
+def _hf8_program(body):
+    @pl.jit.incore
+    def kernel(x: pl.Tensor[[1, 4], pl.HF8], out: pl.Out[pl.Tensor[[1, 4], pl.HF8]]):
+        body(x, out)
+
+    @pl.jit
+    def orch(x: pl.Tensor[[1, 4], pl.HF8], out: pl.Out[pl.Tensor[[1, 4], pl.HF8]]):
+        kernel(x, out)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[1, 4], pl.HF8], out: pl.Out[pl.Tensor[[1, 4], pl.HF8]]):
+        orch(x, out, device=0)
+
+    return host
+
+
+def test_hifloat_host_tensors_pass_as_their_bits_and_refuse_values():
+    """A uint8 array given for an HF8 parameter is HF8 in the ranks: its bits move, its values are refused."""
+    def copies(x, out):
+        pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], out)
+
+    def reads(x, out):
+        pl.write(out, [0, 0], pl.read(x, [0, 1]))
+
+    def casts(x, out):
+        pl.store(pl.cast(pl.cast(pl.load(x, [0, 0], [1, 4]), pl.FP32), pl.HF8), [0, 0], out)
+
+    x = np.array([[0x00, 0x7F, 0x80, 0xFF]], np.uint8)
+    out = np.zeros_like(x)
+    _hf8_program(copies).compile(x, out, config=RunConfig(backend="sim"))(x, out)
+    assert out.tolist() == x.tolist()
+    for body, what in [(reads, "a Scalar of HF8 at "), (casts, "pl.cast at ")]:
+        with pytest.raises(RankError) as info:
+            _hf8_program(body).compile(x, out, config=RunConfig(backend="sim"))(x, out)
+        assert what in str(info.value) and "ptodist keeps HF8 (a HiSilicon float format) as raw bits" in str(info.value)
 
 
 # -- layouts ---------------------------------------------------------------------------------------------------

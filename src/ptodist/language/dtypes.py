@@ -131,6 +131,12 @@ def _float64_round_to_odd(data: np.ndarray) -> np.ndarray:
     return out
 
 
+def raw_bits_why(dtype: DataType) -> str:
+    """Why a value cannot become a ``dtype`` element or come out of one (HF8, HF4: raw bits here)."""
+    return (f"ptodist keeps {dtype.name} (a HiSilicon float format) as raw bits and does not emulate its encoding "
+            f"or rounding; load, store and move {dtype.name} data as it is, and compute in FP32/FP16/BF16")
+
+
 # The types torch and ml_dtypes both have, but cannot hand each other: their bits pass as integers.
 _THROUGH_BITS = (BF16, FP8E4M3FN, FP8E5M2, FP8E8M0)
 

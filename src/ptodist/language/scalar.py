@@ -13,6 +13,7 @@ import math
 import operator
 
 from ..errors import OperationTypeError, OperationValueError
+from ..source import user_location
 from . import dtypes as dt
 from .dtypes import DataType
 
@@ -50,6 +51,8 @@ class Scalar:
     def __init__(self, value, dtype: DataType = dt.INDEX):
         if isinstance(value, Scalar):
             value = value.value
+        if dtype in dt.RAW_BITS:
+            raise OperationTypeError(f"a Scalar of {dtype.name} at {user_location()}: " + dt.raw_bits_why(dtype))
         self.dtype = dtype
         self.value = float(value) if dtype.is_float else _wrap(int(value), dtype)
 

@@ -129,9 +129,7 @@ def cast(x: Tile, target_type: DataType | None = None, mode: str = "round", *, d
     for raw in (x.dtype, target):
         if raw in dt.RAW_BITS and x.dtype is not target:
             raise TileTypeError(f"pl.cast at {user_location(2)}: cannot convert {x.dtype.name} to {target.name}: "
-                                f"ptodist keeps {raw.name} (a HiSilicon float format) as raw bits and does not "
-                                f"emulate its rounding; load, store and move {raw.name} tiles as they are, and "
-                                f"compute in FP32/FP16/BF16")
+                                + dt.raw_bits_why(raw))
     data = x.data
     if x.dtype.is_float and not target.is_float:
         data = rounding(data.astype(np.float64))

@@ -1112,6 +1112,9 @@ class RankContext(context.Context):
     def _write(self, op, tensor, offset, value):
         t = self._tensor(op, tensor)
         self._writable(op, t)
+        if t.dtype in dt.RAW_BITS:
+            raise ProgramTypeError(f"{op} at {user_location(2)}: cannot write {value!r} into {t.describe()}: "
+                                   + dt.raw_bits_why(t.dtype))
         idx = self._flat_index(op, t, offset)
         if self._trace:
             self._touch(op, t, t.array[tuple(slice(i, i + 1) for i in idx)], True)

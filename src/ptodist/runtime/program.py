@@ -69,6 +69,13 @@ class OrchestrationKeyError(DispatchError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+def _declared_dtype(param: ParamSpec, given: dt.DataType) -> dt.DataType:
+    """The dtype a host tensor has in the ranks: its own, or HF8 / HF4 where the parameter declares one and the
+    array holds its bits (uint8: numpy has no such type), so that the ranks never read those bits as numbers."""
+    declared = param.ttype.dtype if isinstance(param.ttype, TensorType) else None
+    return declared if declared in dt.RAW_BITS and declared.np_dtype == given.np_dtype else given
+
+
 class HostTensor:
     """A host tensor argument as a numpy array, with what it takes to write results back."""
 
@@ -495,7 +502,7 @@ class CompiledProgram:
         return k
 
     def host_specs(self, hosts: list) -> list[HostTensorSpec]:
-        return [HostTensorSpec(i, p.name, tuple(h.shape), h.dtype, p.direction,
+        return [HostTensorSpec(i, p.name, tuple(h.shape), _declared_dtype(p, h.dtype), p.direction,
                                p.ttype.layout.name if isinstance(p.ttype, TensorType) else "ND")
                 for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
 

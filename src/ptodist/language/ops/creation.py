@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...errors import TileIndexError, TileTypeError, TileValueError
+from ...source import user_location
 from .. import dtypes as dt
 from .. import memory_ops as _m
 from ..dtypes import DataType
@@ -58,6 +59,8 @@ def _to_dtype(values: np.ndarray, dtype: DataType) -> np.ndarray:
 
 def _fill(shape: list[int], value, dtype: DataType) -> np.ndarray:
     value = _value(value)
+    if dtype in dt.RAW_BITS:
+        raise TileTypeError(f"pl.full at {user_location()}: cannot fill with {value!r}: " + dt.raw_bits_why(dtype))
     if dtype.is_float or dtype is dt.BOOL:
         return np.full(shape, value, dtype=dtype.np_dtype)
     if isinstance(value, float) and not value.is_integer():

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...errors import TileIndexError, TileTypeError, TileValueError
 from ...source import user_location
+from .. import dtypes as dt
 from .. import memory_ops as _m
 from .. import tile_ops as _t
 from ..scalar import Scalar, as_int
@@ -54,6 +55,9 @@ def write(x, indices, value):
     if not isinstance(x, Tile):
         return _m.write(x, indices, value)
     idx = _element("pl.tile.write", x, indices)
+    if x.dtype in dt.RAW_BITS:
+        raise TileTypeError(f"pl.tile.write at {user_location(2)}: cannot write {value!r} into the {x.dtype.name} "
+                            "tile: " + dt.raw_bits_why(x.dtype))
     v = value.value if isinstance(value, Scalar) else value
     if not x.dtype.is_float and not float(v).is_integer():
         raise TileValueError(f"pl.tile.write at {user_location(2)}: value {v} is not an integer, but the tile is "
