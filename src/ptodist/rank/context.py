@@ -1519,7 +1519,7 @@ class RankContext(context.Context):
                                     f"{mode!r}")
         w, byte = self._comm_cell(op, signal)
         v = self._comm_int(op, value, "value")
-        # The cell is in this rank's copy: a notify to itself, which a wait of this rank (or a peer's RMA) pairs.
+        # A tensor can only view this rank's copy of a window: the notify is to this rank's own cell.
         self.notify(w, w.group.index(self.rank), [byte >> 2], v, _COMM_NOTIFY_OPS[mode])
 
     def _comm_condition(self, op, signal, cmp_value, cmp):
