@@ -323,7 +323,7 @@ def test_tile_max_and_min_of_two_scalars_and_the_namespace_classes():
     assert pl.tile.max(3, 7) == 7 and pl.tile.min(3, 7) == 3
     assert pl.tile.MaskPattern.P0101 == 1 and pl.tile.MaskPattern.P1111 == 7
     ref = pl.tile.alloc(pl.MemorySpace.Vec, 256)
-    assert isinstance(ref, pl.tile.MemRefType) and ref.size == 256
+    assert isinstance(ref, pl.tile.MemRefType) and ref.size == 256 and pl.MemRefType is pl.tile.MemRefType
     assert isinstance(pl.tensor.alloc(pl.MemorySpace.Vec, 64), pl.tile.MemRefType)
     assert pl.system.PipeType is pl.PipeType and int(pl.AtomicType.Add) == 1
     assert pl.tensor.no_dep is pl.no_dep and pl.tensor.dump_tag is pl.dump_tag

@@ -69,7 +69,7 @@ from .dtypes import (
 from .functions import Function as JITFunction
 from .functions import FunctionType, InlineFunction, Level, Program, Role, function, inline, jit, program
 from .mixed import KernelType, SplitMode, SyncAllMode, cluster, cross_core_slot, split, split_aiv
-from .ops.creation import Array
+from .ops.creation import Array, MemRefType
 from .ops.expand import PadValue
 from .ops.movement import CachePolicy
 from .ops.pipes import AUTO
@@ -139,7 +139,7 @@ __all__ = [
     "array", "at", "auto_scope", "cast", "cond", "dynamic", "function", "get_block_idx", "get_block_num", "jit",
     "manual_scope", "max", "min", "parallel", "program", "range", "spmd", "submit", "system", "tensor", "tile",
     "unroll", "yield_", "no_dep", "dump_tag", "static_assert", "static_print", "scope", "ScopeMode", "spmd_submit",
-    "Array", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType", "AsyncEvent", "AsyncSession", "CachePolicy",
+    "Array", "MemRefType", "PadValue", "AUTO", "Mem", "MemorySpace", "AtomicType", "AsyncEvent", "AsyncSession", "CachePolicy",
     "PipeType",
     "KernelType", "SplitMode", "SyncAllMode", "cluster", "cross_core_slot", "split", "split_aiv",
     "ForKind", "pipeline", "while_", "TASK_ID", "TaskId", "inline", "InlineFunction",
