@@ -260,6 +260,14 @@ def test_the_decorator_form_called_directly():
     np.testing.assert_array_equal(y, np.broadcast_to(x.min(axis=0), y.shape))
 
 
+@pytest.mark.parametrize("nr", [2, 4])
+def test_barrier_in_a_kernel(nr, backend):
+    def body(w):
+        pld.barrier(w.sig)  # a kernel's barrier: pld.tensor.barrier
+
+    run_ring(nr, body, backend)
+
+
 # -- misuse: upstream's wrappers refuse these, before anything runs ----------------------------------
 
 def compile_error(nr: int, host, xs=(1, S), ws=(1, S)) -> str:

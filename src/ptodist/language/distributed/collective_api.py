@@ -1,6 +1,6 @@
 """``pld.all_reduce``, ``pld.all_gather``, ``pld.broadcast``, ...: host collectives whose signals are managed.
 
-Each call (host orchestrator only) allocates a fresh INT32 signal window of the shape its ``pld.tensor.*``
+Each call (host orchestrator only, but ``barrier``) allocates a fresh INT32 signal window of the shape its ``pld.tensor.*``
 collective needs and calls that collective, so what runs on the ranks, and what traces, the checker and
 hang reports see, is exactly that ``pld.tensor.*`` call.  Two take no new window: ``all_reduce`` in mesh
 mode uses the signal the host synthesises for a ``pld.tensor.allreduce`` without one, and ``barrier``
@@ -98,8 +98,10 @@ def broadcast(target, *, root: int):
 
 
 def barrier(signal):
-    """All ranks arrive before any leaves, on the caller's INT32 ``signal`` window; returns ``signal``."""
-    _host_only("barrier", "pld.tensor.barrier(signal)")
+    """All ranks arrive before any leaves, on the caller's INT32 ``signal`` window; returns ``signal``.
+
+    It allocates nothing, so a kernel may call it too (it is ``pld.tensor.barrier(signal)`` there as well).
+    """
     return _tensor.barrier(signal)
 
 
