@@ -15,7 +15,7 @@ from pathlib import Path
 
 NOT_YET = {
     "pypto.language": """
-        MemRef MemRefType PrefetchAsyncContext Ptr RUNTIME optimizations prefetch
+        MemRef PrefetchAsyncContext Ptr RUNTIME optimizations prefetch
     """,
     "pypto.language.tile": """
         gather_compare
