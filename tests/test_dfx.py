@@ -560,6 +560,10 @@ def test_outputs_are_in_upstreams_layout(tmp_path):
         for name in ("deps.json", "scope_stats/scope_stats.jsonl", swimlane.RECORDS):
             assert (base / f"rank{r}" / "d0" / name).stat().st_size > 0
     assert len(list(base.glob("merged_swimlane_*.json"))) == 1
+    # PyPTO's current name of the swimlane flag (it co-enables dep_gen, as enable_chip_swimlane does)
+    compiled(x, y, config=RunConfig(platform="a2a3sim", enable_l2_swimlane=True))
+    for r in range(2):
+        assert {p.name for p in (base / f"rank{r}" / "d1").iterdir()} == {"deps.json", swimlane.RECORDS}
 
 
 def test_a_later_run_in_one_output_dir_replaces_the_earlier_runs_files(tmp_path):

@@ -341,5 +341,19 @@ def test_pointer_copies_between_host_and_resident_tensors(backend, torch):
             w.copy_from(host_out.data_ptr(), t.data_ptr, t.nbytes + 4)
 
 
+
+def test_run_config_takes_pyptos_current_dfx_names():
+    c = RunConfig(enable_l2_swimlane=True, enable_dump_tensor=2, enable_pmu=4)
+    assert (c.enable_chip_swimlane, c.enable_dump_args, c.enable_pmu, c.any_dfx_enabled()) == (True, 2, 4, True)
+    c.enable_l2_swimlane = False
+    c.enable_dump_tensor = 0
+    assert (c.enable_chip_swimlane, c.enable_dump_args) == (False, 0)
+    assert not RunConfig().any_dfx_enabled()
+    with pytest.raises(ConfigError) as e:
+        RunConfig(enable_l2_swimlane=True, enable_chip_swimlane=False)
+    assert str(e.value) == ("RunConfig(enable_l2_swimlane=True, enable_chip_swimlane=False): both name one setting "
+                            "(enable_l2_swimlane is PyPTO's name of enable_chip_swimlane); give one of them")
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-v"])

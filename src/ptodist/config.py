@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from dataclasses import dataclass, field
@@ -121,6 +122,7 @@ class RunConfig:
     ring_heap: int | None = None
     ring_dep_pool: int | None = None
     analyze_auto_scopes_for_deps: bool = False
+    enable_pmu: int = 0  # PyPTO's AICore PMU event type: recorded; a CPU has no such counters, nothing is written
 
     def __post_init__(self):
         if self.platform not in PLATFORMS:
@@ -177,3 +179,45 @@ class RunConfig:
             where = "the local" if name in ("shm", "sim") else "ptodist's"
             print(f"ptodist: platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)",
                   file=sys.stderr)
+
+    def any_dfx_enabled(self) -> bool:
+        """Whether a diagnostic output is on (swimlane, tensor dump, PMU, dependency graph, scope stats)."""
+        return bool(self.enable_chip_swimlane or self.enable_dump_args or self.enable_pmu or self.enable_dep_gen
+                    or self.enable_scope_stats)
+
+    # PyPTO's current names of two DFX flags: the same settings as enable_chip_swimlane / enable_dump_args.
+    @property
+    def enable_l2_swimlane(self) -> bool:
+        return self.enable_chip_swimlane
+
+    @enable_l2_swimlane.setter
+    def enable_l2_swimlane(self, value) -> None:
+        self.enable_chip_swimlane = value
+
+    @property
+    def enable_dump_tensor(self) -> int:
+        return self.enable_dump_args
+
+    @enable_dump_tensor.setter
+    def enable_dump_tensor(self, value) -> None:
+        self.enable_dump_args = value
+
+
+_UPSTREAM_NAMES = {"enable_l2_swimlane": "enable_chip_swimlane", "enable_dump_tensor": "enable_dump_args"}
+_dataclass_init = RunConfig.__init__
+
+
+@functools.wraps(_dataclass_init)
+def _run_config_init(self, *args, **kwargs):
+    """RunConfig(...), also taking PyPTO's names enable_l2_swimlane= and enable_dump_tensor=."""
+    for alias, name in _UPSTREAM_NAMES.items():
+        if alias in kwargs:
+            value = kwargs.pop(alias)
+            if name in kwargs and kwargs[name] != value:
+                raise ConfigError(f"RunConfig({alias}={value!r}, {name}={kwargs[name]!r}): both name one setting "
+                                  f"({alias} is PyPTO's name of {name}); give one of them")
+            kwargs[name] = value
+    _dataclass_init(self, *args, **kwargs)
+
+
+RunConfig.__init__ = _run_config_init

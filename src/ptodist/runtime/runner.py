@@ -79,7 +79,8 @@ class DfxOptions:
     @classmethod
     def from_run_config(cls, cfg: RunConfig) -> DfxOptions:
         return cls(enable_l2_swimlane=cfg.enable_chip_swimlane, enable_dump_tensor=cfg.enable_dump_args,
-                   enable_dep_gen=cfg.enable_dep_gen, enable_scope_stats=cfg.enable_scope_stats)
+                   enable_pmu=cfg.enable_pmu, enable_dep_gen=cfg.enable_dep_gen,
+                   enable_scope_stats=cfg.enable_scope_stats)
 
 
 def compile_program(program: Any, work_dir: str | Path, *, strategy=None, backend_type=None, dump_passes: bool = False,
@@ -130,6 +131,7 @@ def execute_compiled(work_dir: str | Path, args, *, platform: str | None = None,
     if dfx is not None:
         overrides.update(enable_chip_swimlane=bool(getattr(dfx, "enable_l2_swimlane", False)),
                          enable_dump_args=int(getattr(dfx, "enable_dump_tensor", 0)),
+                         enable_pmu=int(getattr(dfx, "enable_pmu", 0)),
                          enable_dep_gen=bool(getattr(dfx, "enable_dep_gen", False)),
                          enable_scope_stats=bool(getattr(dfx, "enable_scope_stats", False)))
     known = {f.name for f in fields(RunConfig)}
