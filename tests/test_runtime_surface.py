@@ -355,5 +355,34 @@ def test_run_config_takes_pyptos_current_dfx_names():
                             "(enable_l2_swimlane is PyPTO's name of enable_chip_swimlane); give one of them")
 
 
+
+def test_configure_log_sets_the_threshold_of_ptodists_notices(monkeypatch, capfd):
+    from ptodist import config
+    from ptodist.runtime import configure_log, log_level
+
+    monkeypatch.setattr(config, "_log_threshold", [])
+    monkeypatch.delenv("PYPTO_RUNTIME_LOG", raising=False)
+    assert log_level() == 20                           # info: every notice, as before any configure_log
+    x, y = np.ones((4, M), np.float32), np.zeros((4, M), np.float32)
+    cfg = RunConfig(backend="sim")
+    configure_log("ERROR")
+    assert log_level() == 40
+    monkeypatch.setattr(config, "_announced", set())
+    ir.compile(AddScalar, config=cfg)(x, y, 1.0)
+    assert "ptodist: platform" not in capfd.readouterr().err
+    np.testing.assert_array_equal(y, x + 1)
+    configure_log("info")
+    monkeypatch.setattr(config, "_announced", set())
+    ir.compile(AddScalar, config=cfg)(x, y, 2.0)
+    assert "ptodist: platform 'a2a3sim' runs on the local 'sim' backend (no NPU needed)" in capfd.readouterr().err
+    monkeypatch.setattr(config, "_log_threshold", [])
+    monkeypatch.setenv("PYPTO_RUNTIME_LOG", "warn")
+    assert log_level() == 30
+    with pytest.raises(ConfigError) as e:
+        configure_log("loud")
+    assert str(e.value) == ("configure_log('loud'): 'loud' is not a log level; give one of debug, info, timing, warn, "
+                            "warning, error, null or a logging level number (10 debug ... 40 error)")
+
+
 if __name__ == "__main__":
     pytest.main([__file__, "-v"])

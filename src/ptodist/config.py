@@ -34,6 +34,43 @@ def rank_prefix_setting() -> bool | None:
     return text == "1"
 
 
+# The threshold of ptodist's notices on stderr (``configure_log``; PyPTO's runtime log levels, as logging's numbers).
+LOG_LEVELS = {"debug": 10, "info": 20, "timing": 25, "warn": 30, "warning": 30, "error": 40, "null": 100}
+_log_threshold: list[int] = []  # set by configure_log(); empty: PYPTO_RUNTIME_LOG, else info
+
+
+def parse_log_level(level, where: str) -> int:
+    """A log level: one of :data:`LOG_LEVELS` (any case) or a ``logging`` number; else ConfigError."""
+    if isinstance(level, int) and not isinstance(level, bool):
+        return level
+    if isinstance(level, str):
+        text = level.strip().lower()
+        if text in LOG_LEVELS:
+            return LOG_LEVELS[text]
+        if text.lstrip("-").isdigit():
+            return int(text)
+    raise ConfigError(f"{where}: {level!r} is not a log level; give one of {', '.join(LOG_LEVELS)} or a logging "
+                      "level number (10 debug ... 40 error)")
+
+
+def log_threshold() -> int:
+    """The level a notice needs to be printed: configure_log's, else ``PYPTO_RUNTIME_LOG``'s, else info (20)."""
+    if _log_threshold:
+        return _log_threshold[0]
+    env = os.environ.get("PYPTO_RUNTIME_LOG", "").strip()
+    return parse_log_level(env, f"PYPTO_RUNTIME_LOG={env!r}") if env else LOG_LEVELS["info"]
+
+
+def set_log_threshold(level: int) -> None:
+    _log_threshold[:] = [level]
+
+
+def notice(text: str, level: int = LOG_LEVELS["info"]) -> None:
+    """Print one of ptodist's notices on stderr (``ptodist: ...``) when ``level`` reaches the log threshold."""
+    if level >= log_threshold():
+        print(f"ptodist: {text}", file=sys.stderr)
+
+
 def keep_outputs_setting() -> int:
     """``PTODIST_KEEP_OUTPUTS``: how many default output directories to keep per program (0: all); default 20."""
     text = os.environ.get("PTODIST_KEEP_OUTPUTS", "").strip()
@@ -177,8 +214,7 @@ class RunConfig:
             _announced.add(key)
             name = backend
             where = "the local" if name in ("shm", "sim") else "ptodist's"
-            print(f"ptodist: platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)",
-                  file=sys.stderr)
+            notice(f"platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)")
 
     def any_dfx_enabled(self) -> bool:
         """Whether a diagnostic output is on (swimlane, tensor dump, PMU, dependency graph, scope stats)."""

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..config import LOG_LEVELS, notice
 from ..language import dtypes as dt
 
 BUILD_TIME_SWITCHES = ("SIMPLER_HOST_STRACE", "SIMPLER_DFX")
@@ -216,9 +217,9 @@ def _take(out_dir: Path, owner) -> Path:
         _clear_stale(folder)
         if busy:
             first, pid = busy[0]
-            print(f"ptodist: {first} is in use by another run (process {pid}, which is still running); to keep "
-                  f"the two runs' files apart this run writes its DFX outputs to {folder} instead. Give runs that "
-                  "overlap in time their own output_dir to find the outputs in dfx_outputs/.", file=sys.stderr)
+            notice(f"{first} is in use by another run (process {pid}, which is still running); to keep the two "
+                   f"runs' files apart this run writes its DFX outputs to {folder} instead. Give runs that overlap "
+                   "in time their own output_dir to find the outputs in dfx_outputs/.", LOG_LEVELS["warn"])
         return folder
 
 
@@ -290,9 +291,9 @@ def notice_build_time_switches() -> None:
     for name in BUILD_TIME_SWITCHES:
         if name in os.environ and name not in _told:
             _told.add(name)
-            print(f"ptodist: {name} is a build-time switch of the simpler runtime (a C preprocessor macro); "
-                  "setting it in the environment changes nothing. Use RunConfig(enable_chip_swimlane=True, "
-                  "enable_dep_gen=True, enable_scope_stats=True) for ptodist's diagnostic outputs.", file=sys.stderr)
+            notice(f"{name} is a build-time switch of the simpler runtime (a C preprocessor macro); setting it in "
+                   "the environment changes nothing. Use RunConfig(enable_chip_swimlane=True, enable_dep_gen=True, "
+                   "enable_scope_stats=True) for ptodist's diagnostic outputs.", LOG_LEVELS["warn"])
 
 
 def write_rank_outputs(log, request: DfxRequest) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..config import DistributedConfig, RunConfig
 from .chip_worker import BenchmarkStats, ChipRegistrationHandle, ChipWorker, benchmark, run
+from .log_config import configure_log, log_level
 from .runner import RunResult, compile_program, execute_compiled
 from .tensor_spec import ScalarSpec, TensorSpec
 from .worker import (
@@ -18,5 +19,5 @@ from .worker import (
 
 __all__ = ["BenchmarkStats", "ChipRegistrationHandle", "ChipWorker", "DeviceTensor", "DistributedConfig",
            "DistributedWorker", "RegistrationHandle", "RunConfig", "RunHandle", "RunResult", "ScalarSpec",
-           "StackedDeviceTensor", "TensorSpec", "Worker", "benchmark", "compile_program", "execute_compiled", "run",
-           "shared_array"]
+           "StackedDeviceTensor", "TensorSpec", "Worker", "benchmark", "compile_program", "configure_log",
+           "execute_compiled", "log_level", "run", "shared_array"]
