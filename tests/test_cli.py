@@ -653,8 +653,10 @@ def _doubled(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], 
 
 
 TORCH_DTYPES = ("torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32, torch.int64, "
-                "torch.uint8 and torch.bool")
-NUMPY_DTYPES = "float32, float16, bfloat16, int8, int16, int32, int64, uint8, bool, float8_e4m3fn and float8_e8m0fnu"
+                "torch.uint8, torch.bool, torch.uint16, torch.uint32, torch.uint64, torch.float8_e4m3fn, "
+                "torch.float8_e5m2 and torch.float8_e8m0fnu")
+NUMPY_DTYPES = ("float32, float16, bfloat16, int8, int16, int32, int64, uint8, bool, float8_e4m3fn, float8_e8m0fnu, "
+                "float8_e5m2, uint16, uint32, uint64, int4, uint4 and float4_e2m1fn")
 
 
 @pytest.mark.parametrize("value, message", [

@@ -23,9 +23,6 @@ NOT_YET = {
     "pypto.language.tensor": """
         quant_mx
     """,
-    "pypto.runtime": """
-        configure_log log_level
-    """,
 }
 
 
