@@ -16,7 +16,6 @@ dispatch ends.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import random
 import sys
@@ -68,22 +67,83 @@ def describe_policy(policy: tuple[str, int | None]) -> str:
     return "random" if policy[0] == "random" else f"delay rank {policy[1]}"
 
 
+class Decisions:
+    """A ``ptodist check`` session's scheduling decisions: which to force, how to take the rest, what was taken.
+
+    A decision is keyed by ``(scheduler, kind, who, n)``: the session's ``scheduler``-th Scheduler (one per
+    dispatch segment), ``kind`` "rank" (who runs next, asked by rank ``who`` as it yields for the ``n``-th time;
+    ``who`` -1 at the start) or "task" (rank ``who``'s ``n``-th :meth:`SimMemory.choose`).  Keys name program
+    points, not positions in the run, so a replay that changes one decision keeps the others where they were.
+
+    ``forced`` maps keys to the choice to make there (ignored where that choice is not possible then);
+    the others follow the seed's policy, or, with ``plain``, the plain schedule: the running rank goes on
+    while it can, else the lowest-numbered rank that can run, and a task choice takes 0 (program order).
+    """
+
+    def __init__(self, forced: dict | None = None, plain: bool = False):
+        self.forced = dict(forced or {})
+        self.plain = plain
+        # every decision with more than one option, and every turn given up to wait, in the order taken
+        self.taken: list[Decision] = []
+        self.schedulers = 0               # Schedulers made so far in this session
+
+
+class Decision:
+    """One decision a scheduler took: its key, its options, the choice, the plain schedule's choice.
+
+    ``preempt``: a switch away from a rank that could have gone on (or a task picked out of program order);
+    ``seq``: the checker's clock when it was taken (0 outside ``ptodist check``); ``blocked``: for a rank
+    that gave up its turn because it waits, the ``file:line`` of that wait.
+    """
+
+    __slots__ = ("key", "options", "chosen", "plain", "preempt", "seq", "blocked")
+
+    def __init__(self, key, options, chosen, plain, preempt, seq, blocked=""):
+        self.key, self.options, self.chosen, self.plain = key, options, chosen, plain
+        self.preempt, self.seq, self.blocked = preempt, seq, blocked
+
+
+class Clock:
+    """The checker's global sequence numbers; ``now`` is the next one (where a scheduler decision falls)."""
+
+    def __init__(self):
+        self.now = 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> int:
+        n = self.now
+        self.now += 1
+        return n
+
+
 class Scheduler:
     """Decides which rank runs; passes the baton between rank threads.
 
     ``random`` picks uniformly among the ranks that can run at every operation; ``delay`` runs
     its chosen rank only when no other rank can run (the slow-peer schedule that exposes a read
-    issued before the peer's write).
+    issued before the peer's write).  With ``decisions`` (under ``ptodist check``) every decision
+    that had options is recorded there, and those it forces are replayed.
     """
 
-    def __init__(self, world: int, seed: int):
+    def __init__(self, world: int, seed: int, decisions: Decisions | None = None, clock: Clock | None = None):
         self.world = world
         self.policy = policy_for(seed, world)
         self._rng = random.Random(seed)
+        self._task_rng = random.Random(f"task:{seed}")  # its own stream: task choices leave the rank choices as they were
+        self.decisions = decisions
+        self._clock = clock
+        self._number = -1
+        if decisions is not None:
+            self._number = decisions.schedulers
+            decisions.schedulers += 1
+        self._asked: dict = {}  # (kind, who) -> how many decisions it asked for so far
         self._turn = [threading.Semaphore(0) for _ in range(world)]
         self._state = [_RUNNABLE] * world
         self._ready: list = [None] * world   # per blocked rank: a callable saying whether it may go on
         self._soft = [False] * world         # per blocked rank: polling, so it may go on when no one else can
+        self._blocked_at = ""                # the wait the rank giving up its turn now is blocked in
         self.running: int | None = None
         self.switches = 0
         self.aborted = False
@@ -99,26 +159,71 @@ class Scheduler:
                 out.append(r)
         return out
 
-    def _pick(self) -> int | None:
+    def _pick(self, me: int | None, who: int) -> int | None:
         cands = self._candidates()
         if not cands:
             cands = [r for r in range(self.world) if self._state[r] == _BLOCKED and self._soft[r]]
-        if not cands:
-            return None
+        if self.decisions is None:
+            return self._seeded(cands) if cands else None
+        key = self._key("rank", who)  # every turn given up counts: keys stay on their program points
+        if len(cands) <= 1:
+            only = cands[0] if cands else None
+            if self._blocked_at:  # no choice, but the story tells where the rank blocked
+                self.decisions.taken.append(Decision(key, tuple(cands), only, only, False,
+                                                     self._clock.now if self._clock is not None else 0,
+                                                     self._blocked_at))
+            return only
+        plain = me if me in cands else cands[0]
+        chosen = self.decisions.forced.get(key)
+        if chosen not in cands:
+            chosen = plain if self.decisions.plain else self._seeded(cands)
+        self.decisions.taken.append(Decision(key, tuple(cands), chosen, plain, me in cands and chosen != me,
+                                             self._clock.now if self._clock is not None else 0, self._blocked_at))
+        return chosen
+
+    def _seeded(self, cands: list[int]) -> int:
+        """The seed's policy's choice among ``cands``."""
         if self.policy[0] == "delay" and len(cands) > 1 and self.policy[1] in cands:
-            cands.remove(self.policy[1])
+            cands = [r for r in cands if r != self.policy[1]]
         return cands[0] if len(cands) == 1 else cands[self._rng.randrange(len(cands))]
+
+    def _key(self, kind: str, who: int) -> tuple:
+        n = self._asked.get((kind, who), 0)
+        self._asked[(kind, who)] = n + 1
+        return (self._number, kind, who, n)
+
+    def choose(self, me: int, n: int) -> int:
+        """Rank ``me``'s choice among ``n`` options (which of its ready tasks runs next): an int in range(n).
+
+        Seeded (uniform) on its own, recorded and replayed under ``ptodist check``; 0 is program order,
+        the plain schedule's choice.
+        """
+        if self.decisions is None:
+            return self._task_rng.randrange(n) if n > 1 else 0
+        key = self._key("task", me)
+        if n <= 1:
+            return 0
+        chosen = self.decisions.forced.get(key)
+        if not isinstance(chosen, int) or not 0 <= chosen < n:
+            chosen = 0 if self.decisions.plain else self._task_rng.randrange(n)
+        self.decisions.taken.append(Decision(key, tuple(range(n)), chosen, 0, chosen != 0,
+                                             self._clock.now if self._clock is not None else 0))
+        return chosen
 
     # -- passing the baton ----------------------------------------------------------
     def start(self) -> None:
         """Called by the driver once every rank thread waits for its turn."""
-        self._give(None)
+        self._give(None, -1)
 
-    def _give(self, me: int | None) -> None:
-        """Hand the baton to the rank the policy picks (maybe ``me`` again); park ``me`` until it returns."""
+    def _give(self, me: int | None, who: int) -> None:
+        """Hand the baton to the rank the policy picks (maybe ``me`` again); park ``me`` until it returns.
+
+        ``who``: the rank giving up its turn (-1 at the start), which names the decision.
+        """
         if self.aborted and me is not None:
             raise RankStopped  # the run was stopped while this rank ran (a rank that polls never parks)
-        nxt = self._pick()
+        nxt = self._pick(me, who)
+        self._blocked_at = ""
         if nxt is None:
             self.running = None
             self.deadlock = any(st == _BLOCKED for st in self._state)
@@ -145,23 +250,25 @@ class Scheduler:
 
     def switch(self, me: int) -> None:
         """At an operation: let the policy choose who runs next."""
-        self._give(me)
+        self._give(me, me)
 
-    def block(self, me: int, ready, soft: bool = False) -> None:
+    def block(self, me: int, ready, soft: bool = False, where: str = "") -> None:
         """``me`` cannot go on until ``ready()``: run others until it can (or no rank can).
 
         A ``soft`` block (a rank polling with pl.read) also goes on when no other rank can run:
-        it is not a deadlock, only a rank that lets the others go first.
+        it is not a deadlock, only a rank that lets the others go first.  ``where``: the wait's
+        ``file:line``, for the record.
         """
         self._state[me] = _BLOCKED
         self._ready[me] = ready
         self._soft[me] = soft
-        self._give(me)
+        self._blocked_at = where
+        self._give(me, me)
 
     def end(self, me: int) -> None:
         """``me`` finished (or failed): pass the baton for good."""
         self._state[me] = _ENDED
-        self._give(None)
+        self._give(None, me)
 
     def abort(self) -> None:
         """Release every parked rank thread with RankStopped (the driver calls this to stop the run)."""
@@ -219,7 +326,7 @@ class SimMemory:
         # The first miss returns, so the rank publishes what it waits on (for a hang report) and asks again.
         if self.status.rows[self.rank]["state"] != WAITING:
             return False, int(cells[i])
-        self._sched.block(self.rank, ready)
+        self._sched.block(self.rank, ready, where=self._waiting_at())
         return True, int(cells[i])
 
     def cells(self, buffer_id):
@@ -236,8 +343,22 @@ class SimMemory:
             return True
         if timeout_s <= 0 or self.status.rows[self.rank]["state"] != WAITING:
             return False
-        self._sched.block(self.rank, check)
+        self._sched.block(self.rank, check, where=self._waiting_at())
         return True
+
+    def _waiting_at(self) -> str:
+        """The ``file:line`` of the wait this rank published, for the scheduler's record (under check only)."""
+        if self._sched.decisions is None:
+            return ""
+        return bytes(self.status.rows[self.rank]["where"]).decode(errors="replace")
+
+    def choose(self, n: int) -> int:
+        """Which of ``n`` options (this rank's ready tasks) goes first: an int in range(n), 0 for program order.
+
+        The sim backend's own decision, like the choice of the rank that runs next: seeded, and recorded and
+        replayed under ``ptodist check`` (which shrinks a failing schedule's choices toward 0).
+        """
+        return self._sched.choose(self.rank, n)
 
     def locked(self, rank: int):
         return nullcontext()  # one rank runs at a time and an accumulate never yields
@@ -351,7 +472,7 @@ class _Dispatch:
     def __init__(self, number: int, world: int, checking: bool):
         self.number = number
         self.board_raw = np.zeros(StatusBoard.nbytes(world), dtype=np.uint8)
-        self.clock = itertools.count() if checking else None
+        self.clock = Clock() if checking else None
         self.logs: list[EventLog | None] = [None] * world
         self.contexts: list[_SimRank | None] = [None] * world
 
@@ -390,7 +511,7 @@ class SimGroup:
         if command.segment == 0 or self.dispatch is None or self.dispatch.number != command.number:
             self.dispatch = _Dispatch(command.number, self.world, session is not None)
         seed = session.seed if session is not None else _env_seed()
-        run = _SimRun(command, self.dispatch, seed)
+        run = _SimRun(command, self.dispatch, seed, getattr(session, "decisions", None))
         try:
             with resources.blas_on_one_thread():  # the ranks are this process's threads: no BLAS threads spinning
                 run.run()
@@ -418,7 +539,7 @@ def _check_message(findings) -> str:
 class _SimRun:
     """One command on the sim backend: threads, memory, the driver's watch, and the results."""
 
-    def __init__(self, command: Command, dispatch: _Dispatch, seed: int):
+    def __init__(self, command: Command, dispatch: _Dispatch, seed: int, decisions: Decisions | None = None):
         plan = command.plan
         self.full_plan = plan
         self.plan = split_segments(plan, command.boundaries)[command.segment] if command.boundaries else plan
@@ -428,8 +549,8 @@ class _SimRun:
         self.dfx = command.dfx
         self.last = command.last
         self.hang_timeout = command.hang_timeout
-        self.sched = Scheduler(plan.world, seed)
         self.checking = dispatch.clock is not None
+        self.sched = Scheduler(plan.world, seed, decisions, dispatch.clock)
         arena = command.heap
         self.heaps = list(arena.rows) if arena is not None else [np.zeros(ALIGN, np.uint8) for _ in range(self.world)]
         self.dispatch = dispatch
@@ -440,6 +561,7 @@ class _SimRun:
         self.failures: list[RankFailure] = []
         self.finished: set[int] = set()
         self.findings: list = []
+        self.stalled = False  # stopped for no progress (a wall-clock stop, not a certain deadlock)
 
     def run(self) -> None:
         threads = [threading.Thread(target=self._rank_main, args=(r,), name=f"ptodist-sim-rank{r}", daemon=True)
@@ -450,6 +572,7 @@ class _SimRun:
             self.sched.start()
             self._watch(threads)
         except Exception:  # a hang the watch found: every rank stops at its next bytecode; wait for all
+            self.stalled = True
             self._stop(threads, None)
             raise
         except BaseException:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, wait only a moment for them
