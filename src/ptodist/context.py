@@ -26,6 +26,10 @@ class Context:
 
     kind = "python"
     where_text = "outside a program"
+    checking = False  # True in a rank under `ptodist check`: it notes what only the checker reports
+
+    def padding_read(self, op: str, tile, axis: int) -> None:
+        """Note that ``op`` reads ``tile``'s padding along ``axis`` on a device; only a checked rank reports it."""
     advice = "Call the host orchestrator (or a compiled program) and let ptodist run it."
 
     def unavailable(self, op: str, where_ok: str):

@@ -110,6 +110,32 @@ FIXES = {
     "resource": "Ask for less (smaller windows, fewer ranks) or raise the limit the message names.",
 }
 
+# A reduction's identity: the pad value that makes its padding change nothing.
+_PAD_IDENTITY = {"sum": "0", "prod": "1", "max": "pl.PadValue.min", "argmax": "pl.PadValue.min",
+                 "min": "pl.PadValue.max", "argmin": "pl.PadValue.max"}
+
+
+def padding_read(rank: int, op: str, where: str, shape: tuple, valid: tuple, axis: int,
+                 origin: str | None) -> Finding:
+    """A reduction at ``where`` that reads the undefined padding of a ``shape`` tile valid over ``valid``.
+
+    ``origin``: where the padding came from (the ``pl.load`` with ``valid_shape``), when known.
+    """
+    pad = _PAD_IDENTITY[op.rsplit(".", 1)[-1].rsplit("_", 1)[-1]]
+    part = "row" if axis == len(shape) - 1 else "column"
+    made = f" (made by pl.load with valid_shape at {origin})" if origin else ""
+    message = (f"rank {rank}: {op} at {where} reads the padding of a {list(shape)} tile whose valid shape is "
+               f"{list(valid)}{made}. On a device a reduction reads the whole {part}, padding included, and "
+               "nothing filled the padding (it is undefined until pl.fillpad fills it), so the device's result "
+               "depends on whatever the buffer held; this run reduced the valid part only, so its numbers can "
+               "differ from the device's.")
+    fix = (f"Fill the padding with the reduction's identity before {op} at {where}: "
+           f"tile = pl.fillpad(tile, pad_value={pad}) (0 for a sum, 1 for a product, pl.PadValue.min for a max, "
+           "pl.PadValue.max for a min).")
+    return Finding("uninitialized_read", message, [rank], [loc for loc in (where, origin) if loc],
+                   "8.1 silent data corruption", fix)
+
+
 _LOCATION = re.compile(r"((?:/|\.{0,2}/)?[\w.\-/]+\.py):(\d+)")
 
 

@@ -58,7 +58,9 @@ def analyze(logs: list, plan, since: int = 0) -> list[Finding]:
             a.notify(rank, rec)
         else:
             a.wait(rank, rec)
-    return a.findings()
+    # What the ranks found themselves while they ran (a reduction reading undefined padding).
+    own = [f for log in logs for seq, f in getattr(log, "findings", ()) if seq >= since]
+    return _dedupe(a.findings() + own)
 
 
 @dataclass

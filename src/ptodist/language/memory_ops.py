@@ -42,13 +42,16 @@ def load(tensor, offsets, shapes=None, valid_shape=None, target_memory=None, cla
                                 "add target_memory=pl.MemorySpace.Mat, or load as is and call pl.transpose")
         if len(list(shapes)) != 2:
             raise TileValueError(f"pl.load: transpose=True needs a 2-D region, got shape {list(shapes)}")
-    tile = context.current().memory_op("pl.load", tensor, list(offsets), list(shapes),
-                                       valid_shape if valid_shape is not None else valid_shapes, bool(clamp))
+    ctx = context.current()
+    tile = ctx.memory_op("pl.load", tensor, list(offsets), list(shapes),
+                         valid_shape if valid_shape is not None else valid_shapes, bool(clamp))
     if not isinstance(tile, Tile):
         return tile
     if transpose:
         valid = tuple(reversed(tile.valid_shape))
         tile = Tile(np.ascontiguousarray(tile.data.T), tile.dtype, valid if valid != tile.data.shape[::-1] else None)
+    if ctx.checking and tile.valid_shape != tile.data.shape:
+        tile.pad_src = str(user_location(2))  # the padding a device leaves undefined: where it came from
     tile.space = space
     return tile
 

@@ -22,10 +22,12 @@ class Tile:
     """A block of data in a kernel; supports ``+ - * /`` and unary ``-``.
 
     ``space`` is the on-chip memory the program placed the tile in (``None``: never placed, which reads
-    as ``Vec``; see :mod:`ptodist.language.spaces`).
+    as ``Vec``; see :mod:`ptodist.language.spaces`).  ``pad_src``, set only under ``ptodist check`` and
+    only on a partly valid tile, is the ``file:line`` that left its padding undefined (a ``pl.load`` with
+    ``valid_shape``); read it with ``getattr(tile, "pad_src", None)``, as plain runs never set it.
     """
 
-    __slots__ = ("data", "dtype", "valid_shape", "space")
+    __slots__ = ("data", "dtype", "valid_shape", "space", "pad_src")
 
     def __init__(self, data: np.ndarray, dtype: DataType | None = None, valid_shape=None,
                  space: MemorySpace | None = None):
@@ -94,6 +96,21 @@ class Tile:
 
     def __abs__(self):
         return _op("abs")(self)
+
+
+def carry_pad(out: Tile, *operands) -> Tile:
+    """``out``, a result computed from ``operands``, naming where their undefined padding came from.
+
+    Its padding was computed from theirs, so a later reduction over it reads what they left undefined.
+    Only tiles made under ``ptodist check`` carry ``pad_src``; the test is cheap where there is no padding.
+    """
+    if out.valid_shape != out.data.shape:
+        for t in operands:
+            src = getattr(t, "pad_src", None)
+            if src:
+                out.pad_src = src
+                break
+    return out
 
 
 def _op(name: str):

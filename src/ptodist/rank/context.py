@@ -17,6 +17,7 @@ import sys
 import numpy as np
 
 from .. import _atomics, collectives, context
+from ..check.findings import padding_read
 from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import (
@@ -123,6 +124,8 @@ class RankContext(context.Context):
         self.events = events
         # Under `ptodist check` the log also takes every window access (for the happens-before checker).
         self._trace = events is not None and events.record_accesses
+        self.checking = self._trace
+        self._padding_reads: set = set()  # the lines whose padding read the checker was told of
         self._spans: tuple[list, list] | None = None  # window copies by address, for _touch
         self._task_id: int | None = None
         self._task_rec: dict | None = None  # the event record of the task running now (an event log only)
@@ -768,6 +771,17 @@ class RankContext(context.Context):
         site = user_frame(2)
         self.events.access(op, write, atomic, owner, buffer_id, addr - lo, view.shape, view.strides, view.itemsize,
                            t.dtype.name, t.name, f"{site[0]}:{site[1]}" if site else "")
+
+    def padding_read(self, op: str, tile, axis: int) -> None:
+        """Under ``ptodist check``: tell the checker that ``op`` reads ``tile``'s undefined padding on a device."""
+        if not self._trace:
+            return
+        site = user_frame(2)
+        where = f"{site[0]}:{site[1]}" if site else op
+        if where not in self._padding_reads:
+            self._padding_reads.add(where)
+            self.events.finding(padding_read(self.rank, op, where, tile.data.shape, tile.valid_shape, axis,
+                                             getattr(tile, "pad_src", None)))
 
     # -- identity ---------------------------------------------------------------
     def world_size(self):

@@ -31,6 +31,7 @@ class EventLog:
         self._clock = clock              # an iterator of global sequence numbers, or None
         self.record_accesses = clock is not None  # the checker's log: window reads and writes too
         self.accesses: list[dict] = []   # those reads and writes; not slices, so kept apart from records
+        self.findings: list[tuple] = []  # (seq, Finding): what the rank found itself while it ran (the checker's)
         self.device_id = device_id
         self.dispatch = dispatch
         self.records: list[dict] = []   # slices: tasks and communication operations
@@ -105,6 +106,10 @@ class EventLog:
                               "write": write, "atomic": atomic, "owner": owner, "buffer_id": buffer_id,
                               "offset": offset, "shape": shape, "strides": strides, "itemsize": itemsize,
                               "dtype": dtype, "tensor": tensor, "where": where})
+
+    def finding(self, finding) -> None:
+        """Keep a finding the rank made while it ran (a padding read); the checker reports it with its own."""
+        self.findings.append((next(self._clock), finding))
 
     def to_json(self) -> dict:
         data = {"rank": self.rank, "device_id": self.device_id, "dispatch": self.dispatch,

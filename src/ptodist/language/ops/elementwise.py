@@ -16,7 +16,7 @@ from ...errors import TileTypeError, TileValueError
 from .. import dtypes as dt
 from ..dtypes import DataType
 from ..scalar import Scalar
-from ..tile_ops import Tile
+from ..tile_ops import Tile, carry_pad
 from .registry import FLOATS, _fresh, _whole, op, tensor_impl
 
 _ARITH = "Elementwise arithmetic"
@@ -143,7 +143,7 @@ def _elementwise(name: str, operands: tuple, fn, *, divisor: int | None = None) 
                                            isinstance(operands[divisor], Tile))
     with np.errstate(all="ignore"):
         out = np.broadcast_to(fn(*arrays), shape)
-    return _tile(out, dtype, valid)
+    return carry_pad(_tile(out, dtype, valid), *tiles)
 
 
 def _nonzero_divisor(name: str, d: np.ndarray, valid: tuple, is_tile: bool) -> np.ndarray:
@@ -162,7 +162,7 @@ def _unary(name: str, x, fn) -> Tile:
         raise TileTypeError(f"pl.tile.{name} takes a Tile, got {_kind(x)}")
     with np.errstate(all="ignore"):
         out = fn(x.data.astype(_work_type(x.dtype)))
-    return _tile(out, x.dtype, x.valid_shape)
+    return carry_pad(_tile(out, x.dtype, x.valid_shape), x)
 
 
 def _need_scratch(name: str, tmp, call: str) -> None:

@@ -17,7 +17,7 @@ import numpy as np
 from ...errors import TileTypeError, TileValueError
 from .. import dtypes as dt
 from ..scalar import Scalar
-from ..tile_ops import Tile
+from ..tile_ops import Tile, carry_pad
 from .registry import FLOATS, NUMERIC, _fresh, _whole, dtype_names, is_tensor, op, tensor_impl
 
 _EXP = "Broadcast and expand"
@@ -63,7 +63,7 @@ def _common_valid(x: Tile, v: Tile, axis: int) -> tuple:
 def _fused(name: str, x: Tile, v: Tile, axis: int, fn) -> Tile:
     _pair(name, x, v, axis)
     out = fn(x, v)
-    return Tile(out.data, x.dtype, _common_valid(x, v, axis))
+    return carry_pad(Tile(out.data, x.dtype, _common_valid(x, v, axis)), x, v)
 
 
 def _elementwise(fn):

@@ -1,9 +1,9 @@
 """Reductions: row reductions collapse the last axis (kept as size 1), column reductions the first.
 
-A partially valid tile is reduced over its valid region only, as the device's TROW*/TCOL* instructions
-do (they read the source's valid rows and columns); the result is valid along the kept axes as far as
-the input was, and zero beyond.  To make padding take part, ``pl.fillpad`` first: it makes the whole
-tile valid.  FP16/BF16 tiles accumulate in FP32 and round once; integer tiles wrap (C semantics).  The
+A partially valid tile is reduced over its valid region only; the result is valid along the kept axes
+as far as the input was, and zero beyond.  Upstream documents a reduction as reading the padding too
+(undefined until ``pl.fillpad`` fills it), so under ``ptodist check`` a reduction over padding is an
+``uninitialized_read`` finding; ``pl.fillpad`` first makes the whole tile valid.  FP16/BF16 tiles accumulate in FP32 and round once; integer tiles wrap (C semantics).  The
 ``tmp_tile`` scratch argument of the tile forms is optional here, and checked as upstream checks it
 when given: on a CPU it selects nothing.  The arg-reductions return INT32 indices (first occurrence
 wins; NaN counts as the extremum, as in numpy and torch).
@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ... import context
 from ...errors import TileTypeError, TileValueError
 from .. import dtypes as dt
 from ..tile_ops import Tile
@@ -60,12 +61,16 @@ def _wide(x: Tile) -> np.ndarray:
     return x.data.astype(np.float32) if x.dtype in (dt.FP16, dt.BF16) else x.data
 
 
-def _reduce(x: Tile, fn: Callable, axis: int, out_dtype) -> Tile:
+def _reduce(name: str, x: Tile, fn: Callable, axis: int, out_dtype) -> Tile:
     """``fn`` over ``axis`` of ``x``'s valid region; the rest of the (size-1 axis) result is zero."""
     dtype = out_dtype or x.dtype
     shape = list(x.shape)
     shape[axis] = 1
     valid = list(x.valid_shape)
+    if valid[axis] < x.data.shape[axis] and all(valid):
+        # Upstream's reductions read the whole row or column, padding included (its docs: the pad value decides
+        # what the tail contributes); this one reads the valid part, so the checker reports the difference.
+        context.current().padding_read(f"pl.{name}", x, axis)
     region = _wide(x)[tuple(slice(0, v) for v in valid)]
     valid[axis] = 1
     out = np.zeros(shape, dtype.np_dtype)
@@ -76,11 +81,11 @@ def _reduce(x: Tile, fn: Callable, axis: int, out_dtype) -> Tile:
 
 
 def _row(name: str, x: Tile, fn: Callable, out_dtype=None) -> Tile:
-    return _reduce(x, fn, x.data.ndim - 1, out_dtype)
+    return _reduce(name, x, fn, x.data.ndim - 1, out_dtype)
 
 
 def _col(name: str, x: Tile, fn: Callable, out_dtype=None, axis: int = 0) -> Tile:
-    return _reduce(x, fn, axis % x.data.ndim, out_dtype)
+    return _reduce(name, x, fn, axis % x.data.ndim, out_dtype)
 
 
 def _argmax(a, axis, keepdims):
@@ -234,7 +239,7 @@ def _axis_reduce(name: str, x: Tile, axis, keepdim: bool, fn: Callable) -> Tile:
         raise TileValueError(f"pl.tile.{name}: axis {a} is outside a {x.data.ndim}-D tile (axes {-x.data.ndim} .. "
                              f"{x.data.ndim - 1})")
     a %= x.data.ndim
-    out = _reduce(x, fn, a, None)
+    out = _reduce(name, x, fn, a, None)
     if keepdim or x.data.ndim == 1:
         return out
     keep = [i for i in range(x.data.ndim) if i != a]

@@ -1,0 +1,118 @@
+"""New-feature bugs reported with the right kind, the root line first and the fix.
+
+Each bug is written as a PyPTO user writes it, run as a script through ``ptodist run`` / ``ptodist check``
+with ``--report-json``, and compared with its fixed twin, which must be clean (under 20 schedules where the
+report is a checker finding):
+
+* a reduction over a tile's padding that nothing filled (upstream documents a reduction as reading the padding,
+  undefined until ``pl.fillpad`` fills it) is an ``uninitialized_read`` under the checker, naming the reduction's
+  line, then the load that made the tile; a plain run is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ptodist import cli
+
+
+def _script(tmp_path: Path, name: str, source: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(source))
+    return path
+
+
+def _line(script: Path, marker: str) -> str:
+    """``script:line`` of the line ending with ``# <marker>``."""
+    hits = [i for i, t in enumerate(script.read_text().splitlines(), 1) if t.rstrip().endswith(f"# {marker}")]
+    assert len(hits) == 1, marker
+    return f"{script}:{hits[0]}"
+
+
+def _report(tmp_path: Path, *args: str) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    rc = cli.main([args[0], "--report-json", str(out), *args[1:]])
+    return rc, json.loads(out.read_text())
+
+
+# -- reading a tile's padding ------------------------------------------------------------------------------------
+
+PADDED = '''
+    """Row reductions of a [4, 16] block whose last 6 columns are padding."""
+    import torch
+
+    import pypto.language as pl
+    from pypto.runtime import RunConfig
+
+    VALID = 10
+
+
+    @pl.jit
+    def reduce_rows(a: pl.Tensor[[4, 16], pl.FP32], hi: pl.Out[pl.Tensor[[4, 1], pl.FP32]],
+                    total: pl.Out[pl.Tensor[[4, 1], pl.FP32]]):
+        with pl.at(level=pl.Level.CORE_GROUP):
+            t = pl.load(a, [0, 0], [4, 16], valid_shape=[4, VALID])  # load
+            FILL_MAX
+            m = pl.row_max(t)  # max
+            e = pl.exp(pl.row_expand_sub(t, m))
+            FILL_SUM
+            s = pl.row_sum(e)  # sum
+            pl.store(m, [0, 0], hi)
+            pl.store(s, [0, 0], total)
+        return hi, total
+
+
+    a = -torch.rand(4, 16) - 1.0
+    hi, total = torch.zeros(4, 1), torch.zeros(4, 1)
+    reduce_rows(a, hi, total, config=RunConfig(platform="a2a3sim"))
+    x = a[:, :VALID]
+    assert torch.allclose(hi[:, 0], x.max(dim=1).values)
+    assert torch.allclose(total[:, 0], torch.exp(x - x.max(dim=1, keepdim=True).values).sum(dim=1))
+    print("OK")
+'''
+
+
+def _padded(tmp_path: Path, fixed: bool) -> Path:
+    src = PADDED.replace("FILL_MAX", "t = pl.fillpad(t, pad_value=pl.PadValue.min)" if fixed else "pass")
+    src = src.replace("FILL_SUM", "e = pl.fillpad(e, pad_value=0)" if fixed else "pass")
+    return _script(tmp_path, "fixed.py" if fixed else "padded.py", src)
+
+
+def test_a_reduction_over_unfilled_padding_is_an_uninitialized_read_at_its_line(tmp_path):
+    script = _padded(tmp_path, fixed=False)
+    rc, doc = _report(tmp_path, "check", "--schedules", "1", str(script))
+    assert rc == 1 and doc["status"] == "findings"
+    found = doc["findings"]
+    assert [f["kind"] for f in found] == ["uninitialized_read", "uninitialized_read"]
+    (hi, total) = found
+    load, at_max, at_sum = _line(script, "load"), _line(script, "max"), _line(script, "sum")
+    # The reduction's line first, then the load whose valid_shape left the padding (carried through exp).
+    assert hi["locations"] == [at_max, load] and total["locations"] == [at_sum, load]
+    assert hi["ranks"] == [0] and hi["docs"] == "docs/pitfalls.md#silent-data-corruption"
+    assert hi["message"] == (
+        f"rank 0: pl.row_max at {at_max} reads the padding of a [4, 16] tile whose valid shape is [4, 10] (made by "
+        f"pl.load with valid_shape at {load}). On a device a reduction reads the whole row, padding included, and "
+        "nothing filled the padding (it is undefined until pl.fillpad fills it), so the device's result depends on "
+        "whatever the buffer held; this run reduced the valid part only, so its numbers can differ from the "
+        "device's.")
+    assert hi["fix"] == (
+        f"Fill the padding with the reduction's identity before pl.row_max at {at_max}: tile = pl.fillpad(tile, "
+        "pad_value=pl.PadValue.min) (0 for a sum, 1 for a product, pl.PadValue.min for a max, pl.PadValue.max for "
+        "a min).")
+    assert "pad_value=0) " in total["fix"]
+
+
+def test_a_plain_run_of_the_padding_read_is_unchanged(tmp_path, capsys):
+    # Outside the checker the reductions read the valid part, as before: the script's own checks pass.
+    rc, doc = _report(tmp_path, "run", str(_padded(tmp_path, fixed=False)))
+    assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
+    assert "OK" in capsys.readouterr().out
+
+
+def test_the_padding_reads_fixed_twin_is_clean(tmp_path):
+    rc, doc = _report(tmp_path, "check", "--schedules", "20", str(_padded(tmp_path, fixed=True)))
+    assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
