@@ -6,7 +6,9 @@ report is a checker finding):
 
 * a reduction over a tile's padding that nothing filled (upstream documents a reduction as reading the padding,
   undefined until ``pl.fillpad`` fills it) is an ``uninitialized_read`` under the checker, naming the reduction's
-  line, then the load that made the tile; a plain run is unchanged.
+  line, then the load that made the tile; a plain run is unchanged;
+* an error the driver raises (a ``prepare()`` option) carries under ``ptodist check`` the locations and text
+  ``ptodist run --report-json`` gives it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,6 @@ from __future__ import annotations
 import json
 import textwrap
 from pathlib import Path
-
-import pytest
 
 from ptodist import cli
 
@@ -115,4 +115,62 @@ def test_a_plain_run_of_the_padding_read_is_unchanged(tmp_path, capsys):
 
 def test_the_padding_reads_fixed_twin_is_clean(tmp_path):
     rc, doc = _report(tmp_path, "check", "--schedules", "20", str(_padded(tmp_path, fixed=True)))
+    assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
+
+
+# -- driver-side errors under the checker ------------------------------------------------------------------------
+
+DRIVER = '''
+    import torch
+
+    import pypto.language as pl
+    import pypto.language.distributed as pld
+    from pypto import DistributedConfig, RunConfig
+
+    SIZE = 8
+    NR = pl.dynamic("NR")
+
+
+    @pl.jit.incore
+    def copy(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+        return pl.store(pl.load(x, [0, 0], [1, SIZE]), [0, 0], y)
+
+
+    @pl.jit
+    def per_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+        return copy(x, y)
+
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            per_rank(x[r], y[r], device=r)
+        return y
+
+
+    x = torch.randn(2, 1, SIZE).share_memory_()
+    y = torch.zeros(2, 1, SIZE).share_memory_()
+    compiled = host.compile(x, y, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    with compiled.prepare(persistent=PERSISTENT) as rt:  # prepare
+        rt(x, y)
+    assert torch.equal(x, y)
+    print("OK")
+'''
+
+
+def test_a_driver_side_error_under_check_names_the_line_ptodist_run_names(tmp_path):
+    # prepare()'s option check names no line in its message: both commands report the user's call.
+    script = _script(tmp_path, "options.py", DRIVER.replace("PERSISTENT", '"yes"'))
+    rc_run, run = _report(tmp_path, "run", str(script))
+    rc_check, check = _report(tmp_path, "check", "--schedules", "1", str(script))
+    assert rc_run == rc_check == 1
+    assert run["findings"] == check["findings"]
+    (f,) = check["findings"]
+    assert (f["kind"], f["message"], f["locations"]) == (
+        "invalid_argument", "prepare(persistent='yes'): must be True or False", [_line(script, "prepare")])
+
+
+def test_the_driver_side_errors_fixed_twin_is_clean(tmp_path):
+    script = _script(tmp_path, "options_fixed.py", DRIVER.replace("PERSISTENT", "True"))
+    rc, doc = _report(tmp_path, "check", "--schedules", "20", str(script))
     assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])

@@ -237,12 +237,14 @@ def from_exception(exc: BaseException) -> list[Finding]:
         return _from_hang(exc)
     if isinstance(exc, CheckError):
         return list(exc.findings)
+    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if isinstance(exc, PtodistError):
         kind = exc.kind
         locations = list(exc.locations or [])
         locations += [loc for loc in _locations(str(exc)) if loc not in locations]
+        if not locations:  # an error that names no line (a prepare() option): the user's call that raised it
+            locations = [loc for loc in _user_frames(tb) if not loc.startswith("<")][:1]
         return [Finding(kind, str(exc), [], locations, exc.pitfall, exc.fix or FIXES.get(kind, ""))]
-    tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if isinstance(exc, PtodistInternalError):
         return [Finding("internal_error", f"{type(exc).__name__}: {exc}", [], _user_frames(tb), None,
                         FIXES["internal_error"], traceback=tb)]
