@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
 import runpy
@@ -296,6 +297,8 @@ def _check(args) -> int:
         doc.update(seed=outcome.session.seed, policy=outcome.session.policy,
                    replay=None if failed and _schedule_independent(outcome) else
                    replay.format(seed=outcome.session.seed))
+        shrunk = getattr(outcome, "shrunk", None)
+        doc["schedule"] = shrunk.to_json() if shrunk is not None else None
         _write_json(args.report_json, doc)
     return 1 if failed else 0
 
@@ -319,6 +322,7 @@ def _check_schedule(args, k: int, seed: int, replay: str):
     from .check import explore
 
     outcome = explore.run_schedule(args.script, list(args.args), seed)
+    outcome.shrunk = None
     s = outcome.session
     error = getattr(outcome, "error", None)
     if error is not None and not isinstance(error, PtodistError) and outcome.findings:
@@ -346,6 +350,11 @@ def _check_schedule(args, k: int, seed: int, replay: str):
         print(f"ptodist check: {static}; it does not depend on the schedule, so there is no seed to replay.",
               file=sys.stderr)
     else:
+        # The smallest schedule that fails the same way, told step by step (each re-run's output is dropped).
+        outcome.shrunk = explore.shrink(explore.script_target(args.script, list(args.args), io.StringIO()),
+                                        outcome, enabled=not args.no_shrink)
+        if outcome.shrunk is not None:
+            print(outcome.shrunk.render(), file=sys.stderr)
         print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
     return outcome
 
@@ -436,7 +445,11 @@ def main(argv=None) -> int:
                        help="how many schedules to try (default 8): seeds S, S+1, ..., S+N-1")
     check.add_argument("--seed", type=int, default=0, metavar="S", help="the first schedule's seed (default 0)")
     check.add_argument("--report-json", metavar="PATH", default=None,
-                       help='write {"status": "ok" | "findings" | "error", "seed": S, "findings": [...]} to PATH')
+                       help='write {"status": "ok" | "findings" | "error", "seed": S, "findings": [...], '
+                            '"schedule": {...}} to PATH')
+    check.add_argument("--no-shrink", action="store_true",
+                       help="tell the failing schedule as it ran, without looking for a smaller one that fails "
+                            "the same way")
     check.add_argument("script", help="the Python script to check")
     check.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     trace = sub.add_parser("trace", help="summarise a run's diagnostic outputs (swimlane records)",

@@ -39,7 +39,9 @@ class CheckReport:
     ``policy``: the failing schedule's seed and scheduling policy (``seed`` is None when clean;
     ``policy`` is then the last schedule's); ``replay``: what to run to replay the failing schedule
     exactly; ``world``: the rank count; ``dispatches``: the dispatches the last schedule made;
-    ``result``: what the last schedule's call returned (None when it failed).
+    ``result``: what the last schedule's call returned (None when it failed); ``schedule``: the failing
+    schedule told as numbered steps, shrunk to the smallest one found that fails the same way
+    (:class:`ptodist.check.explore.Shrunk`; None when clean, or when the failure came before any rank ran).
     """
 
     findings: list[Finding] = field(default_factory=list)
@@ -52,6 +54,7 @@ class CheckReport:
     result: object = None
     program: str = ""
     schedules: int = 0
+    schedule: object = None
 
     @property
     def clean(self) -> bool:
@@ -69,7 +72,8 @@ class CheckReport:
         head = (f"ptodist check{where}: schedule {k}/{self.schedules} (seed {self.seed}"
                 + (f", {self.policy}" if self.policy else "")
                 + f"): {len(self.findings)} finding(s)" + (f" ({self.world} ranks)" if self.world else ""))
-        return "\n".join([head, *(f.render() for f in self.findings), f"Replay exactly: {self.replay}"])
+        story = [self.schedule.render()] if self.schedule is not None else []
+        return "\n".join([head, *(f.render() for f in self.findings), *story, f"Replay exactly: {self.replay}"])
 
     __str__ = render
 
@@ -117,7 +121,7 @@ def _replay(seed: int, program: str) -> str:
 
 # -- check ------------------------------------------------------------------------------------------------
 
-def check(fn_or_compiled, *args, config=None, schedules: int = 8, seed: int = 0) -> CheckReport:
+def check(fn_or_compiled, *args, config=None, schedules: int = 8, seed: int = 0, shrink: bool = True) -> CheckReport:
     """Run ``fn_or_compiled(*args)`` on the sim backend under ``schedules`` seeded schedules, checked.
 
     ``fn_or_compiled`` is a ``@pl.jit.host`` function, a ``@pl.program`` class, or a compiled
@@ -133,6 +137,9 @@ def check(fn_or_compiled, *args, config=None, schedules: int = 8, seed: int = 0)
     schedule runs on fresh copies of the array and tensor arguments, so ``check`` modifies none
     of them and a replayed schedule sees exactly the inputs it saw.  An exception that is not
     ptodist's (a mistake in the call itself) is raised as is.
+
+    The failing schedule is told as numbered steps (``report.schedule``), shrunk first to the smallest
+    schedule found that shows the same finding, unless ``shrink`` is False.
 
     Outputs (dispatch plans) go where ``PTODIST_OUTPUT_ROOT`` says; under pytest, with the
     plugin, that is the test's ``tmp_path``.
@@ -166,6 +173,7 @@ def check(fn_or_compiled, *args, config=None, schedules: int = 8, seed: int = 0)
     if outcome.failed:
         report.findings, report.seed = list(outcome.findings), s.seed
         report.replay = _replay(s.seed, name)
+        report.schedule = explore.shrink(target, outcome, enabled=shrink)
     else:
         report.result = outcome.value
     return report
