@@ -10,8 +10,10 @@ timings such as ``0.53 s`` shown as ``N s``) into the markdown page.
 ``tests/test_bug_zoo.py`` runs every entry, checks its finding, and compares the
 output with the committed page, so the page stays true.
 
-Usage: ``python docs/gen_debugging.py`` (rewrites docs/debugging.md) or
-``python docs/gen_debugging.py --check`` (exit 1 when the page is out of date).
+Usage: ``python docs/gen_debugging.py`` (rewrites docs/debugging.md),
+``python docs/gen_debugging.py --check`` (exit 1 when the page is out of date) or
+``python docs/gen_debugging.py --measure`` (runs :data:`FEATURES`, the bugs of the new execution model, and
+their fixed twins under ``ptodist check --schedules 20`` and prints how many are located: :func:`measure`).
 """
 
 from __future__ import annotations
@@ -65,10 +67,26 @@ class Bug:
     # (and fails when it passes, so the entry is removed once ptodist is fixed).
     issues: dict = field(default_factory=dict)
     command: str = "run"  # "check": run under `ptodist check` (bugs that a single run does not show)
+    # The feature of the execution model the program exercises (task graphs, deferred waits, pipes, ...): set for
+    # the entries of FEATURES, which are measured (``--measure``) rather than rendered into the page.
+    feature: str = ""
+    # (old, new) replacements of the program's text that fix the bug: the fixed twin, which must run clean.
+    twin: tuple = ()
 
     @property
     def program(self) -> str:
         return HEADER + "\n" + textwrap.dedent(self.source).lstrip("\n")
+
+    @property
+    def fixed(self) -> Bug:
+        """The fixed twin: the same program with :attr:`twin`'s replacements made, expected to run clean."""
+        text = textwrap.dedent(self.source).lstrip("\n")
+        for old, new in self.twin:
+            if text.count(old) != 1:
+                raise ValueError(f"{self.name}: the twin's text {old!r} occurs {text.count(old)} times, not once")
+            text = text.replace(old, new)
+        return Bug(self.name + ".fixed", self.title + " (fixed)", text, command=self.command, env=self.env,
+                   feature=self.feature)
 
     @property
     def bug_line(self) -> int | None:
@@ -1048,7 +1066,791 @@ ZOO: list[Bug] = [
          """),
 ]
 
-BY_NAME = {bug.name: bug for bug in ZOO}
+
+# -- the new execution model -----------------------------------------------------------------------------------
+# One realistic bug per feature of the execution model (task graphs, deferred waits, comm domains, valid shapes,
+# cross-core pipes, all_to_all_v, workers, chip placement, L2 programs), written as upstream's docs teach, each with
+# its fixed twin. ``# BUG`` marks the root line: where the fix belongs (the task's pl.submit / deps= line, the
+# dispatch, the prepare() option), not where the bug shows. ``python docs/gen_debugging.py --measure`` prints how
+# many ptodist locates.
+
+FEATURES: list[Bug] = [
+    _bug('tg_no_deps', 'task graph: a reader in a manual scope with no deps= on its writer', '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class TwoStage:
+            @pl.function(type=pl.FunctionType.InCore)
+            def scale(self, x: pl.Tensor[[4, 8], pl.FP32], scratch: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+                return pl.store(pl.mul(pl.load(x, [0, 0], [4, 8]), 2.0), [0, 0], scratch)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def shift(self, scratch: pl.Tensor[[4, 8], pl.FP32], out: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+                return pl.store(pl.add(pl.load(scratch, [0, 0], [4, 8]), 1.0), [0, 0], out)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[4, 8], pl.FP32], scratch: pl.Out[pl.Tensor[[4, 8], pl.FP32]],
+                         out: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+                with pl.manual_scope():
+                    scratch, t_scale = pl.submit(self.scale, x, scratch)
+                    out, _ = pl.submit(self.shift, scratch, out)  # BUG: no deps=[t_scale]
+                return out
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 4, 8], pl.FP32], scratch: pl.Out[pl.Tensor[[NR, 4, 8], pl.FP32]],
+                     out: pl.Out[pl.Tensor[[NR, 4, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], scratch[r], out[r], device=r)
+                return out
+
+
+        compiled = ir.compile(TwoStage, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 32, dtype=np.float32).reshape(P, 4, 8)
+        scratch, out = np.zeros_like(x), np.zeros_like(x)
+        compiled(x, scratch, out)
+        assert np.array_equal(out, 2 * x + 1), "mismatch"
+        print("OK")
+        ''', ('race',), feature='task graph', command='check',
+         issues={"found": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "kind": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "location": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "root_first": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent"},
+         twin=(('out, _ = pl.submit(self.shift, scratch, out)  # BUG: no deps=[t_scale]',
+           'out, _ = pl.submit(self.shift, scratch, out, deps=[t_scale])'), )),
+    _bug('tg_wrong_deps', 'task graph: deps= names the wrong task', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Mat = pl.Tensor[[4, 8], pl.FP32]
+
+
+        @pl.program
+        class Normalize:
+            @pl.function(type=pl.FunctionType.InCore)
+            def fill(self, t: pl.Out[Mat], value: pl.Scalar[pl.FP32]):
+                return pl.store(pl.full([4, 8], dtype=pl.FP32, value=value), [0, 0], t)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def scale(self, x: Mat, s: pl.Out[Mat]):
+                return pl.store(pl.mul(pl.load(x, [0, 0], [4, 8]), 0.5), [0, 0], s)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def combine(self, s: Mat, bias: Mat, out: pl.Out[Mat]):
+                return pl.store(pl.add(pl.load(s, [0, 0], [4, 8]), pl.load(bias, [0, 0], [4, 8])), [0, 0], out)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: Mat, s: pl.Out[Mat], bias: pl.Out[Mat], out: pl.Out[Mat]):
+                with pl.manual_scope():
+                    bias, t_bias = pl.submit(self.fill, bias, 1.0)
+                    s, t_scale = pl.submit(self.scale, x, s)
+                    out, _ = pl.submit(self.combine, s, bias, out, deps=[t_bias])  # BUG: also reads s: deps=[t_bias, t_scale]
+                return out
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 4, 8], pl.FP32], s: pl.Out[pl.Tensor[[NR, 4, 8], pl.FP32]],
+                     bias: pl.Out[pl.Tensor[[NR, 4, 8], pl.FP32]], out: pl.Out[pl.Tensor[[NR, 4, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], s[r], bias[r], out[r], device=r)
+                return out
+
+
+        compiled = ir.compile(Normalize, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 32, dtype=np.float32).reshape(P, 4, 8)
+        s, bias, out = np.zeros_like(x), np.zeros_like(x), np.zeros_like(x)
+        compiled(x, s, bias, out)
+        assert np.array_equal(out, 0.5 * x + 1), "mismatch"
+        print("OK")
+        ''', ('race',), feature='task graph', command='check',
+         issues={"found": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "kind": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "location": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "root_first": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent"},
+         twin=(('deps=[t_bias])  # BUG: also reads s: deps=[t_bias, t_scale]',
+           'deps=[t_bias, t_scale])'), )),
+    _bug('tg_last_tid', 'task graph: a consumer waits only on the last producer of a loop', '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Blocks:
+            @pl.function(type=pl.FunctionType.InCore)
+            def produce(self, x: pl.Tensor[[4, 8], pl.FP32], i: pl.Scalar[pl.INDEX], parts: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+                return pl.store(pl.mul(pl.load(x, [i, 0], [1, 8]), 2.0), [i, 0], parts)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def consume(self, parts: pl.Tensor[[4, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.col_sum(pl.load(parts, [0, 0], [4, 8])), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[4, 8], pl.FP32], parts: pl.Out[pl.Tensor[[4, 8], pl.FP32]],
+                         y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                with pl.manual_scope():
+                    for i in pl.range(4):
+                        parts, tid = pl.submit(self.produce, x, i, parts)
+                    y, _ = pl.submit(self.consume, parts, y, deps=[tid])  # BUG: waits for the last producer only
+                return y
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 4, 8], pl.FP32], parts: pl.Out[pl.Tensor[[NR, 4, 8], pl.FP32]],
+                     y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], parts[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Blocks, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 32, dtype=np.float32).reshape(P, 4, 8)
+        parts, y = np.zeros_like(x), np.zeros((P, 1, 8), np.float32)
+        compiled(x, parts, y)
+        assert np.array_equal(y, 2 * x.sum(axis=1, keepdims=True)), "mismatch"
+        print("OK")
+        ''', ('race',), feature='task graph', command='check',
+         issues={"found": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "kind": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "location": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "root_first": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent"},
+         twin=(('            for i in pl.range(4):\n                parts, tid = pl.submit(self.produce, x, i, parts)\n            y, _ = pl.submit(self.consume, parts, y, deps=[tid])  # BUG: waits for the last producer only',
+           '            tids = pl.array.create(4, pl.TASK_ID)\n            for i in pl.range(4):\n                parts, tid = pl.submit(self.produce, x, i, parts)\n                tids[i] = tid\n            y, _ = pl.submit(self.consume, parts, y, deps=[tids])'), )),
+    _bug('tg_spmd_row', 'task graph: the blocks of a pl.spmd_submit all update one row', '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class RowSums:
+            @pl.function(type=pl.FunctionType.InCore)
+            def partial(self, x: pl.Tensor[[16, 8], pl.FP32], total: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+                b = pl.get_block_idx()
+                part = pl.col_sum(pl.load(x, [b * 4, 0], [4, 8]))
+                acc = pl.load(total, [0, 0], [1, 8])
+                return pl.store(pl.add(acc, part), [0, 0], total)  # BUG: every block read-modify-writes row 0
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[16, 8], pl.FP32], total: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+                total, _ = pl.spmd_submit(self.partial, x, total, core_num=4)
+                return total
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 16, 8], pl.FP32], total: pl.InOut[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], total[r], device=r)
+                return total
+
+
+        compiled = ir.compile(RowSums, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 128, dtype=np.float32).reshape(P, 16, 8)
+        total = np.zeros((P, 1, 8), np.float32)
+        compiled(x, total)
+        assert np.array_equal(total, x.sum(axis=1, keepdims=True)), "mismatch"
+        print("OK")
+        ''', ('race',), feature='task graph', command='check',
+         issues={"found": "the checker runs a pl.spmd task's blocks one after another, never concurrently", "kind": "the checker runs a pl.spmd task's blocks one after another, never concurrently", "location": "the checker runs a pl.spmd task's blocks one after another, never concurrently", "root_first": "the checker runs a pl.spmd task's blocks one after another, never concurrently"},
+         twin=(('        acc = pl.load(total, [0, 0], [1, 8])\n        return pl.store(pl.add(acc, part), [0, 0], total)  # BUG: every block read-modify-writes row 0',
+           '        return pl.store(part, [0, 0], total, atomic=pl.AtomicType.Add)'), )),
+    _bug('defer_overlap', "deferred wait: the send task shares the waiter's signal, an implicit edge", '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Row = pl.Tensor[[1, 8], pl.FP32]
+        Win = pld.DistributedTensor[[NR, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Ring:
+            @pl.function(type=pl.FunctionType.InCore)
+            def arrive(self, sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(sig)
+                left = (pld.rank(ctx) + pld.nranks(ctx) - 1) % pld.nranks(ctx)
+                pld.system.defer_wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)  # completes once the left rank sent
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def send(self, x: Row, data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(sig)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                pld.tile.remote_store(pl.load(x, [0, 0], [1, 8]), data, (me + 1) % n, [me, 0])
+                pld.system.notify(sig, (me + 1) % n, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def take(self, data: pl.InOut[Win], y: pl.Out[Row]):
+                ctx = pld.get_comm_ctx(data)
+                left = (pld.rank(ctx) + pld.nranks(ctx) - 1) % pld.nranks(ctx)
+                return pl.store(pl.load(data, [left, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                _, arrived = pl.submit(self.arrive, sig)
+                pl.submit(self.send, x, data, sig)  # BUG: shares sig with the waiting task, so it runs after it
+                pl.submit(self.take, data, y, deps=[arrived])
+                return y
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([pld.world_size(), 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(data_buf, [pld.world_size(), 8], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(Ring, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), np.roll(x, 1, axis=0)), "mismatch"
+        print("OK")
+        ''', ('hang*',), feature='deferred wait', command='run',
+         issues={"location": 'the hang names the defer_wait, not the implicit overlap edge of the task that shares its signal', "root_first": 'the hang names the defer_wait, not the implicit overlap edge of the task that shares its signal'},
+         twin=(('pl.submit(self.send, x, data, sig)  # BUG: shares sig with the waiting task, so it runs after it',
+           'pl.submit(self.send, x, data, pl.no_dep(sig))'), )),
+    _bug('defer_no_deps', 'deferred wait: the consumer depends on the send, not on the arrival', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Row = pl.Tensor[[1, 8], pl.FP32]
+        Win = pld.DistributedTensor[[NR, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Ring:
+            @pl.function(type=pl.FunctionType.InCore)
+            def arrive(self, sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(sig)
+                left = (pld.rank(ctx) + pld.nranks(ctx) - 1) % pld.nranks(ctx)
+                pld.system.defer_wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)  # completes once the left rank sent
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def send(self, x: Row, data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(sig)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                pld.tile.remote_store(pl.load(x, [0, 0], [1, 8]), data, (me + 1) % n, [me, 0])
+                pld.system.notify(sig, (me + 1) % n, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def take(self, data: pl.InOut[Win], y: pl.Out[Row]):
+                ctx = pld.get_comm_ctx(data)
+                left = (pld.rank(ctx) + pld.nranks(ctx) - 1) % pld.nranks(ctx)
+                return pl.store(pl.load(data, [left, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                with pl.manual_scope():
+                    _, arrived = pl.submit(self.arrive, sig)
+                    _, sent = pl.submit(self.send, x, data, sig)
+                    pl.submit(self.take, data, y, deps=[sent])  # BUG: the data comes from the left rank: deps=[arrived]
+                return y
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([pld.world_size(), 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(data_buf, [pld.world_size(), 8], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(Ring, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), np.roll(x, 1, axis=0)), "mismatch"
+        print("OK")
+        ''', ('race',), feature='deferred wait', command='check',
+         issues={"location": 'the race names the load and the remote store, not the deps= that should name the waiting task', "root_first": 'the race names the load and the remote store, not the deps= that should name the waiting task'},
+         twin=(('deps=[sent])  # BUG: the data comes from the left rank: deps=[arrived]',
+           'deps=[arrived])'), )),
+    _bug('domain_peer', 'comm domain: a world rank given as a peer', '''
+        P = 4
+        NR = pl.dynamic("NR")
+        Row = pl.Tensor[[1, 8], pl.FP32]
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[1], pl.INT32]
+
+
+        @pl.program
+        class Pairs:
+            @pl.function(type=pl.FunctionType.InCore)
+            def swap(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig], partner: pl.Scalar[pl.INT32]):
+                pld.tile.remote_store(pl.load(x, [0, 0], [1, 8]), data, partner, [0, 0])
+                pld.system.notify(sig, partner, [0], 1, op=pld.NotifyOp.AtomicAdd)
+                pld.system.wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
+                return pl.store(pl.load(data, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig], partner: pl.Scalar[pl.INT32]):
+                return self.swap(x, y, data, sig, partner)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for pair in pl.range(2):  # ranks {0, 1} and {2, 3} swap rows, each pair in its own comm domain
+                    data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                    sig_buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+                    for r in pl.range(2 * pair, 2 * pair + 2):
+                        data, sig = pld.window(data_buf, [1, 8], dtype=pl.FP32), pld.window(sig_buf, [1], dtype=pl.INT32)
+                        self.per_rank(x[r], y[r], data, sig, r ^ 1, device=r)  # BUG: r ^ 1 is a world rank; a peer is a rank of the domain
+                return y
+
+
+        compiled = ir.compile(Pairs, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), x[[1, 0, 3, 2]]), "mismatch"
+        print("OK")
+        ''', ('peer_out_of_range',), feature='comm domain', command='run',
+         issues={"location": 'the report names the remote_store, not the dispatch that passes a world rank as the peer', "root_first": 'the report names the remote_store, not the dispatch that passes a world rank as the peer'},
+         twin=(('r ^ 1, device=r)  # BUG: r ^ 1 is a world rank; a peer is a rank of the domain',
+           '(r ^ 1) % 2, device=r)'), )),
+    _bug('pad_reduce', 'valid_shape: a reduction over padding without pl.fillpad', '''
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class RowMax:
+            @pl.function(type=pl.FunctionType.InCore)
+            def row_max(self, x: pl.Tensor[[4, 5], pl.FP32], y: pl.Out[pl.Tensor[[4, 1], pl.FP32]]):
+                t = pl.load(x, [0, 0], [4, 8], valid_shape=[4, 5])  # an 8-wide tile, 5 valid columns
+                return pl.store(pl.row_max(t), [0, 0], y)  # BUG: reduces the padding too: pl.fillpad(t, pl.PadValue.min) first
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[4, 5], pl.FP32], y: pl.Out[pl.Tensor[[4, 1], pl.FP32]]):
+                return self.row_max(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 4, 5], pl.FP32], y: pl.Out[pl.Tensor[[NR, 4, 1], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(RowMax, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = -np.arange(1, P * 20 + 1, dtype=np.float32).reshape(P, 4, 5)
+        assert np.array_equal(compiled(x), x.max(axis=2, keepdims=True)), "mismatch"
+        print("OK")
+        ''', ('uninitialized_read',), feature='valid_shape', command='check',
+         twin=(('        return pl.store(pl.row_max(t), [0, 0], y)  # BUG: reduces the padding too: pl.fillpad(t, pl.PadValue.min) first',
+           '        return pl.store(pl.row_max(pl.fillpad(t, pl.PadValue.min)), [0, 0], y)'), )),
+    _bug('pad_peer', 'valid_shape: a peer reads past the valid region', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Tail:
+            @pl.function(type=pl.FunctionType.InCore)
+            def exchange(self, x: pl.Tensor[[1, 5], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], data: pl.InOut[Win],
+                         sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(data)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                t = pl.load(x, [0, 0], [1, 8], valid_shape=[1, 5])  # a tail tile: 5 valid columns of 8
+                data = pl.store(t, [0, 0], data)  # writes the 5 valid columns
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Ge)
+                got = pld.tile.remote_load(data, (me + 1) % n, [0, 0], [1, 8])  # BUG: reads all 8 columns; valid_shape=[1, 5]
+                return pl.store(got, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 5], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], data: pl.InOut[Win],
+                         sig: pl.InOut[Sig]):
+                return self.exchange(x, y, data, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 5], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(data_buf, [1, 8], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(Tail, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(1, P * 5 + 1, dtype=np.float32).reshape(P, 1, 5)
+        y = compiled(x)
+        assert np.array_equal(y[:, :, :5], np.roll(x, -1, axis=0)), "mismatch"
+        print("OK")
+        ''', ('uninitialized_read',), feature='valid_shape', command='check',
+         twin=(('[0, 0], [1, 8])  # BUG: reads all 8 columns; valid_shape=[1, 5]',
+           '[0, 0], [1, 8], valid_shape=[1, 5])'), )),
+    _bug('pipe_no_tfree', 'pipes: a tpop with no tfree on a 2-slot pipe', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        M, N = 8, 8
+        Mat = pl.Tensor[[M, N], pl.FP32]
+
+
+        @pl.program
+        class Mixed:
+            @pl.function(type=pl.FunctionType.AIC)
+            def producer(self, x: Mat, out: pl.Out[Mat]):
+                pl.aic_initialize_pipe(dir_mask=1, slot_size=M * N * 4, slot_num=2)
+                for k in pl.range(4):
+                    pl.tile.tpush_to_aiv(pl.tile.add(pl.load(x, [0, 0], [M, N]), float(k)), split=1)
+
+            @pl.function(type=pl.FunctionType.AIV)
+            def consumer(self, x: Mat, out: pl.Out[Mat]):
+                pl.aiv_initialize_pipe(dir_mask=1, slot_size=M * N * 4, slot_num=2)
+                acc = pl.full([M // 2, N], dtype=pl.FP32, value=0.0)
+                for k in pl.range(4):
+                    t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)  # BUG: never pl.system.tfree_to_aic(t)
+                    acc = pl.tile.add(acc, t)
+                return pl.store(acc, [int(pl.get_subblock_idx()) * (M // 2), 0], out)
+
+            @pl.function(type=pl.FunctionType.Group)
+            def fused(self, x: Mat, out: pl.Out[Mat]):
+                self.producer(x, out)
+                return self.consumer(x, out)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: Mat, out: pl.Out[Mat]):
+                return self.fused(x, out)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, M, N], pl.FP32], out: pl.Out[pl.Tensor[[NR, M, N], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], out[r], device=r)
+                return out
+
+
+        compiled = ir.compile(Mixed, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * M * N, dtype=np.float32).reshape(P, M, N)
+        assert np.array_equal(compiled(x), 4 * x + 6), "mismatch"
+        print("OK")
+        ''', ('hang*',), feature='cross-core pipe', command='run',
+         issues={"kind": "a deadlock between a mixed kernel's halves is filed as invalid_argument", "root_first": "a deadlock between a mixed kernel's halves is filed as invalid_argument"},
+         twin=(('            t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)  # BUG: never pl.system.tfree_to_aic(t)\n            acc = pl.tile.add(acc, t)',
+           '            t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)\n            acc = pl.tile.add(acc, t)\n            pl.system.tfree_to_aic(t)'), )),
+    _bug('pipe_push_k', 'pipes: a tpush inside the K loop', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        M, K, N = 8, 32, 8
+
+
+        @pl.program
+        class MatmulRelu:
+            @pl.function(type=pl.FunctionType.AIC)
+            def mm(self, a: pl.Tensor[[M, K], pl.FP32], b: pl.Tensor[[K, N], pl.FP32], out: pl.Out[pl.Tensor[[M, N], pl.FP32]]):
+                pl.aic_initialize_pipe(dir_mask=1, slot_size=M * N * 4, slot_num=2)
+                acc = pl.full([M, N], dtype=pl.FP32, value=0.0)
+                for k in pl.range(0, K, 8):
+                    acc = pl.add(acc, pl.matmul(pl.load(a, [0, k], [M, 8]), pl.load(b, [k, 0], [8, N])))
+                    pl.tile.tpush_to_aiv(acc, split=1)  # BUG: inside the K loop: push once, after it
+
+            @pl.function(type=pl.FunctionType.AIV)
+            def relu(self, a: pl.Tensor[[M, K], pl.FP32], b: pl.Tensor[[K, N], pl.FP32], out: pl.Out[pl.Tensor[[M, N], pl.FP32]]):
+                pl.aiv_initialize_pipe(dir_mask=1, slot_size=M * N * 4, slot_num=2)
+                t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)
+                r = pl.maximum(t, pl.full([M // 2, N], dtype=pl.FP32, value=0.0))
+                pl.system.tfree_to_aic(t)
+                return pl.store(r, [int(pl.get_subblock_idx()) * (M // 2), 0], out)
+
+            @pl.function(type=pl.FunctionType.Group)
+            def fused(self, a: pl.Tensor[[M, K], pl.FP32], b: pl.Tensor[[K, N], pl.FP32], out: pl.Out[pl.Tensor[[M, N], pl.FP32]]):
+                self.mm(a, b, out)
+                return self.relu(a, b, out)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, a: pl.Tensor[[M, K], pl.FP32], b: pl.Tensor[[K, N], pl.FP32], out: pl.Out[pl.Tensor[[M, N], pl.FP32]]):
+                return self.fused(a, b, out)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, a: pl.Tensor[[NR, M, K], pl.FP32], b: pl.Tensor[[NR, K, N], pl.FP32],
+                     out: pl.Out[pl.Tensor[[NR, M, N], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(a[r], b[r], out[r], device=r)
+                return out
+
+
+        compiled = ir.compile(MatmulRelu, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        rng = np.random.default_rng(0)
+        a = rng.integers(-3, 4, (P, M, K)).astype(np.float32)
+        b = rng.integers(-3, 4, (P, K, N)).astype(np.float32)
+        assert np.array_equal(compiled(a, b), np.maximum(a @ b, 0)), "mismatch"
+        print("OK")
+        ''', ('hang*',), feature='cross-core pipe', command='run',
+         issues={"kind": "a deadlock between a mixed kernel's halves is filed as invalid_argument"},
+         twin=(('            pl.tile.tpush_to_aiv(acc, split=1)  # BUG: inside the K loop: push once, after it',
+           '        pl.tile.tpush_to_aiv(acc, split=1)'), )),
+    _bug('a2av', 'all_to_all_v: blocks read at the running count instead of their slots', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        B = 4  # rows a rank may send each peer: the target holds P blocks of B rows
+        Win = pld.DistributedTensor[[P * B, 8], pl.FP32]
+        Counts = pld.DistributedTensor[[P, 1], pl.INT32]
+
+
+        @pl.program
+        class Dispatch:
+            @pl.function(type=pl.FunctionType.InCore)
+            def stage(self, x: pl.Tensor[[P * B, 8], pl.FP32], send: pl.InOut[Win]):
+                pl.store(pl.load(x, [0, 0], [P * B, 8]), [0, 0], send)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def compact(self, recv: pl.InOut[Win], y: pl.Out[pl.Tensor[[2 * 2, 8], pl.FP32]]):
+                # every rank sends 2 rows to every peer: P * 2 rows arrive
+                for src in pl.range(P):
+                    rows = pl.load(recv, [src * 2, 0], [2, 8])  # BUG: block src starts at row src * B, not at the running count
+                    pl.store(rows, [src * 2, 0], y)
+                return y
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def pre(self, x: pl.Tensor[[P * B, 8], pl.FP32], send: pl.InOut[Win]):
+                self.stage(x, send)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def post(self, recv: pl.InOut[Win], y: pl.Out[pl.Tensor[[2 * 2, 8], pl.FP32]]):
+                return self.compact(recv, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, P * B, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 2 * 2, 8], pl.FP32]]):
+                send_buf = pld.alloc_window_buffer([P * B, 8], dtype=pl.FP32)
+                recv_buf = pld.alloc_window_buffer([P * B, 8], dtype=pl.FP32)
+                send = pld.window(send_buf, [P * B, 8], dtype=pl.FP32)
+                recv = pld.window(recv_buf, [P * B, 8], dtype=pl.FP32)
+                for r in pl.range(pld.world_size()):
+                    self.pre(x[r], send, device=r)
+                counts = [[2] * P for _ in range(P)]
+                recv = pld.all_to_all_v(send, recv, counts, counts, nranks=P)
+                for r in pl.range(pld.world_size()):
+                    self.post(recv, y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Dispatch, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * P * B * 8, dtype=np.float32).reshape(P, P * B, 8)
+        y = compiled(x)
+        want = np.stack([np.concatenate([x[src, r * B:r * B + 2] for src in range(P)]) for r in range(P)])
+        assert np.array_equal(y, want), "mismatch"
+        print("OK")
+        ''', ('uninitialized_read',), feature='all_to_all_v', command='check',
+         issues={"kind": "a local load of window rows no rank wrote is not an uninitialized_read: only the script's assert fails", "location": "a local load of window rows no rank wrote is not an uninitialized_read: only the script's assert fails", "root_first": "a local load of window rows no rank wrote is not an uninitialized_read: only the script's assert fails"},
+         twin=(('rows = pl.load(recv, [src * 2, 0], [2, 8])  # BUG: block src starts at row src * B, not at the running count',
+           'rows = pl.load(recv, [src * B, 0], [2, 8])'), )),
+    _bug('worker_early', 'worker: an output read before result()', '''
+        import torch
+
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Scale:
+            @pl.function(type=pl.FunctionType.InCore)
+            def scale(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.mul(pl.load(x, [0, 0], [1, 8]), 3.0), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.scale(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Scale, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = torch.arange(P * 8, dtype=torch.float32).reshape(P, 1, 8).share_memory_()
+        y = torch.zeros(P, 1, 8).share_memory_()
+        with compiled.prepare() as rt:
+            handle = rt.submit(compiled, x, y)
+            total = float(y.sum())  # BUG: reads y before handle.result()
+            handle.result()
+        assert total == 3 * float(x.sum()), f"mismatch: {total}"
+        print("OK")
+        ''', ('race',), feature='DistributedWorker', command='check',
+         issues={"kind": "an output read between submit() and result() is only the script's assert failing", "location": "an output read between submit() and result() is only the script's assert failing", "root_first": "an output read between submit() and result() is only the script's assert failing"},
+         twin=(('    total = float(y.sum())  # BUG: reads y before handle.result()\n    handle.result()',
+           '    handle.result()\n    total = float(y.sum())'), )),
+    _bug('worker_persistent', 'worker: persistent windows whose counters carry over', '''
+        import torch
+
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+        @pl.program
+        class Shift:
+            @pl.function(type=pl.FunctionType.InCore)
+            def shift(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], data: pl.InOut[Win],
+                      sig: pl.InOut[Sig]):
+                ctx = pld.get_comm_ctx(data)
+                me, n = pld.rank(ctx), pld.nranks(ctx)
+                data = pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+                for peer in pl.range(n):
+                    pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+                for peer in pl.range(n):
+                    pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Eq)  # one arrival per dispatch
+                return pl.store(pld.tile.remote_load(data, (me + 1) % n, [0, 0], [1, 8]), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]], data: pl.InOut[Win],
+                         sig: pl.InOut[Sig]):
+                return self.shift(x, y, data, sig)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], pld.window(data_buf, [1, 8], dtype=pl.FP32),
+                                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+                return y
+
+
+        compiled = ir.compile(Shift, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = torch.arange(P * 8, dtype=torch.float32).reshape(P, 1, 8).share_memory_()
+        y = torch.zeros(P, 1, 8).share_memory_()
+        with compiled.prepare(persistent=True, reset_persistent_windows=False) as rt:  # BUG: the counters carry over
+            for step in range(2):
+                rt(x, y)
+                assert torch.equal(y, torch.roll(x, -1, 0)), "mismatch"
+                x += 1
+        print("OK")
+        ''', ('hang*',), feature='DistributedWorker', command='run',
+         issues={"location": 'the hang names the barrier, not the prepare() option that keeps the counters', "root_first": 'the hang names the barrier, not the prepare() option that keeps the counters'},
+         twin=(('compiled.prepare(persistent=True, reset_persistent_windows=False) as rt:  # BUG: the counters carry over',
+           'compiled.prepare(persistent=True) as rt:'), )),
+    _bug('chip_rr', 'chip calls: a call without device= placed round-robin', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+
+
+        @pl.program
+        class Stage:
+            @pl.function(type=pl.FunctionType.InCore)
+            def fill(self, total: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.full([1, 8], dtype=pl.FP32, value=0.0), [0, 0], total)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def put_local(self, x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[Win]):
+                pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], data)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def get_local(self, data: pl.InOut[Win], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.mul(pl.load(data, [0, 0], [1, 8]), 2.0), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def clear(self, total: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.fill(total)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def stage(self, x: pl.Tensor[[1, 8], pl.FP32], data: pl.InOut[Win]):
+                self.put_local(x, data)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def unstage(self, data: pl.InOut[Win], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.get_local(data, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]],
+                     total: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                self.clear(total)  # no device=: the first round-robin call, on chip 0
+                for r in pl.range(pld.world_size()):
+                    self.stage(x[r], pld.window(data_buf, [1, 8], dtype=pl.FP32), device=r)
+                for r in pl.range(pld.world_size()):
+                    self.unstage(pld.window(data_buf, [1, 8], dtype=pl.FP32), y[r])  # BUG: no device=r: round-robin from chip 1
+                return y
+
+
+        compiled = ir.compile(Stage, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        y, total = np.zeros_like(x), np.zeros((1, 8), np.float32)
+        compiled(x, y, total)
+        assert np.array_equal(y, 2 * x), "mismatch"
+        print("OK")
+        ''', ('*',), feature='chip placement', command='run',
+         issues={"kind": "a chip call shifted by round-robin placement is only the script's assert failing", "location": "a chip call shifted by round-robin placement is only the script's assert failing", "root_first": "a chip call shifted by round-robin placement is only the script's assert failing"},
+         twin=(('y[r])  # BUG: no device=r: round-robin from chip 1',
+           'y[r], device=r)'), )),
+    _bug('l2_multi', 'L2 program: several orchestrations called without choosing one', '''
+        Mat = pl.Tensor[[4, 8], pl.FP32]
+
+
+        @pl.program
+        class Model:
+            @pl.function(type=pl.FunctionType.InCore)
+            def scale(self, x: Mat, y: pl.Out[Mat], s: pl.Scalar[pl.FP32]):
+                return pl.store(pl.mul(pl.load(x, [0, 0], [4, 8]), s), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def prefill(self, x: Mat, y: pl.Out[Mat]):
+                return self.scale(x, y, 2.0)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def decode(self, x: Mat, y: pl.Out[Mat]):
+                return self.scale(x, y, 3.0)
+
+
+        compiled = ir.compile(Model, platform="a2a3sim")
+        x = np.arange(32, dtype=np.float32).reshape(4, 8)
+        y = np.zeros_like(x)
+        compiled(x, y)  # BUG: two orchestrations: call compiled["prefill"](x, y) or compiled["decode"](x, y)
+        assert np.array_equal(y, 2 * x), "mismatch"
+        print("OK")
+        ''', ('invalid_argument',), feature='L2 program', command='run',
+         twin=(('compiled(x, y)  # BUG: two orchestrations: call compiled["prefill"](x, y) or compiled["decode"](x, y)',
+           'compiled["prefill"](x, y)'), )),
+    _bug('defer_any_order', 'deferred wait: an older wait that holds only after a younger one', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Row = pl.Tensor[[1, 8], pl.FP32]
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[2], pl.INT32]  # [0]: data sent, [1]: hello / request
+
+
+        @pl.program
+        class Request:
+            @pl.function(type=pl.FunctionType.InCore)
+            def expect(self, sig: pl.InOut[Sig], cell: pl.Scalar[pl.INDEX]):
+                pld.system.defer_wait(sig, [cell], 1, cmp=pld.WaitCmp.Ge)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def request(self, sig: pl.InOut[Sig]):
+                pld.system.notify(sig, 1, [1], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def consume(self, data: pl.InOut[Win], y: pl.Out[Row]):
+                return pl.store(pl.mul(pl.load(data, [0, 0], [1, 8]), 2.0), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def serve(self, x: Row, data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                pld.system.notify(sig, 0, [1], 1, op=pld.NotifyOp.AtomicAdd)  # hello
+                pld.system.wait(sig, [1], 1, cmp=pld.WaitCmp.Ge)  # the request
+                pld.tile.remote_store(pl.load(x, [0, 0], [1, 8]), data, 0, [0, 0])
+                pld.system.notify(sig, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def client(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                with pl.manual_scope():
+                    _, data_in = pl.submit(self.expect, sig, 0)   # older: needs the request the younger one leads to
+                    _, hello = pl.submit(self.expect, sig, 1)     # younger
+                    pl.submit(self.request, sig, deps=[hello])
+                    pl.submit(self.consume, data, y, deps=[data_in])
+                return y
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def server(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig]):
+                self.serve(x, data, sig)
+                return y
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([2], dtype=pl.INT32)
+                data, sig = pld.window(data_buf, [1, 8], dtype=pl.FP32), pld.window(sig_buf, [2], dtype=pl.INT32)
+                self.client(x[0], y[0], data, sig, device=0)
+                self.server(x[1], y[1], data, sig, device=1)
+                return y
+
+
+        compiled = ir.compile(Request, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        y = compiled(x)
+        assert np.array_equal(y[0], 2 * x[1]), "mismatch"
+        print("OK")
+        ''', feature='deferred wait', command='check'),
+]
+
+BY_NAME = {bug.name: bug for bug in ZOO + FEATURES}
 
 
 # -- running ----------------------------------------------------------------------------------------------------
@@ -1067,8 +1869,9 @@ class Run:
     report: dict
 
 
-def run(bug: Bug, workdir: Path, timeout: float = 60) -> Run:
-    """Write ``bug``'s program as ``workdir/prog.py`` and run it under ``ptodist run --report-json``."""
+def run(bug: Bug, workdir: Path, timeout: float = 60, command: str | None = None, args: tuple = ()) -> Run:
+    """Write ``bug``'s program as ``workdir/prog.py`` and run it under ``ptodist run --report-json``
+    (``ptodist check`` for a ``check`` entry; ``command`` and ``args`` override the subcommand and add options)."""
     workdir = Path(workdir).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     script = workdir / "prog.py"
@@ -1080,10 +1883,115 @@ def run(bug: Bug, workdir: Path, timeout: float = 60) -> Run:
     env.pop("PYTHONWARNINGS", None)
     env.update({"PTODIST_HANG_TIMEOUT": HANG_TIMEOUT, "PTODIST_OUTPUT_ROOT": str(workdir / "build_output")})
     env.update(bug.env)
-    proc = subprocess.run([sys.executable, "-m", "ptodist", bug.command, "--report-json", str(report), str(script)],
+    argv = [sys.executable, "-m", "ptodist", command or bug.command, *args, "--report-json", str(report), str(script)]
+    proc = subprocess.run(argv,
                           capture_output=True, text=True, cwd=workdir, env=env, timeout=timeout)
     doc = json.loads(report.read_text()) if report.exists() else {}
     return Run(bug, script, proc.returncode, proc.stdout, proc.stderr, normalise(proc.stderr, workdir), doc)
+
+
+# -- the new-feature entries: what each run must show ----------------------------------------------------------
+
+# The checks a FEATURES entry is judged by, in order; an entry's ``issues`` names those that fail today.
+CHECKS = ("found", "kind", "location", "root_first", "twin")
+# Kinds that say only that something failed, not which bug it is ("*" in an entry's kinds: any kind but these).
+GENERIC_KINDS = ("script_error", "rank_error", "invalid_argument", "internal_error")
+TWIN_SCHEDULES = "20"
+
+
+def accepts(bug: Bug, kind: str) -> bool:
+    """Whether a finding of ``kind`` is of the kind ``bug`` expects: ``"hang*"`` is any deadlock or hang kind,
+    ``"*"`` any kind that names a bug (not one of :data:`GENERIC_KINDS`)."""
+    for want in bug.kinds:
+        if want == kind or (want == "hang*" and ("hang" in kind or "deadlock" in kind)) or \
+                (want == "*" and kind not in GENERIC_KINDS):
+            return True
+    return False
+
+
+def twin_args(bug: Bug, measure: bool = False) -> tuple[str, tuple]:
+    """The command a fixed twin runs under: ``check --schedules 20`` for a checker bug (and for the figure),
+    else the bug's own command."""
+    if measure or bug.command == "check":
+        return "check", ("--schedules", TWIN_SCHEDULES)
+    return bug.command, ()
+
+
+def clean(r: Run) -> bool:
+    """Whether a run ended clean: exit status 0, status ``ok``, no findings."""
+    return r.returncode == 0 and r.report.get("status") == "ok" and not r.report.get("findings")
+
+
+def judge(bug: Bug, r: Run, twin: Run | None = None) -> dict[str, str]:
+    """The :data:`CHECKS` that a FEATURES entry's run ``r`` (and its fixed twin's, when given) fail, each with what
+    was expected. A correct entry (no kinds) fails ``found`` when its run is not clean."""
+    if not bug.kinds:
+        return {} if clean(r) else {"found": f"a clean run, got status {r.report.get('status')!r}, findings "
+                                             f"{[f['kind'] for f in r.report.get('findings', [])]}"}
+    failed = {}
+    findings = r.report.get("findings", []) if r.returncode != 0 else []
+    root = f"{r.script}:{bug.bug_line}"
+    if not findings:
+        failed["found"] = f"a finding, got exit status {r.returncode}, status {r.report.get('status')!r}"
+    right = [f for f in findings if accepts(bug, f["kind"])]
+    if not right:
+        failed["kind"] = f"a finding of kind {' or '.join(bug.kinds)}, got {[f['kind'] for f in findings]}"
+    named = right or findings
+    if not any(root in f["locations"] for f in named):
+        failed["location"] = f"{root} (the root line) among the locations, got {[f['locations'] for f in named]}"
+    if not any(f["locations"][:1] == [root] for f in named):
+        failed["root_first"] = f"{root} as the first location, got {[f['locations'][:1] for f in named]}"
+    if twin is not None and not clean(twin):
+        failed["twin"] = (f"the fixed twin clean, got exit status {twin.returncode}, findings "
+                          f"{[f['kind'] for f in twin.report.get('findings', [])]}")
+    return failed
+
+
+def run_features(root: Path, jobs: int = 2, measure: bool = False, bugs: list[Bug] | None = None):
+    """Run every FEATURES entry and, for the buggy ones, its fixed twin, ``jobs`` at a time, each in
+    ``root/<name>``; return ``{name: (run, twin run or None)}``. ``measure``: the bug and its twin under
+    ``ptodist check --schedules 20`` whatever the entry's command (the figure), else as the test runs them (the
+    twin's 20 schedules only where the bug is a checker one)."""
+    bugs = FEATURES if bugs is None else bugs
+    root = Path(root)
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        runs = {}
+        for bug in bugs:
+            args = ("--schedules", TWIN_SCHEDULES) if measure and bug.command == "check" else ()
+            runs[bug.name] = pool.submit(run, bug, root / bug.name, 120, None, args)
+        twins = {}
+        for bug in bugs:
+            if bug.kinds:
+                command, args = twin_args(bug, measure)
+                twins[bug.name] = pool.submit(run, bug.fixed, root / (bug.name + ".fixed"), 120, command, args)
+        return {bug.name: (runs[bug.name].result(), twins[bug.name].result() if bug.name in twins else None)
+                for bug in bugs}
+
+
+def measure(root: Path, jobs: int = 2) -> str:
+    """The figure: for each buggy FEATURES entry, whether ptodist found it, with the right kind, naming the root
+    line (among the locations, and first), and whether its fixed twin is clean under ``check --schedules 20``."""
+    results = run_features(root, jobs, measure=True)
+    buggy = [bug for bug in FEATURES if bug.kinds]
+    rows, totals = [], dict.fromkeys(CHECKS, 0)
+    for bug in buggy:
+        r, twin = results[bug.name]
+        failed = judge(bug, r, twin)
+        marks = []
+        for check in CHECKS:
+            ok = check not in failed
+            totals[check] += ok
+            marks.append("yes" if ok else "no")
+        kinds = ", ".join(sorted({f["kind"] for f in r.report.get("findings", [])})) or "-"
+        rows.append(f"| {bug.name} | {bug.feature} | {bug.command} | {' | '.join(marks)} | {kinds} |")
+    clean_ok = [bug.name for bug in FEATURES if not bug.kinds and not judge(bug, results[bug.name][0])]
+    n = len(buggy)
+    lines = ["| program | feature | command | " + " | ".join(CHECKS) + " | reported kinds |",
+             "|---|---|---|" + "---|" * len(CHECKS) + "---|", *rows, "",
+             "found {found}/{n}, right kind {kind}/{n}, root line named {location}/{n} (first {root_first}/{n}), "
+             "fixed twin clean {twin}/{n}".format(n=n, **totals),
+             f"correct programs clean: {len(clean_ok)}/{len(FEATURES) - n}"]
+    return "\n".join(lines)
 
 
 _TIMING = re.compile(r"\b\d+\.\d+ s\b")
@@ -1343,6 +2251,10 @@ def run_all(root: Path, jobs: int = 2) -> dict[str, Run]:
 
 
 def main(argv: list[str]) -> int:
+    if "--measure" in argv:
+        with tempfile.TemporaryDirectory(prefix="ptodist-features-") as root:
+            print(measure(Path(root)))
+        return 0
     check = "--check" in argv
     with tempfile.TemporaryDirectory(prefix="ptodist-zoo-") as root:
         page = render(blocks_of(run_all(Path(root))))

@@ -129,3 +129,40 @@ def test_page_text_is_generated(page_blocks):
     except KeyError as e:
         pytest.fail(f"block {e} missing: {REGENERATE}")
     assert page == gen.PAGE.read_text(), REGENERATE
+
+
+# -- the new execution model: one bug per feature, with its fixed twin ------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def feature_runs(tmp_path_factory):
+    """Every FEATURES entry's run and its fixed twin's, made two at a time once per module."""
+    return gen.run_features(tmp_path_factory.mktemp("features"))
+
+
+@pytest.mark.parametrize("bug", gen.FEATURES, ids=lambda b: b.name)
+def test_new_feature_program(bug, feature_runs):
+    """A buggy entry is found, with the right kind, naming its root line first, and its fixed twin runs clean
+    (under ``ptodist check --schedules 20`` where the bug is a checker one); a correct entry runs clean."""
+    r, twin = feature_runs[bug.name]
+    if bug.kinds:
+        assert bug.bug_line is not None, f"{bug.name}: no {gen.BUG_MARK} marker"
+    assert set(bug.issues) <= set(gen.CHECKS), f"{bug.name}: unknown checks {set(bug.issues) - set(gen.CHECKS)}"
+    failed = gen.judge(bug, r, twin)
+    unexpected = {k: v for k, v in failed.items() if k not in bug.issues}
+    assert not unexpected, f"expected {'; '.join(unexpected.values())}\n{r.stderr}\n{twin.stderr if twin else ''}"
+    fixed = sorted(set(bug.issues) - set(failed))
+    assert not fixed, f"known issue(s) {fixed} no longer happen: remove them from the entry '{bug.name}'"
+    if failed:
+        why = dict.fromkeys(bug.issues[k] for k in failed)
+        pytest.xfail(f"{', '.join(failed)}: {'; '.join(why)}")
+
+
+def test_new_feature_entries_are_well_formed():
+    names = [bug.name for bug in gen.ZOO + gen.FEATURES]
+    assert len(names) == len(set(names))
+    for bug in gen.FEATURES:
+        assert bug.feature, bug.name
+        if bug.kinds:
+            assert bug.twin and gen.BUG_MARK not in bug.fixed.program, bug.name
+            assert bug.fixed.program != bug.program, bug.name
