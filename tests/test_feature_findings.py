@@ -174,3 +174,86 @@ def test_the_driver_side_errors_fixed_twin_is_clean(tmp_path):
     script = _script(tmp_path, "options_fixed.py", DRIVER.replace("PERSISTENT", "True"))
     rc, doc = _report(tmp_path, "check", "--schedules", "20", str(script))
     assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
+
+
+# -- a worker's output read before result() ----------------------------------------------------------------------
+
+WORKER = '''
+    import torch
+
+    import pypto.language as pl
+    import pypto.language.distributed as pld
+    from pypto import DistributedConfig, RunConfig
+
+    SIZE = 8
+    NR = pl.dynamic("NR")
+
+
+    @pl.jit.incore
+    def double(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+        t = pl.load(x, [0, 0], [1, SIZE])
+        return pl.store(pl.add(t, t), [0, 0], y)
+
+
+    @pl.jit
+    def per_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+        return double(x, y)
+
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            per_rank(x[r], y[r], device=r)
+        return y
+
+
+    x = torch.randn(2, 1, SIZE).share_memory_()
+    y = torch.zeros(2, 1, SIZE).share_memory_()
+    z = torch.zeros(2, 1, SIZE).share_memory_()
+    compiled = host.compile(x, y, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    with compiled.prepare() as rt:
+        first = rt.submit(compiled, x, y)  # submit
+        BODY
+    assert abs(total - float((2 * x).sum())) < 1e-3, total
+    assert torch.allclose(z, 4 * x)
+    print("OK")
+'''
+EARLY = '''row = y[1]  # view
+        total = float(row.sum())  # read
+        first.result()
+        rt.run(compiled, y, z)'''
+FIXED = '''rows = y.shape[0]  # metadata only
+        second = rt.submit(compiled, y, z)  # hands y on: the ranks run dispatches in order
+        first.result()
+        second.result()
+        total = float(y[1].sum())'''
+
+
+def _worker(tmp_path: Path, body: str, name: str) -> Path:
+    return _script(tmp_path, name, WORKER.replace("BODY", body.replace("x).sum", "x[1]).sum")).replace(
+        "float((2 * x).sum())", "float((2 * x[1]).sum())"))
+
+
+def test_reading_a_workers_output_before_result_is_a_race_naming_the_read_then_the_submit(tmp_path):
+    script = _worker(tmp_path, EARLY, "early.py")
+    rc, doc = _report(tmp_path, "check", "--schedules", "1", str(script))
+    assert rc == 1
+    race, error = doc["findings"]
+    view, read, submit = _line(script, "view"), _line(script, "read"), _line(script, "submit")
+    # Both host lines that named the output before result(), in order, then the dispatch's.
+    assert (race["kind"], race["locations"]) == ("race", [view, read, submit])
+    assert race["message"] == (
+        f"the host uses output 'y' of dispatch 0 of 'host', submitted at {submit}, before its result(): 'y' at "
+        f"{view}, 'row' at {read}. On a device a submitted dispatch runs while the host goes on, so such a line sees "
+        "the old data, the new, or a mix. Here the dispatch ran at result(), after those lines, and changed what "
+        "they named.")
+    assert race["fix"] == (
+        "Call result() (or wait()) on the dispatch's handle before the host reads or writes its outputs: move the "
+        "host's line below result(), or give that code other tensors.")
+    assert error["kind"] == "script_error"  # the symptom comes after the cause
+
+
+def test_the_early_reads_fixed_twin_is_clean(tmp_path):
+    # Reading an output's shape and handing it to the next dispatch before result() touch no data.
+    rc, doc = _report(tmp_path, "check", "--schedules", "20", str(_worker(tmp_path, FIXED, "fixed.py")))
+    assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
