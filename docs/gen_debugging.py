@@ -1113,7 +1113,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(out, 2 * x + 1), "mismatch"
         print("OK")
         ''', ('race',), feature='task graph', command='check',
-         issues={"found": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "kind": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "location": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "root_first": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent"},
          twin=(('out, _ = pl.submit(self.shift, scratch, out)  # BUG: no deps=[t_scale]',
            'out, _ = pl.submit(self.shift, scratch, out, deps=[t_scale])'), )),
     _bug('tg_wrong_deps', 'task graph: deps= names the wrong task', '''
@@ -1159,7 +1158,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(out, 0.5 * x + 1), "mismatch"
         print("OK")
         ''', ('race',), feature='task graph', command='check',
-         issues={"found": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "kind": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "location": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "root_first": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent"},
          twin=(('deps=[t_bias])  # BUG: also reads s: deps=[t_bias, t_scale]',
            'deps=[t_bias, t_scale])'), )),
     _bug('tg_last_tid', 'task graph: a consumer waits only on the last producer of a loop', '''
@@ -1201,7 +1199,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(y, 2 * x.sum(axis=1, keepdims=True)), "mismatch"
         print("OK")
         ''', ('race',), feature='task graph', command='check',
-         issues={"found": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "kind": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "location": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent", "root_first": "the checker runs a rank's tasks in program order, so tasks of a manual scope are never concurrent"},
          twin=(('            for i in pl.range(4):\n                parts, tid = pl.submit(self.produce, x, i, parts)\n            y, _ = pl.submit(self.consume, parts, y, deps=[tid])  # BUG: waits for the last producer only',
            '            tids = pl.array.create(4, pl.TASK_ID)\n            for i in pl.range(4):\n                parts, tid = pl.submit(self.produce, x, i, parts)\n                tids[i] = tid\n            y, _ = pl.submit(self.consume, parts, y, deps=[tids])'), )),
     _bug('tg_spmd_row', 'task graph: the blocks of a pl.spmd_submit all update one row', '''
@@ -1237,9 +1234,29 @@ FEATURES: list[Bug] = [
         assert np.array_equal(total, x.sum(axis=1, keepdims=True)), "mismatch"
         print("OK")
         ''', ('race',), feature='task graph', command='check',
-         issues={"found": "the checker runs a pl.spmd task's blocks one after another, never concurrently", "kind": "the checker runs a pl.spmd task's blocks one after another, never concurrently", "location": "the checker runs a pl.spmd task's blocks one after another, never concurrently", "root_first": "the checker runs a pl.spmd task's blocks one after another, never concurrently"},
          twin=(('        acc = pl.load(total, [0, 0], [1, 8])\n        return pl.store(pl.add(acc, part), [0, 0], total)  # BUG: every block read-modify-writes row 0',
            '        return pl.store(part, [0, 0], total, atomic=pl.AtomicType.Add)'), )),
+    _bug('tg_no_dep', 'task graph: no_dep_args= on regions that are not disjoint', '''
+        @pl.jit
+        def halves(x: pl.Tensor[[4, 8], pl.FP32], out: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+            with pl.at(level=pl.Level.CORE_GROUP, no_dep_args=[out]):  # the two halves are disjoint: no edge needed
+                pl.store(pl.mul(pl.load(x, [0, 0], [2, 8]), 2.0), [0, 0], out)
+            with pl.at(level=pl.Level.CORE_GROUP, no_dep_args=[out]):  # BUG: this half starts at row 1: it overlaps
+                pl.store(pl.mul(pl.load(x, [1, 0], [3, 8]), 2.0), [1, 0], out)
+            return out
+
+
+        x = np.arange(32, dtype=np.float32).reshape(4, 8)
+        out = np.zeros_like(x)
+        halves(x, out)
+        assert np.array_equal(out, 2 * x), "mismatch"
+        print("OK")
+        ''', ('race',), feature='task graph', command='check',
+         issues=dict.fromkeys(("found", "kind", "location", "root_first"),
+                             "the checker runs a rank's tasks in program order, so tasks that opted out of tracking are never concurrent"),
+         twin=(('with pl.at(level=pl.Level.CORE_GROUP, no_dep_args=[out]):  # BUG: this half starts at row 1: it overlaps',
+               'with pl.at(level=pl.Level.CORE_GROUP, no_dep_args=[out]):'), ('pl.store(pl.mul(pl.load(x, [1, 0], [3, 8]), 2.0), [1, 0], out)',
+               'pl.store(pl.mul(pl.load(x, [2, 0], [2, 8]), 2.0), [2, 0], out)'))),
     _bug('defer_overlap', "deferred wait: the send task shares the waiter's signal, an implicit edge", '''
         P = 2
         NR = pl.dynamic("NR")
