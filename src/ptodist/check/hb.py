@@ -5,19 +5,28 @@ Input: every rank's event log from the ``sim`` backend under ``ptodist check``
 (with the value that satisfied them) — each stamped with one global sequence
 number, the order things happened in this schedule.
 
-Happens-before is program order within a rank plus, for every satisfied wait,
+Happens-before is program order within an *actor* plus, for every satisfied wait,
 an edge from each notify the wait *needed*: replaying the cell's modifications
 since its last ``Set``, the waiting rank's own notifies count in full and the
 other ranks' notifies in the order they landed, up to the first that makes the
 wait's condition true.  A notify that landed earlier but was not needed (a
 stale token a reused row still holds) orders nothing, so a race that this
-schedule happened to hide is still reported.  Vector clocks carry the relation;
-window memory has an interval shadow per rank copy of each buffer.
+schedule happened to hide is still reported.  An actor is a rank's
+orchestration or one run of a task (a block of a ``pl.spmd`` task, a half of a
+mixed kernel): on a device a rank's tasks run concurrently unless the task
+graph orders them, so the edges between a rank's actors are the graph's —
+submission (fork), dependencies and waits for tasks (join).  Vector clocks,
+sparse (actor -> count), carry the relation; window memory has an interval
+shadow per rank copy of each buffer, and a rank's other memory (host tensors,
+``pl.create_tensor`` tensors) one per root buffer, checked only between that
+rank's actors.
 """
 
 from __future__ import annotations
 
 import bisect
+import linecache
+import re
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +34,7 @@ import numpy as np
 from .findings import FIXES, Finding
 
 RACE_PITFALL = "8.3 steps 05, 06, 08 (data race)"
+TASK_RACE_PITFALL = "8.1 silent data corruption (two tasks of one rank)"
 UNINIT_PITFALL = "8.1 silent data corruption; 8.3 step 13"
 STALE_PITFALL = "8.3 step 09 (stale signal)"
 CLOBBER_PITFALL = "8.1 signal never reaches expected; 8.3 step 04"
@@ -50,14 +60,23 @@ def analyze(logs: list, plan, since: int = 0) -> list[Finding]:
             if rec["seq"] >= since:
                 events.append((rec["seq"], log.rank, rec))
     events.sort(key=lambda e: e[0])
-    a = _Analysis(plan)
+    a = _Analysis(plan, logs)
     for _, rank, rec in events:
-        if rec["kind"] == "access":
+        kind = rec["kind"]
+        if kind == "access":
             a.access(rank, rec)
-        elif rec["kind"] == "notify":
+        elif kind == "notify":
             a.notify(rank, rec)
-        else:
+        elif kind == "wait":
             a.wait(rank, rec)
+        elif kind == "fork":
+            a.fork(rank, rec)
+        elif kind == "join":
+            a.join(rank, rec)
+        elif kind == "release":
+            a.release(rank, rec)
+        else:
+            a.acquire(rank, rec)
     # What the ranks found themselves while they ran (a reduction reading undefined padding).
     own = [f for log in logs for seq, f in getattr(log, "findings", ()) if seq >= since]
     return _dedupe(a.findings() + own)
@@ -72,8 +91,9 @@ class _Mod:
     op: str
     value: int
     new: int
-    vc: tuple
+    vc: dict
     where: str
+    actor: int = 0  # the notifying actor (global id)
 
 
 @dataclass
@@ -85,8 +105,8 @@ class _Cell:
     own_since: dict = field(default_factory=dict)   # rank -> it notified its own cell since its last wait
 
 
-# A shadow segment: (writes, reads, written).  writes: ((rank, clock, access id, atomic), ...) not ordered
-# with each other; reads: ((rank, clock, access id), ...), one per rank.
+# A shadow segment: (writes, reads, written).  writes: ((actor, clock, access id, atomic), ...) not ordered
+# with each other; reads: ((actor, clock, access id), ...), one per actor.
 _EMPTY = ((), (), False)
 
 
@@ -143,10 +163,16 @@ def _intervals(offset: int, shape: tuple, strides: tuple, itemsize: int) -> list
 
 
 class _Analysis:
-    def __init__(self, plan):
+    def __init__(self, plan, logs=()):
         self.plan = plan
         world = plan.world
-        self.vc = [[1 if i == r else 0 for i in range(world)] for r in range(world)]
+        # Actors by global id: rank r's orchestration is r; a task's actor gets the next id when it is forked.
+        self.gids: dict = {(r, 0): r for r in range(world)}
+        self.owner: list = list(range(world))         # global id -> its rank
+        self.info: dict = {(log.rank, i): a for log in logs for i, a in enumerate(getattr(log, "actors", ()))}
+        self.local: list = [0] * world                # global id -> its id in its rank's log
+        self.vc = [{r: 1} for r in range(world)]     # global id -> vector clock (global id -> count)
+        self.tokens: dict = {}                        # (rank, token) -> the clock a release kept
         self.cells: dict = {}
         self.shadows: dict = {}
         self.accesses: list = []          # access id -> (rank, record)
@@ -166,25 +192,67 @@ class _Analysis:
             c = self.cells[key] = _Cell()
         return c
 
-    def _ordered(self, mod_rank: int, mod_vc: tuple, rank: int) -> bool:
-        """Whether a notify made with vector clock ``mod_vc`` happens before ``rank``'s present."""
-        return mod_rank == rank or mod_vc[mod_rank] <= self.vc[rank][mod_rank]
+    # -- actors ------------------------------------------------------------------------
+    def _gid(self, rank: int, rec: dict) -> int:
+        """The global id of the actor that made ``rec`` on ``rank``."""
+        return self.gids[(rank, rec.get("actor", 0))]
+
+    def fork(self, rank: int, rec: dict) -> None:
+        """A new actor starts where its parent is; the parent's later steps are not ordered before it."""
+        parent = self.gids[(rank, rec["parent"])]
+        gid = self.gids[(rank, rec["actor"])] = len(self.vc)
+        self.owner.append(rank)
+        self.local.append(rec["actor"])
+        vc = dict(self.vc[parent])
+        vc[gid] = 1
+        self.vc.append(vc)
+        self.vc[parent][parent] += 1
+
+    def join(self, rank: int, rec: dict) -> None:
+        """The actor goes on after the actors it waited for: its clock takes theirs."""
+        vc = self.vc[self._gid(rank, rec)]
+        for a in rec["from"]:
+            other = self.gids.get((rank, a))
+            if other is None:
+                continue
+            for u, c in self.vc[other].items():
+                if c > vc.get(u, 0):
+                    vc[u] = c
+
+    def release(self, rank: int, rec: dict) -> None:
+        """Keep the actor's clock as it is now under the record's token; its later steps come after it."""
+        me = self._gid(rank, rec)
+        self.tokens[(rank, rec["token"])] = dict(self.vc[me])
+        self.vc[me][me] += 1
+
+    def acquire(self, rank: int, rec: dict) -> None:
+        """The actor goes on after the released points: its clock takes theirs."""
+        vc = self.vc[self._gid(rank, rec)]
+        for t in rec["tokens"]:
+            for u, c in self.tokens.get((rank, t), {}).items():
+                if c > vc.get(u, 0):
+                    vc[u] = c
+
+    def _ordered(self, mod_actor: int, mod_vc: dict, actor: int) -> bool:
+        """Whether a notify made by ``mod_actor`` with vector clock ``mod_vc`` happens before ``actor``'s present."""
+        return mod_actor == actor or mod_vc[mod_actor] <= self.vc[actor].get(mod_actor, 0)
 
     def notify(self, rank: int, rec: dict) -> None:
         a = rec["args"]
         owner, buffer_id, offset = a["owner"], a["buffer_id"], a["offset"]
         cell = self._cell(owner, buffer_id, offset)
-        mod = _Mod(len(cell.mods), rank, a["op"], a["value"], a["new"], tuple(self.vc[rank]), rec["where"])
+        me = self._gid(rank, rec)
+        mod = _Mod(len(cell.mods), rank, a["op"], a["value"], a["new"], dict(self.vc[me]), rec["where"], me)
         if mod.op == "Set":
             last = next((m for m in reversed(cell.mods) if m.op == "Set"), None)
             if last is not None and last.rank != rank and last.index not in cell.consumed \
-                    and not self._ordered(last.rank, last.vc, rank):
+                    and not self._ordered(last.actor, last.vc, me):
                 key = (owner, buffer_id, offset, frozenset(((last.rank, last.where), (rank, mod.where))))
                 self.clobbers.setdefault(key, (last, mod, a["buffer"], a["cell"]))
         if owner == rank and (mod.op == "Set" or mod.value > 0):
             cell.own_since[rank] = True
         cell.mods.append(mod)
-        self.vc[rank][rank] += 1
+        self.vc[me][me] += 1
         self.sent[rank] += 1
         self.signal_buffers.add(buffer_id)
         # The cell now holds something a notify wrote (an access that reads it is not uninitialised).
@@ -214,10 +282,10 @@ class _Analysis:
                     needed.append(m.index)
                     if holds(value):
                         break
-        vc = self.vc[rank]
+        vc = self.vc[self._gid(rank, rec)]
         for i in needed:
-            for u, c in enumerate(mods[i].vc):
-                if c > vc[u]:
+            for u, c in mods[i].vc.items():
+                if c > vc.get(u, 0):
                     vc[u] = c
         fresh = set(needed)
         prev = cell.needed.get(rank)
@@ -233,47 +301,51 @@ class _Analysis:
         cell.own_since[rank] = False
 
     # -- window memory ------------------------------------------------------------------
-    def _shadow(self, owner: int, buffer_id: int) -> _Shadow:
-        key = (owner, buffer_id)
+    def _shadow(self, owner: int, buffer_id, memory=None) -> _Shadow:
+        key = (owner, buffer_id) if memory is None else (owner, memory[1], memory[2])
         s = self.shadows.get(key)
         if s is None:
-            s = self.shadows[key] = _Shadow(self.plan.windows[buffer_id].nbytes)
+            size = self.plan.windows[buffer_id].nbytes if memory is None else memory[2] - memory[1]
+            s = self.shadows[key] = _Shadow(size)
         return s
 
     def access(self, rank: int, rec: dict) -> None:
         aid = len(self.accesses)
         self.accesses.append((rank, rec))
-        owner, buffer_id = rec["owner"], rec["buffer_id"]
+        owner, buffer_id, memory = rec["owner"], rec["buffer_id"], rec.get("memory")
         write, atomic = rec["write"], rec["atomic"]
-        vc = self.vc[rank]
-        epoch = vc[rank]
-        shadow = self._shadow(owner, buffer_id)
+        me = self._gid(rank, rec)
+        vc = self.vc[me]
+        epoch = vc[me]
+        owners = self.owner
+        shadow = self._shadow(owner, buffer_id, memory)
         unwritten: list[tuple[int, int]] = []
         for lo, hi in _intervals(rec["offset"], rec["shape"], rec["strides"], rec["itemsize"]):
-            if write:
+            if write and memory is None:
                 self.writes.setdefault(buffer_id, set()).add((owner, lo, hi, rank, rec["where"], rec["name"],
                                                               rec["itemsize"]))
             for i, s_lo, s_hi in list(shadow.segments(lo, hi)):
                 writes, reads, written = shadow.states[i]
                 for (u, c, other, other_atomic) in writes:
-                    if u != rank and c > vc[u] and not (atomic and other_atomic):
+                    if u != me and c > vc.get(u, 0) and not (atomic and other_atomic):
                         self._race(other, aid, s_lo, s_hi, owner, buffer_id)
                 if write:
                     for (u, c, other) in reads:
-                        if u != rank and c > vc[u]:
+                        if u != me and c > vc.get(u, 0):
                             self._race(other, aid, s_lo, s_hi, owner, buffer_id)
                     # Keep only writes and reads this one is not ordered after: later accesses check those.
-                    writes = tuple(w for w in writes if w[0] != rank and w[1] > vc[w[0]]) + \
-                        ((rank, epoch, aid, atomic),)
-                    reads = tuple(r for r in reads if r[0] != rank and r[1] > vc[r[0]])
+                    writes = tuple(w for w in writes if w[1] > vc.get(w[0], 0)) + ((me, epoch, aid, atomic),)
+                    reads = tuple(r for r in reads if r[1] > vc.get(r[0], 0))
                     shadow.states[i] = (writes, reads, True)
                 else:
                     # Only a read of another rank's copy: windows start zeroed, and a rank that reads its
                     # own untouched window (accumulating into it, reading back a tail it left) relies on that.
-                    if not written and owner != rank:
+                    if not written and owner != rank and memory is None:
                         unwritten.append((s_lo, s_hi))
-                    shadow.states[i] = (writes, tuple(r for r in reads if r[0] != rank) + ((rank, epoch, aid),),
-                                        written)
+                    # A read by an actor of this rank ordered before this one is covered by it (a later write
+                    # that races with that read races with this one too).
+                    shadow.states[i] = (writes, tuple(r for r in reads if r[0] != me and not (
+                        owners[r[0]] == rank and r[1] <= vc.get(r[0], 0))) + ((me, epoch, aid),), written)
         if unwritten:
             self.uninit[aid] = [owner, buffer_id, min(lo for lo, _ in unwritten), max(hi for _, hi in unwritten)]
 
@@ -314,6 +386,8 @@ class _Analysis:
 
     def _race_finding(self, first, second, lo, hi, owner, buffer_id) -> Finding:
         (ra, a), (rb, b) = self.accesses[first], self.accesses[second]
+        if ra == rb:
+            return self._task_race(ra, a, b, lo, hi, owner, buffer_id)
 
         def who(r, x):
             what = "atomic add" if x["atomic"] else ("write" if x["write"] else "read")
@@ -325,6 +399,72 @@ class _Analysis:
                    f"rank {ra}'s came first; on another, rank {rb}'s will).")
         return Finding("race", message, sorted({ra, rb}), _unique([a["where"], b["where"]]), RACE_PITFALL,
                        FIXES["race"])
+
+    def _task_race(self, rank: int, a: dict, b: dict, lo: int, hi: int, owner: int, buffer_id) -> Finding:
+        """A race between two actors of one rank (tasks the graph leaves unordered): the line where the missing
+        dependency belongs first, then the two accesses."""
+        ia, ib = (self.info.get((rank, x.get("actor", 0)), {}) for x in (a, b))
+        memory = a.get("memory")
+        if memory is None:
+            region = self._region(owner, buffer_id, lo, hi, a["itemsize"])
+        else:
+            what = "host tensor" if memory[0] == "host" else "pl.create_tensor tensor"
+            region = f"bytes [{lo}, {hi}) of {what} '{a['tensor']}' on rank {owner}"
+            if a["itemsize"] > 1 and lo % a["itemsize"] == 0 and hi % a["itemsize"] == 0:
+                region += f" (elements [{lo // a['itemsize']}, {hi // a['itemsize']}) of its flat view)"
+
+        def who(x, i):
+            what = "atomic add" if x["atomic"] else ("write" if x["write"] else "read")
+            return f"{_actor_text(i)}: {x['name']} ({what} of '{x['tensor']}') at {x['where']}"
+
+        def order(i):  # tasks in submission order; the orchestration before them
+            return (-1, 0) if i.get("kind", "orchestration") == "orchestration" else \
+                (i.get("task_id", -1), i.get("block") or 0)
+
+        (ea, ei), (la, li) = sorted([(a, ia), (b, ib)], key=lambda p: order(p[1]))
+        root = li.get("where") or la["where"]
+        earlier = ei.get("where") or ea["where"]
+        same_task = ia.get("kind") == ib.get("kind") == "block" and ia.get("task_id") == ib.get("task_id")
+        halves = ia.get("kind") == ib.get("kind") == "half"
+        if same_task:
+            why = (f"Blocks {ei.get('block')} and {li.get('block')} of the task at {root} run concurrently on a "
+                   "device, and both touch these bytes.")
+            fix = (f"The blocks of the task at {root} run concurrently: make each block write its own part, indexed "
+                   "by pl.get_block_idx() (pl.tile.get_block_idx() in a kernel), or write the shared part from "
+                   "one task that runs after the blocks (deps=[its task id]).")
+        elif halves:
+            why = (f"The {ei.get('name')} and {li.get('name')} halves of the mixed kernel at {root} run concurrently "
+                   "on a device; only their pipes (a tpush and the tpop of that tile) order them.")
+            fix = (f"Order the two halves' accesses with a pipe: push a tile after the write and pop it before the "
+                   f"read, or move the access to one half (the mixed kernel at {root}).")
+        elif ei.get("kind", "orchestration") == "orchestration" or li.get("kind", "orchestration") == "orchestration":
+            why = (f"The task at {root} and the orchestration's access are not ordered: the task runs concurrently "
+                   "with the code after its submission.")
+            fix = (f"Let the orchestration wait for the task at {root} before it touches the tensor (a task that "
+                   "takes the tensor as an argument, outside a pl.manual_scope), or pass the tensor to the task.")
+        else:
+            name = _task_id_name(earlier)
+            deps = li.get("dep_lines") or []
+            why = "No path of the task graph leads from one task to the other, so on a device they run concurrently."
+            if deps:
+                why += (f" The task at {root} has deps= naming the task(s) at {', '.join(deps)}, not the one at "
+                        f"{earlier}.")
+            elif li.get("manual"):
+                why += f" The task at {root} is in a pl.manual_scope without deps=: there only deps= orders tasks."
+            fix = f"Add deps=[{name}] to the task at {root}"
+            fix += ", or leave the pl.manual_scope." if li.get("manual") else \
+                " (the two tasks share no tensor argument, so the task graph cannot order them by itself)."
+        between = "two blocks of one task" if same_task else "two halves of a mixed kernel" if halves else \
+            "two tasks" if "orchestration" not in (ei.get("kind", "orchestration"), li.get("kind", "orchestration")) \
+            else "a task and the orchestration"
+        message = (f"data race between {between} of rank {rank} on {region}:\n  {who(la, li)}\n  {who(ea, ei)}\n"
+                   f"{why} (In this schedule the access at {a['where']} came first; on a device, either may.)")
+        if same_task:  # the fix goes where a block writes: each block its own part
+            w = b if b["write"] or not a["write"] else a
+            locations = [w["where"], (a if w is b else b)["where"], root]
+        else:
+            locations = [root, b["where"], a["where"]]
+        return Finding("race", message, [rank], _unique(locations), TASK_RACE_PITFALL, fix)
 
     def _uninit_finding(self, aid, owner, buffer_id, lo, hi) -> Finding:
         rank, rec = self.accesses[aid]
@@ -377,6 +517,34 @@ class _Analysis:
                    f"consumed the first before the second overwrote it: the first arrival is lost.")
         return Finding("set_clobber", message, sorted({first.rank, second.rank}), _unique([first.where, second.where]),
                        CLOBBER_PITFALL, FIXES["set_clobber"])
+
+
+def _actor_text(info: dict) -> str:
+    """How a report names an actor: the orchestration, a task, a block of one, a core half."""
+    kind = info.get("kind", "orchestration")
+    if kind == "orchestration":
+        return "the orchestration"
+    text = f"task '{info.get('name')}' (task {info.get('task_id')}, submitted at {info.get('where')})"
+    if kind == "block":
+        return f"block {info.get('block')} of {text}"
+    if kind == "half":
+        return f"the {info.get('name')} half of the mixed kernel at {info.get('where')}"
+    return text
+
+
+_TASK_ID_NAMES = (re.compile(r"\bas\s+([A-Za-z_]\w*)\s*:"), re.compile(r"([A-Za-z_]\w*)\s*=\s*pl\.(?:spmd_)?submit\b"))
+
+
+def _task_id_name(where: str) -> str:
+    """The name the program gives the task id of the task made at ``where`` (``with pl.at(...) as t``,
+    ``_, t = pl.submit(...)``), or a placeholder naming the line."""
+    file, _, line = where.rpartition(":")
+    text = linecache.getline(file, int(line)) if line.isdigit() else ""
+    for pattern in _TASK_ID_NAMES:
+        m = pattern.search(text)
+        if m and m.group(1) != "_":
+            return m.group(1)
+    return f"<the task id of the task at {where}>"
 
 
 def _unique(items: list[str]) -> list[str]:

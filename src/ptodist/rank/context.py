@@ -51,7 +51,7 @@ from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
-from .tasks import Task, TaskGraph, buffer_key, overlap
+from .tasks import Task, TaskGraph, _Overlaps, buffer_key, overlap
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
 try:
@@ -144,6 +144,14 @@ class RankContext(context.Context):
         self._left_conditions: list = []  # the deferred waits the last lazily run task left pending
         self._async_open: list = []  # the pld.tensor.put_async events not waited yet
         self._dump_keys: set = set()  # the memory pl.dump_tag marked for the selective dump
+        # Under the checker, a rank's tasks are actors of the event log (rank/events.py): the task actors the
+        # orchestration has not waited for yet, every task since then by the bytes it touches (complete ones
+        # too), the actor of each task id, and the actor each pending deferred wait belongs to (by its id).
+        self._open_actors: list[int] = []
+        self._hb_tasks = _Overlaps(keep_done=True) if self._trace else None
+        self._tid_actor: dict[int, int] = {}
+        self._cond_actor: dict[int, int] = {}
+        self._kept: dict = {}  # (low, high) -> the root buffer of memory outside windows an access was recorded in
 
     def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
         """Run the next segment of this dispatch (after a sub-worker callback): ``plan``'s tasks over ``memory``.
@@ -194,8 +202,8 @@ class RankContext(context.Context):
                     self.task = name
                     self.status.set_running(self.rank, name)
                     fn.invoke(*args)
-                    if not self.graph.idle:
-                        self.graph.wait_for()  # the dispatch is done when every task it submitted is complete
+                    if self._open_actors or not self.graph.idle:
+                        self._await_all()  # the dispatch is done when every task it submitted is complete
                     self.task = None
                 if moves is not None and (self.rank, task.seq) in moves.sends:
                     self._send_host(moves.sends[(self.rank, task.seq)])
@@ -338,8 +346,8 @@ class RankContext(context.Context):
         if fn.kind is Kind.KERNEL:
             if pipes.collecting(fn):  # an AIC/AIV function called by a group function: runs with its peers
                 return pipes.defer_half(fn, args, kwargs)
-            if not self._kernel_depth and not self.graph.idle and not self._manual:
-                self.graph.wait_overlapping(self._buffers(_tracked(fn, args, kwargs)))
+            if not self._kernel_depth and not self._manual and (self._open_actors or not self.graph.idle):
+                self._await_overlapping(_tracked(fn, args, kwargs))
             return self._run_kernel(fn, args, kwargs)
         if fn.kind is Kind.SUBWORKER:
             raise ProgramError(f"{fn.name}() at {user_location(2)}: '{fn.name}' is a sub-worker function "
@@ -376,11 +384,19 @@ class RankContext(context.Context):
         named = list(zip((p.name for p in params), values)) if events is not None else ()
         outer = self._block_idx
         result, left = None, []
+        blocks = [] if self._trace and self._spmd_blocks > 1 else None  # the blocks' actors, under the checker
         for i, b in enumerate(range(self._spmd_blocks) if self._spmd_blocks else (outer,)):
             self._block_idx = b
-            result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=loc, info=info, deps=deps,
-                                     tid=tid if i == 0 else None, lazy=lazy, tensors=named, dumps=dumps)
+            parent = self._enter_block(b, fn.name, loc, blocks) if blocks is not None else None
+            try:
+                result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=loc, info=info, deps=deps,
+                                         tid=tid if i == 0 else None, lazy=lazy, tensors=named, dumps=dumps)
+            finally:
+                if parent is not None:
+                    self.events.actor = parent
             left += self._left_conditions
+        if blocks:
+            self.events.join(blocks)  # the task (or call) is complete when all its blocks are
         self._block_idx = outer
         self._left_conditions = left
         return result
@@ -445,8 +461,8 @@ class RankContext(context.Context):
                               str(where if where is not None else user_location(2)), **args)
 
     def collective(self, name, args, kwargs):
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_for()  # a collective of the orchestration runs after the tasks submitted before it
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_all()  # a collective of the orchestration runs after the tasks submitted before it
         # A call checked once is not checked again: per line, collective and argument objects, the checked call,
         # its comm domain and its line's site entry (a collective in a loop pays for its checks once).
         here = _call_site(self._call_sites, 1)  # collective <- pld.tensor.<name> <- the program
@@ -557,11 +573,95 @@ class RankContext(context.Context):
     def _buffers(self, values) -> frozenset:
         return frozenset(buffer_key(t) for t in self._tensors(values) if id(t) not in self._no_dep)
 
-    def _submit_task(self, tid: int, name: str, run, deps, values) -> bool:
-        """Hand a task to the graph (it runs now unless it must wait); True when it ran at once."""
+    def _submit_task(self, tid: int, name: str, run, deps, values, where: object = "", holdable: bool = False) -> bool:
+        """Hand a task to the graph (it runs now unless it must wait); True when it ran at once.
+
+        ``where``: the line that submitted it (the checker's reports name it as where a dependency belongs);
+        ``holdable``: its result does not depend on running at once (a ``pl.submit``: its outputs are its result).
+        """
         task = Task(tid, name, run, list(deps), self._buffers(values), self._manual > 0)
+        task.holdable = holdable and task.manual
         self._no_dep.clear()
+        if self._trace:
+            task.run = self._as_actor(task, run, str(where))
         return self.graph.submit(task)
+
+    def _as_actor(self, task: Task, run, where: str):
+        """Under the checker: make ``task`` an actor of the event log, forked from the orchestration where it is
+        submitted; ``run``, wrapped so that the task runs as that actor, starting after the tasks it depends on
+        (its deps=, and outside a manual scope every earlier task that shares bytes with it, complete or not)."""
+        events = self.events
+        explicit = [self._tid_actor[d] for d in task.deps if d in self._tid_actor]
+        after = list(explicit)
+        if not task.manual and task.buffers:
+            after += [t.actor for t in self._hb_tasks.overlapping(task.buffers, prune=True)]
+        actor = task.actor = events.fork(kind="task", name=task.name, task_id=task.tid, where=where,
+                                         deps=list(task.deps), manual=task.manual,
+                                         dep_lines=[events.actors[a]["where"] for a in explicit])
+        self._tid_actor[task.tid] = actor
+        self._open_actors.append(actor)
+        if task.buffers:
+            self._hb_tasks.add(task)
+
+        def run_as_actor():
+            outer, events.actor = events.actor, actor
+            try:
+                events.join(after)
+                left = run()
+            finally:
+                events.actor = outer
+            for c in left:  # its deferred waits complete it: they are the task's, whenever they hold
+                self._cond_actor[id(c)] = actor
+            return left
+
+        return run_as_actor
+
+    # -- the checker's actors for a mixed kernel's halves (rank/pipes.py, language/ops/pipes.py) -----------------
+    def hb_halves(self, labels: list) -> tuple | None:
+        """Under the checker: fork one actor per half of a mixed kernel (``labels``: AIC, AIV0, ...) from the
+        running one; returns ``(running actor, [the halves' actors])``, None when not checking."""
+        if not self._trace:
+            return None
+        events = self.events
+        parent = events.actor
+        info = events.actors[parent]
+        where = info["where"] if info.get("kind") == "task" else str(user_location(2))
+        return parent, [events.fork(kind="half", name=label, task_id=self._task_id, where=where) for label in labels]
+
+    def hb_act(self, actor: int) -> None:
+        """What the rank records from now on is ``actor``'s (a half got the turn)."""
+        self.events.actor = actor
+
+    def hb_rejoin(self, parent: int, actors: list) -> None:
+        """Back to ``parent``, after every one of ``actors`` (the halves of a finished mixed kernel)."""
+        self.events.actor = parent
+        self.events.join(actors)
+
+    def hb_release(self):
+        """Under the checker: a token for where the running actor is now (a pipe push, a barrier arrival)."""
+        return self.events.release() if self._trace else None
+
+    def hb_acquire(self, tokens: list) -> None:
+        """Order the running actor after the points ``tokens`` mark (a pop after its push, after a barrier)."""
+        self.events.acquire(tokens)
+
+    def _await_overlapping(self, values) -> None:
+        """The orchestration is about to touch ``values``: wait for the unfinished tasks that touch them; under
+        the checker it goes on after every task since its last wait for all that touched them."""
+        buffers = self._buffers(values)
+        if not self.graph.idle:
+            self.graph.wait_overlapping(buffers)
+        if self._open_actors:
+            self.events.join([t.actor for t in self._hb_tasks.overlapping(buffers)])
+
+    def _await_all(self) -> None:
+        """The orchestration waits for every task it submitted (a collective, the end of the dispatch)."""
+        if not self.graph.idle:
+            self.graph.wait_for()
+        if self._open_actors:
+            self.events.join(self._open_actors)
+            self._open_actors = []
+            self._hb_tasks = _Overlaps(keep_done=True)
 
     def submit(self, fn, args, kwargs, deps, blocks=0, dumps=()):
         op = "pl.spmd_submit" if blocks else "pl.submit"
@@ -582,7 +682,11 @@ class RankContext(context.Context):
                 self._spmd_blocks = saved
             return self._left_conditions
 
-        if self._submit_task(tid, fn.name, run, deps, _tracked(fn, args, kwargs)):
+        # A task with one output at most may be held past its submission (sim): its result, the tensor it writes,
+        # is the same whenever it runs; with more, what it returns when it runs at once may differ.
+        holdable = sum(spec.kind == "tensor" and spec.direction is not Direction.IN for spec in fn.params) <= 1
+        if self._submit_task(tid, fn.name, run, deps, _tracked(fn, args, kwargs),
+                             user_location(2) if self._trace else "", holdable=holdable):
             result = out["result"]
         else:  # it runs later: what it returns is its outputs, the tensors it was given to write
             outs = [v for spec, v in zip(fn.params, fn.bind_arguments(args, kwargs))
@@ -619,24 +723,49 @@ class RankContext(context.Context):
 
         for t in region.options.get("no_dep_args", ()):
             self.exclude_from_deps(t)
-        ran = self._submit_task(tid, name, run, region.deps, args)
+        ran = self._submit_task(tid, name, run, region.deps, args, where)
         return RegionResult(tid, out.get("values") if ran else None, str(where))
 
     def _blocks(self, n: int, body, args):
         values = None
         saved, self._region_blocks = self._region_blocks, n
+        blocks = [] if self._trace and n > 1 else None  # the blocks' actors, under the checker
         try:
             for b in range(n):
                 self._block_idx = b
-                values = body(*args)
+                parent = self._enter_block(b, None, None, blocks) if blocks is not None else None
+                try:
+                    values = body(*args)
+                finally:
+                    if parent is not None:
+                        self.events.actor = parent
         finally:
             self._block_idx, self._region_blocks = 0, saved
+        if blocks:
+            self.events.join(blocks)  # the task is complete when all its blocks are
         return values
+
+    def _enter_block(self, b: int, name, where, blocks: list) -> int:
+        """Under the checker: run block ``b`` as an actor of its own, forked from the running one (the task the
+        blocks belong to: blocks run concurrently); returns the running actor, to go back to after the block."""
+        events = self.events
+        parent = events.actor
+        info = dict(events.actors[parent])
+        if info.get("kind") != "task":  # blocks of a kernel called from the orchestration: the call is their task
+            info = {"name": name, "task_id": self._task_id, "where": str(where), "deps": [], "manual": False}
+        info.pop("parent", None)
+        info["kind"], info["block"] = "block", b
+        actor = events.fork(**info)
+        blocks.append(actor)
+        events.actor = actor
+        return parent
 
     def region_begin(self, region):
         # A region run in place (its function's source was not available to outline it): its deps first.
         self._check_deps(f"pl.{region.kind}", region.deps)
         self.graph.wait_for(region.deps)
+        if self._open_actors:
+            self.events.join([self._tid_actor[d] for d in region.deps if d in self._tid_actor])
         if region.kind == "spmd":
             self._spmd_blocks = region.blocks
         return self._new_tid()
@@ -766,11 +895,27 @@ class RankContext(context.Context):
         addr = view.__array_interface__["data"][0]
         i = bisect.bisect_right(starts, addr) - 1
         if i < 0 or addr >= spans[i][0][1]:
+            if len(self.events.actors) > 1:  # before the first task the orchestration alone touches this rank's memory
+                self._touch_private(op, t, view, write, atomic, addr)
             return
         (lo, _), owner, buffer_id = spans[i]
         site = user_frame(2)
         self.events.access(op, write, atomic, owner, buffer_id, addr - lo, view.shape, view.strides, view.itemsize,
                            t.dtype.name, t.name, f"{site[0]}:{site[1]}" if site else "")
+
+    def _touch_private(self, op: str, t: RankTensor, view: np.ndarray, write: bool, atomic: bool, addr: int) -> None:
+        """Record an access to this rank's memory outside windows (a host tensor, a ``pl.create_tensor``
+        tensor), by its root buffer's address range: the checker looks for races between the rank's tasks there."""
+        root = view
+        while isinstance(root.base, np.ndarray):
+            root = root.base
+        lo, hi = byte_bounds(root)
+        if (lo, hi) not in self._kept:
+            self._kept[(lo, hi)] = root  # alive until the dispatch ends: no later tensor takes these addresses
+        kind = "local" if any(llo <= addr < lhi for llo, lhi, _ in self._locals) else "host"
+        site = user_frame(3)
+        self.events.access(op, write, atomic, self.rank, None, addr - lo, view.shape, view.strides, view.itemsize,
+                           t.dtype.name, t.name, f"{site[0]}:{site[1]}" if site else "", (kind, lo, hi))
 
     def padding_read(self, op: str, tile, axis: int) -> None:
         """Under ``ptodist check``: tell the checker that ``op`` reads ``tile``'s undefined padding on a device."""
@@ -816,9 +961,9 @@ class RankContext(context.Context):
 
     # -- memory operations ----------------------------------------------------------
     def memory_op(self, name, *args):
-        if not self._kernel_depth and not self.graph.idle:
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
             # The orchestration touching memory that unfinished tasks use waits for them first.
-            self.graph.wait_overlapping(self._buffers(args))
+            self._await_overlapping(args)
         return self._OPS[name](self, name, *args)
 
     def _progressed(self) -> None:
@@ -1185,8 +1330,8 @@ class RankContext(context.Context):
         """``pld.system.notify``. The hot path: checks inline where they are one test, helpers called only for
         what needs them, and the cell update with its bookkeeping one call of the rank's ledger."""
         op = "pld.system.notify"
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_overlapping(self._buffers((target,)))
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_overlapping((target,))
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
         p = self._peer(op, peer, w)
         byte, cell = self._cell(op, w, offsets)
@@ -1243,8 +1388,8 @@ class RankContext(context.Context):
 
     def wait(self, signal, offsets, expected, cmp):
         """``pld.system.wait``."""
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_overlapping(self._buffers((signal,)))
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_overlapping((signal,))
         w, byte, idx, expected, cmp = self._wait_args("pld.system.wait", signal, offsets, expected, cmp)
         if not self._in_collective:
             if w.buffer.id not in self.hand_signals:
@@ -1293,10 +1438,16 @@ class RankContext(context.Context):
         self._ledger.step(0)  # _progressed, inline
         if self.events is not None:
             w, byte, idx, expected, cmp, loc = cond
+            # A task's deferred wait is that task's actor's, whoever was running when it held.
+            actor = self._cond_actor.pop(id(cond), None) if self._cond_actor else None
+            outer = self.events.actor
+            if actor is not None:
+                self.events.actor = actor
             # loc: a deferred wait runs at its task's end, but is attributed to its defer_wait line
             self._log("wait", "pld.system.wait", start, where=loc, buffer=w.buffer.name, buffer_id=w.buffer.id,
                       owner=self.rank, cell=[int(i) for i in idx], offset=byte, cmp=cmp.name, expected=expected,
                       seen=seen)
+            self.events.actor = outer
 
     # -- remote memory access ---------------------------------------------------------
     def _accumulate(self, op, t, dst: np.ndarray, sl, data, owner: int | None):
@@ -1314,8 +1465,8 @@ class RankContext(context.Context):
     def remote_load(self, target, peer, offsets, shape, valid_shape=None):
         """``pld.tile.remote_load``."""
         op = "pld.tile.remote_load"
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_overlapping(self._buffers((target,)))
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_overlapping((target,))
         if type(offsets) is not list:
             offsets = list(offsets)
         if type(shape) is not list:
@@ -1345,8 +1496,8 @@ class RankContext(context.Context):
 
     def remote_store(self, tile, target, peer, offsets, atomic, op="pld.tile.remote_store"):
         """``pld.tile.remote_store`` (and ``pld.tensor.remote_store``, named by ``op``)."""
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_overlapping(self._buffers((tile, target)))
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_overlapping((tile, target))
         if type(offsets) is not list:
             offsets = list(offsets)
         w = target if isinstance(target, WindowTensor) else self._window(op, target, "target")
@@ -1399,8 +1550,8 @@ class RankContext(context.Context):
             op="pld.tensor.put"):
         """``pld.tensor.put`` (and ``pld.tile.put``, named by ``op``)."""
         transfer = (dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_overlapping(self._buffers((dst, src)))
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_overlapping((dst, src))
         w = dst if isinstance(dst, WindowTensor) else self._window(op, dst, "dst")
         p = self._peer(op, peer, w)
         s = src if isinstance(src, RankTensor) else self._tensor(op, src, "src")
@@ -1421,8 +1572,8 @@ class RankContext(context.Context):
             op="pld.tensor.get"):
         """``pld.tensor.get`` (and ``pld.tile.get``, named by ``op``)."""
         transfer = (dst_offsets, src_offsets, shape, atomic, chunk_rows, chunk_cols, pipeline)
-        if not self._kernel_depth and not self.graph.idle:
-            self.graph.wait_overlapping(self._buffers((dst, src)))
+        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
+            self._await_overlapping((dst, src))
         w = src if isinstance(src, WindowTensor) else self._window(op, src, "src")
         p = self._peer(op, peer, w)
         d = dst if isinstance(dst, RankTensor) else self._tensor(op, dst, "dst")

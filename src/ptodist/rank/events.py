@@ -12,6 +12,13 @@ it stamps each record with ``seq`` from it, which gives one global order (the
 ``sim`` backend runs one rank at a time, so that order is the order things
 happened), and also records every access to window memory, in
 :attr:`EventLog.accesses`, apart from the timed records.
+
+Under the checker each record also names its *actor*: what runs concurrently
+with what on a device.  Actor 0 is the rank's orchestration (the code outside
+tasks); each task run, each block of a ``pl.spmd`` task and each half of a
+mixed kernel is an actor of its own (:meth:`EventLog.fork`, described in
+:attr:`EventLog.actors`).  ``fork`` and ``join`` records, in the same stream
+as the accesses, are the edges the task graph adds between them.
 """
 
 from __future__ import annotations
@@ -43,6 +50,11 @@ class EventLog:
         self.local_bytes = 0
         self.max_local_bytes = 0
         self.stopped = False  # True when the dispatch was cut short (a hang, an interrupt, a failure elsewhere)
+        # The checker's actors: the one running now, and what each is (index: its id; 0 the orchestration).
+        self.actor = 0
+        self.actors: list[dict] = [{"kind": "orchestration", "parent": None}]
+        self._tokens = 0  # release tokens handed out
+        self.keep: list = []  # memory a recorded access names by address, kept alive so no other takes its place
 
     # -- tasks and scopes ---------------------------------------------------------
     def task_begin(self, task_id: int, name: str, kind: str, where: str, lane: int, args: list, deps: list) -> dict:
@@ -91,21 +103,58 @@ class EventLog:
                "start": start, "end": end, "where": where, "args": args}
         if self._clock is not None:
             rec["seq"] = next(self._clock)
+            rec["actor"] = self.actor
         self.records.append(rec)
         return rec
 
-    def access(self, name: str, write: bool, atomic: bool, owner: int, buffer_id: int, offset: int,
-               shape: tuple, strides: tuple, itemsize: int, dtype: str, tensor: str, where: str) -> None:
+    # -- the checker's actors --------------------------------------------------------------
+    def fork(self, **info) -> int:
+        """A new actor that starts from where the running one is now (a task submitted, a block, a core half).
+
+        ``info`` describes it for reports (``kind``, ``name``, ``task_id``, ``where``: the line that made it,
+        ``deps``, ``manual``, ``block``).  Returns its id; the running actor stays the running one.
+        """
+        actor = len(self.actors)
+        info["parent"] = self.actor
+        self.actors.append(info)
+        self.accesses.append({"kind": "fork", "actor": actor, "parent": self.actor, "seq": next(self._clock)})
+        return actor
+
+    def release(self) -> int:
+        """A token for where the running actor is now (a pipe push): an :meth:`acquire` of it orders after this
+        point, not after what the actor does later."""
+        token = self._tokens
+        self._tokens += 1
+        self.accesses.append({"kind": "release", "actor": self.actor, "token": token, "seq": next(self._clock)})
+        return token
+
+    def acquire(self, tokens) -> None:
+        """The running actor goes on after the points ``tokens`` (from :meth:`release`) mark."""
+        self.accesses.append({"kind": "acquire", "actor": self.actor, "tokens": list(tokens),
+                              "seq": next(self._clock)})
+
+    def join(self, actors) -> None:
+        """The running actor goes on only after ``actors`` are complete (a dependency, a wait for tasks)."""
+        actors = [a for a in actors if a != self.actor]
+        if actors:
+            self.accesses.append({"kind": "join", "actor": self.actor, "from": actors, "seq": next(self._clock)})
+
+    def access(self, name: str, write: bool, atomic: bool, owner: int, buffer_id, offset: int,
+               shape: tuple, strides: tuple, itemsize: int, dtype: str, tensor: str, where: str,
+               memory: tuple | None = None) -> None:
         """Record a read or write of window memory: rank ``owner``'s copy of buffer ``buffer_id``.
 
         The bytes touched are those of an array with ``shape``/``strides``/``itemsize`` whose first
         element sits ``offset`` bytes into the buffer; ``dtype`` is the pl dtype name it was accessed as.
+        Memory of this rank outside windows (a host tensor, a ``pl.create_tensor`` tensor) has
+        ``buffer_id`` None and ``memory`` ``(kind, low, high)``: ``"host"`` or ``"local"`` and the root
+        buffer's addresses, which ``offset`` counts from.
         """
         self.accesses.append({"kind": "access", "name": name, "rank": self.rank,
-                              "seq": next(self._clock),
+                              "seq": next(self._clock), "actor": self.actor,
                               "write": write, "atomic": atomic, "owner": owner, "buffer_id": buffer_id,
                               "offset": offset, "shape": shape, "strides": strides, "itemsize": itemsize,
-                              "dtype": dtype, "tensor": tensor, "where": where})
+                              "dtype": dtype, "tensor": tensor, "where": where, "memory": memory})
 
     def finding(self, finding) -> None:
         """Keep a finding the rank made while it ran (a padding read); the checker reports it with its own."""

@@ -73,6 +73,10 @@ class CoreGroup:
         self._abort = False
         self._error: BaseException | None = None
         self.results: dict[int, object] = {}
+        # Under ptodist check each half is an actor of its own (concurrent on a device, ordered only by its
+        # pipes and barriers): the context's hooks, and the actor of each half by its id.
+        self._ctx = None
+        self._actors: dict[int, int] | None = None
 
     def _add(self, half: Half, work) -> None:
         fn, args, kwargs = (tuple(work) + ((), {}))[:3]
@@ -83,6 +87,11 @@ class CoreGroup:
     def run(self) -> tuple:
         """Run every half to its end; return ``(AIC result, [AIV lane results])``; raise what went wrong."""
         ctx = context.current()
+        fork = getattr(ctx, "hb_halves", None)
+        forked = fork([h.label for h in self.halves]) if fork is not None else None
+        if forked is not None:
+            self._ctx, (parent, actors) = ctx, forked
+            self._actors = {id(h): a for h, a in zip(self.halves, actors)}
         threads = [threading.Thread(target=self._main, args=(h, ctx), daemon=True,
                                     name=f"ptodist-{self.name}-{h.role}{h.lane}") for h in self.halves]
         with self._cond:
@@ -91,6 +100,8 @@ class CoreGroup:
             t.start()
         for t in threads:
             t.join()
+        if forked is not None:
+            ctx.hb_rejoin(parent, actors)  # the kernel is complete when all its halves are
         if self._error is not None:
             raise self._error
         problem = self.state.leftovers()
@@ -109,6 +120,7 @@ class CoreGroup:
                         self._cond.wait()
                     if self._abort:
                         return
+                self._acting(half)
                 self.results[id(half)] = _invoke(fn, args, kwargs)
             except _Abort:
                 pass
@@ -125,6 +137,11 @@ class CoreGroup:
                     if not self._abort and self._turn is half:
                         self._hand_on(half)
                     self._cond.notify_all()
+
+    def _acting(self, half: Half) -> None:
+        """Under ptodist check: what the context records from now on is ``half``'s (it has the turn)."""
+        if self._actors is not None:
+            self._ctx.hb_act(self._actors[id(half)])
 
     def _runnable(self, h: Half) -> bool:
         return not h.done and (h.pending is None or h.ready())
@@ -157,6 +174,7 @@ class CoreGroup:
                     if self._abort:
                         raise _Abort
                     if ready() and self._turn is half:
+                        self._acting(half)
                         return
                     if self._turn is half and not self._hand_on(half):
                         raise _Abort

@@ -9,7 +9,11 @@ independent tasks run.  That is what lets a waiter submitted before its
 publisher in program order finish instead of hanging.
 
 Tasks run on the rank's one thread, in submission order among those that are
-ready; when none is ready the rank blocks until *any* pending condition holds
+ready — unless the backend's memory offers ``choose(n)`` (the sim backend's
+seeded, replayable decisions): then it picks which ready task runs next, and
+whether a ready ``pl.submit`` task of a manual scope runs at its submission or
+later, as a device may run tasks with no path between them in any order; when
+none is ready the rank blocks until *any* pending condition holds
 (as a device's scheduler waits for whichever completes first: an older
 condition may need a younger task's dependants to run first), then completes
 every one that holds, oldest first.  The hang detector sees that wait like any
@@ -65,6 +69,8 @@ class Task:
     unmet: int = field(default=0, repr=False)
     dependants: list = field(default_factory=list, repr=False)
     named: bool = field(default=False, repr=False)  # a waiting task names it in deps=: poll it while the rank runs
+    actor: int = field(default=0, repr=False)  # under the checker: the task run's actor in the event log
+    holdable: bool = field(default=False, repr=False)  # may wait past its submission though ready (see choose)
 
 
 def buffer_key(t) -> tuple[int, int]:
@@ -88,9 +94,12 @@ class _Overlaps:
     overlaps one of them overlaps it too, and waits for it.
     """
 
-    def __init__(self):
+    def __init__(self, keep_done: bool = False):
         self._classes: dict[int, list] = {}       # length class -> sorted [(low, high)]
         self._entries: dict[tuple, list] = {}     # (low, high) -> [last non-manual task or None, manual tasks]
+        # The checker's index keeps complete tasks too: a task that overlaps one is ordered after it on a device,
+        # however long ago it completed here.
+        self._keep_done = keep_done
 
     def __bool__(self) -> bool:
         return bool(self._entries)
@@ -120,9 +129,9 @@ class _Overlaps:
                         continue
                     entry = self._entries[key]
                     last, manual = entry
-                    if last is not None and last.state == _DONE:
+                    if last is not None and not self._keep_done and last.state == _DONE:
                         last = entry[0] = None
-                    if manual and any(t.state == _DONE for t in manual):
+                    if manual and not self._keep_done and any(t.state == _DONE for t in manual):
                         manual[:] = [t for t in manual if t.state != _DONE]
                     if last is not None:
                         found.add(last)
@@ -151,6 +160,9 @@ class TaskGraph:
         self._named: deque[Task] = deque()     # incomplete tasks a waiting task names in deps=, oldest first
         self._pending = PendingWaits()         # every incomplete task's pending deferred waits
         self._overlaps = _Overlaps()
+        # The backend's seeded decisions, where it offers them (sim): choose(n) -> [0, n), 0 for program order.
+        # Ready tasks with no path between them may run in any order on a device; the sim backend picks one.
+        self._choose = getattr(owner.memory, "choose", None)
 
     @property
     def idle(self) -> bool:
@@ -177,6 +189,15 @@ class TaskGraph:
             blockers.add(t)
         if not task.manual and task.buffers and (self.waiting or self.incomplete):
             blockers |= self._overlaps.overlapping(task.buffers, prune=True)
+        if not blockers and self._choose is not None and (self._ready or task.holdable):
+            # Ready, but others are ready too or it may be held: the backend decides what runs when.
+            self.waiting[task.tid] = task
+            heapq.heappush(self._ready, task.tid)
+            if task.buffers:
+                self._overlaps.add(task)
+            if not (task.holdable and self._choose(2)):  # held: it runs when the rank next runs ready tasks
+                self.progress()
+            return task.state != _WAITING
         if not blockers:
             self._run(task, indexed=False)
             self.progress()
@@ -255,7 +276,13 @@ class TaskGraph:
                 self._poll_named()
             if not self._ready:
                 return ran_any
-            self._run(self.waiting[heapq.heappop(self._ready)])
+            if self._choose is not None and len(self._ready) > 1:
+                ready = sorted(self._ready)
+                tid = ready.pop(self._choose(len(ready)))
+                self._ready = ready  # a sorted list is a heap
+            else:
+                tid = heapq.heappop(self._ready)
+            self._run(self.waiting[tid])
             ran_any = True
 
     def wait_for(self, tids=None) -> None:

@@ -120,6 +120,20 @@ class _Slot:
     tile: Tile
     split: int
     site: str
+    order: object = None  # under ptodist check: the pushing half's point, which the pop is ordered after
+
+
+def _release():
+    """Under ``ptodist check``: a token for where the running half is now (see ``RankContext.hb_release``)."""
+    release = getattr(context.current(), "hb_release", None)
+    return release() if release is not None else None
+
+
+def _acquire(tokens) -> None:
+    """Under ``ptodist check``: order the running half after the points ``tokens`` mark."""
+    tokens = [t for t in tokens if t is not None]
+    if tokens:
+        context.current().hb_acquire(tokens)
 
 
 @dataclass(eq=False)
@@ -128,6 +142,7 @@ class _Ring:
 
     ready: deque = field(default_factory=deque)
     held: list = field(default_factory=list)  # (tile popped, pop site)
+    freed: list = field(default_factory=list)  # under ptodist check: the frees the producer's next push follows
 
     @property
     def taken(self) -> int:
@@ -176,6 +191,7 @@ class GroupState:
         self.next_base: dict[tuple[str, int], int] = {}
         self.gathers: dict[int, dict[int, Tile]] = {}
         self.gather_count = [0] * lanes
+        self.meetings: dict[tuple, list] = {}  # under ptodist check: (barrier or gather, number) -> arrivals' tokens
 
     def pipe(self, direction: str, pid: int) -> _Pipe:
         p = self.pipes.get((direction, pid))
@@ -348,8 +364,12 @@ def tpush_to_aiv(tile: Tile, *, split: int, lane_stride: int | None = None, id: 
     pipe, site, lanes = state.pipe("C2V", pid), _site(), list(range(state.lanes))
     half.group.wait_until(half, _room(state, pipe, lanes),
                           Pending("pl.tpush_to_aiv", site, lambda: _full_reason(state, pipe, lanes)))
+    for ring in pipe.rings:  # a slot the consumer freed is reused after what it did before the free
+        _acquire(ring.freed)
+        ring.freed.clear()
+    token = _release()
     for lane, part in enumerate(parts):
-        pipe.rings[lane].ready.append(_Slot(part, split, site))
+        pipe.rings[lane].ready.append(_Slot(part, split, site, token))
     pipe.pushes += 1
 
 
@@ -363,7 +383,10 @@ def tpush_to_aic(tile: Tile, *, split: int, id: int | None = None) -> None:
     pipe, site = state.pipe("V2C", pid), _site()
     half.group.wait_until(half, _room(state, pipe, [half.lane]),
                           Pending("pl.tpush_to_aic", site, lambda: _full_reason(state, pipe, [half.lane])))
-    pipe.rings[half.lane].ready.append(_Slot(Tile(tile.data.copy(), tile.dtype, tile.valid_shape), split, site))
+    ring = pipe.rings[half.lane]
+    _acquire(ring.freed)
+    ring.freed.clear()
+    ring.ready.append(_Slot(Tile(tile.data.copy(), tile.dtype, tile.valid_shape), split, site, _release()))
     pipe.pushes += 1
 
 
@@ -388,6 +411,7 @@ def tpop_from_aic(*, shape: list[int] | None = None, dtype: DataType | None = No
     if slot.split != split:
         raise _split_mismatch("tpop_from_aic", "tpush_to_aiv", slot, split)
     _check_received("tpop_from_aic", slot.tile, shape, dtype)
+    _acquire([slot.order])
     ring.ready.popleft()
     ring.held.append((slot.tile, site))
     return slot.tile
@@ -414,6 +438,7 @@ def tpop_from_aiv(*, shape: list[int] | None = None, dtype: DataType | None = No
             raise _split_mismatch("tpop_from_aiv", "tpush_to_aic", s, split)
     tile = _join("tpop_from_aiv", [s.tile for s in slots], split)
     _check_received("tpop_from_aiv", tile, shape, dtype)
+    _acquire([s.order for s in slots])
     for r, s in zip(pipe.rings, slots):
         r.ready.popleft()
         r.held.append((s.tile, site))  # each lane's slot stays taken until the cube releases the joined tile
@@ -437,6 +462,7 @@ def tfree_to_aic(tile: Tile, span=None, *, split: int | None = None, id: int | N
             if direction == "C2V" and t is tile:
                 _free_pid("tfree_to_aic", id, pid, "tpop_from_aic")
                 del ring.held[k]
+                ring.freed.append(_release())
                 return
     raise TileValueError(f"pl.tfree_to_aic at {_site()}: this {tile.shape} {tile.dtype.name} tile holds no slot of "
                          f"AIV lane {half.lane}: it was not returned by pl.tpop_from_aic there, or it was released "
@@ -452,8 +478,10 @@ def tfree_to_aiv(tile: Tile, span=None, *, split: int | None = None, id: int | N
             if direction == "V2C" and t is tile:
                 _free_pid("tfree_to_aiv", id, pid, "tpop_from_aiv")
                 _, parts, _ = pipe.joined.pop(k)
+                token = _release()
                 for ring, part in zip(pipe.rings, parts):
                     ring.held = [h for h in ring.held if h[0] is not part]
+                    ring.freed.append(token)
                 return
     raise TileValueError(f"pl.tfree_to_aiv at {_site()}: this {tile.shape} {tile.dtype.name} tile holds no slot: it "
                          "was not returned by pl.tpop_from_aiv, or it was released already. Pass the tile "
@@ -557,9 +585,12 @@ def aic_gather(x: Tile) -> Tile:
     state.gather_count[half.lane] += 1
     box = state.gathers.setdefault(k, {})
     box[half.lane] = Tile(x.data.copy(), x.dtype, x.valid_shape)
+    met = state.meetings.setdefault(("gather", k), [])
+    met.append(_release())
     half.group.wait_until(half, lambda: len(box) == state.lanes,
                           Pending("pl.aic_gather", _site(), lambda: f"gather #{k}: lane(s) "
                                   f"{', '.join(str(i) for i in range(state.lanes) if i not in box)} not there yet"))
+    _acquire(met)
     return _join("aic_gather", [box[i] for i in range(state.lanes)], split)
 
 
@@ -665,6 +696,8 @@ def barrier(op_name: str, core_type: str) -> int:
                            f"it synchronizes; call it from the {core_type} side only, or use core_type=MIX")
     state, key = group.state, (half.role, half.lane)
     n = state.barriers[key] = state.barriers.get(key, 0) + 1
+    met = state.meetings.setdefault((core_type, n), [])
+    met.append(_release())
 
     def missing() -> str:
         late = [h.label + (" (ended)" if h.done else "") for h in members
@@ -673,6 +706,7 @@ def barrier(op_name: str, core_type: str) -> int:
 
     group.wait_until(half, lambda: all(state.barriers.get((h.role, h.lane), 0) >= n for h in members),
                      Pending(op_name, _site(), missing))
+    _acquire(met)  # what every member did before the barrier is done
     return len(members)
 
 
