@@ -195,7 +195,7 @@ The smallest failing schedule found (seed 0, random; shrunk from 3 to 3 steps, 4
   2. rank 1 runs lines 31, 26 (to prog.py:26, pld.system.notify)
   3. rank 2 runs lines 31, 26 (to prog.py:26, pld.system.notify)
   4. set_clobber: rank 1's notify at line 26 (prog.py:26, pld.system.notify) before rank 2's notify at line 26 \
-(prog.py:26, pld.system.notify)
+(prog.py:26, pld.system.notify); the second Set overwrote the first before a wait saw it
 Replay exactly: ptodist check --seed 0 --schedules 1 prog.py 3"""
 
 
@@ -243,7 +243,7 @@ The failing schedule (seed 0, random; 3 steps, 4 preemptions; not shrunk):
   2. rank 0 runs line 31 (prog.py:31, step)
   3. rank 2 runs lines 31, 26 (to prog.py:26, pld.system.notify)
   4. set_clobber: rank 1's notify at line 26 (prog.py:26, pld.system.notify) before rank 2's notify at line 26 \
-(prog.py:26, pld.system.notify)
+(prog.py:26, pld.system.notify); the second Set overwrote the first before a wait saw it
 Replay exactly: ptodist check --seed 0 --schedules 1 prog.py 3"""
     s = doc["schedule"]
     assert s["shrunk"] is False and s["trials"] == 0

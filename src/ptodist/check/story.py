@@ -176,13 +176,23 @@ def _ending(finding, items: list[Item], deadlock: bool, blocks: list[Item]) -> t
     noun = {"read": "read", "write": "write", "atomic": "atomic add"}
     descs = [f"{_who(it.rank, it.actor)}'s {noun.get(it.what, it.what)} at line {_line(it.where)} "
              f"({it.where}, {it.name})" for it in found]
-    tail = "; no notify/wait orders the two" if finding.kind == "race" and len(found) == 2 else ""
+    tail = _TAILS.get((finding.kind, len(found)), "")
     return f"{finding.kind}: " + " before ".join(descs) + tail, found[-1].seq
 
 
+# What the story's last line adds for a kind (and how many of the finding's items it names).
+_TAILS = {
+    ("race", 2): "; no notify/wait orders the two",
+    ("uninitialized_read", 1): ", and no rank had written those bytes before it",
+    ("set_clobber", 2): "; the second Set overwrote the first before a wait saw it",
+}
+
+
 def _located(finding, items: list[Item]) -> list[Item]:
-    """The items the finding is about (two at most): each ``rank N ... at file:line`` its message names, the
-    first such item of the run; else the first item at each of its lines on one of its ranks."""
+    """The items the finding is about (two at most; an unwritten read's one): each ``rank N ... at file:line``
+    its message names, the first such item of the run; else the first item at each of its lines on one of its
+    ranks."""
+    most = 1 if finding.kind == "uninitialized_read" else 2  # the other lines it names are nearby writes
     pairs: list[tuple[int, str]] = []
     for text in finding.message.splitlines():
         hits = sorted((i, loc) for loc in finding.locations for i in _find_all(text, f"at {loc}"))
@@ -199,7 +209,7 @@ def _located(finding, items: list[Item]) -> list[Item]:
         hit = next((it for it in items if it.where == loc and it.rank == rank and it.what != "blocked"), None)
         if hit is not None and hit not in out:
             out.append(hit)
-        if len(out) == 2:
+        if len(out) == most:
             break
     return out
 
