@@ -1308,7 +1308,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), np.roll(x, 1, axis=0)), "mismatch"
         print("OK")
         ''', ('hang*',), feature='deferred wait', command='run',
-         issues={"location": 'the hang names the defer_wait, not the implicit overlap edge of the task that shares its signal', "root_first": 'the hang names the defer_wait, not the implicit overlap edge of the task that shares its signal'},
+         issues=dict.fromkeys(("location", "root_first"),
+                             'the hang names the defer_wait, not the implicit overlap edge of the task that shares its signal'),
          twin=(('pl.submit(self.send, x, data, sig)  # BUG: shares sig with the waiting task, so it runs after it',
            'pl.submit(self.send, x, data, pl.no_dep(sig))'), )),
     _bug('defer_no_deps', 'deferred wait: the consumer depends on the send, not on the arrival', '''
@@ -1363,7 +1364,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), np.roll(x, 1, axis=0)), "mismatch"
         print("OK")
         ''', ('race',), feature='deferred wait', command='check',
-         issues={"location": 'the race names the load and the remote store, not the deps= that should name the waiting task', "root_first": 'the race names the load and the remote store, not the deps= that should name the waiting task'},
+         issues=dict.fromkeys(("location", "root_first"),
+                             'the race names the load and the remote store, not the deps= that should name the waiting task'),
          twin=(('deps=[sent])  # BUG: the data comes from the left rank: deps=[arrived]',
            'deps=[arrived])'), )),
     _bug('domain_peer', 'comm domain: a world rank given as a peer', '''
@@ -1403,7 +1405,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), x[[1, 0, 3, 2]]), "mismatch"
         print("OK")
         ''', ('peer_out_of_range',), feature='comm domain', command='run',
-         issues={"location": 'the report names the remote_store, not the dispatch that passes a world rank as the peer', "root_first": 'the report names the remote_store, not the dispatch that passes a world rank as the peer'},
+         issues=dict.fromkeys(("location", "root_first"),
+                             'the report names the remote_store, not the dispatch that passes a world rank as the peer'),
          twin=(('r ^ 1, device=r)  # BUG: r ^ 1 is a world rank; a peer is a rank of the domain',
            '(r ^ 1) % 2, device=r)'), )),
     _bug('pad_reduce', 'valid_shape: a reduction over padding without pl.fillpad', '''
@@ -1527,7 +1530,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), 4 * x + 6), "mismatch"
         print("OK")
         ''', ('hang*',), feature='cross-core pipe', command='run',
-         issues={"kind": "a deadlock between a mixed kernel's halves is filed as invalid_argument", "root_first": "a deadlock between a mixed kernel's halves is filed as invalid_argument"},
+         issues=dict.fromkeys(("kind", "root_first"),
+                             "a deadlock between a mixed kernel's halves is filed as invalid_argument"),
          twin=(('            t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)  # BUG: never pl.system.tfree_to_aic(t)\n            acc = pl.tile.add(acc, t)',
            '            t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)\n            acc = pl.tile.add(acc, t)\n            pl.system.tfree_to_aic(t)'), )),
     _bug('pipe_push_k', 'pipes: a tpush inside the K loop', '''
@@ -1578,7 +1582,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(a, b), np.maximum(a @ b, 0)), "mismatch"
         print("OK")
         ''', ('hang*',), feature='cross-core pipe', command='run',
-         issues={"kind": "a deadlock between a mixed kernel's halves is filed as invalid_argument"},
+         issues=dict.fromkeys(("kind",),
+                             "a deadlock between a mixed kernel's halves is filed as invalid_argument"),
          twin=(('            pl.tile.tpush_to_aiv(acc, split=1)  # BUG: inside the K loop: push once, after it',
            '        pl.tile.tpush_to_aiv(acc, split=1)'), )),
     _bug('a2av', 'all_to_all_v: blocks read at the running count instead of their slots', '''
@@ -1633,7 +1638,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(y, want), "mismatch"
         print("OK")
         ''', ('uninitialized_read',), feature='all_to_all_v', command='check',
-         issues={"kind": "a local load of window rows no rank wrote is not an uninitialized_read: only the script's assert fails", "location": "a local load of window rows no rank wrote is not an uninitialized_read: only the script's assert fails", "root_first": "a local load of window rows no rank wrote is not an uninitialized_read: only the script's assert fails"},
+         issues=dict.fromkeys(("kind", "location", "root_first"),
+                             "an unwritten read of the rank's own window copy is not reported (windows start zeroed)"),
          twin=(('rows = pl.load(recv, [src * 2, 0], [2, 8])  # BUG: block src starts at row src * B, not at the running count',
            'rows = pl.load(recv, [src * B, 0], [2, 8])'), )),
     _bug('worker_early', 'worker: an output read before result()', '''
@@ -1670,7 +1676,6 @@ FEATURES: list[Bug] = [
         assert total == 3 * float(x.sum()), f"mismatch: {total}"
         print("OK")
         ''', ('race',), feature='DistributedWorker', command='check',
-         issues={"kind": "an output read between submit() and result() is only the script's assert failing", "location": "an output read between submit() and result() is only the script's assert failing", "root_first": "an output read between submit() and result() is only the script's assert failing"},
          twin=(('    total = float(y.sum())  # BUG: reads y before handle.result()\n    handle.result()',
            '    handle.result()\n    total = float(y.sum())'), )),
     _bug('worker_persistent', 'worker: persistent windows whose counters carry over', '''
@@ -1721,7 +1726,8 @@ FEATURES: list[Bug] = [
                 x += 1
         print("OK")
         ''', ('hang*',), feature='DistributedWorker', command='run',
-         issues={"location": 'the hang names the barrier, not the prepare() option that keeps the counters', "root_first": 'the hang names the barrier, not the prepare() option that keeps the counters'},
+         issues=dict.fromkeys(("location", "root_first"),
+                             'the hang names the barrier, not the prepare() option that keeps the counters'),
          twin=(('compiled.prepare(persistent=True, reset_persistent_windows=False) as rt:  # BUG: the counters carry over',
            'compiled.prepare(persistent=True) as rt:'), )),
     _bug('chip_rr', 'chip calls: a call without device= placed round-robin', '''
@@ -1775,7 +1781,8 @@ FEATURES: list[Bug] = [
         assert np.array_equal(y, 2 * x), "mismatch"
         print("OK")
         ''', ('*',), feature='chip placement', command='run',
-         issues={"kind": "a chip call shifted by round-robin placement is only the script's assert failing", "location": "a chip call shifted by round-robin placement is only the script's assert failing", "root_first": "a chip call shifted by round-robin placement is only the script's assert failing"},
+         issues=dict.fromkeys(("kind", "location", "root_first"),
+                             "a chip call shifted by round-robin placement is only the script's assert failing"),
          twin=(('y[r])  # BUG: no device=r: round-robin from chip 1',
            'y[r], device=r)'), )),
     _bug('l2_multi', 'L2 program: several orchestrations called without choosing one', '''
