@@ -137,15 +137,15 @@ RACE_STORY = {
 The smallest failing schedule found (seed 0, random; shrunk from 4 to 2 steps, 2 to 0 preemptions):
   1. rank 0 runs lines 28, 22–23 (to prog.py:23, pld.tile.remote_load)
   2. rank 1 runs lines 28, 22 (to prog.py:22, pl.store)
-  3. race: rank 0's read at line 23 (prog.py:23, pld.tile.remote_load) before rank 1's write at line 22 \
-(prog.py:22, pl.store); no notify/wait orders the two
+  3. race: rank 0 reads at line 23 (prog.py:23, pld.tile.remote_load) before rank 1 writes at line 22 \
+(prog.py:22, pl.store); nothing orders the two
 Replay exactly: ptodist check --seed 0 --schedules 1 prog.py 2""",
     3: """\
 The smallest failing schedule found (seed 0, random; shrunk from 6 to 2 steps, 4 to 0 preemptions):
   1. rank 0 runs lines 28, 22–23 (to prog.py:23, pld.tile.remote_load)
   2. rank 1 runs lines 28, 22 (to prog.py:22, pl.store)
-  3. race: rank 0's read at line 23 (prog.py:23, pld.tile.remote_load) before rank 1's write at line 22 \
-(prog.py:22, pl.store); no notify/wait orders the two
+  3. race: rank 0 reads at line 23 (prog.py:23, pld.tile.remote_load) before rank 1 writes at line 22 \
+(prog.py:22, pl.store); nothing orders the two
 Replay exactly: ptodist check --seed 0 --schedules 1 prog.py 3""",
 }
 
@@ -194,7 +194,7 @@ The smallest failing schedule found (seed 0, random; shrunk from 3 to 3 steps, 4
   1. rank 0 runs line 31 (prog.py:31, step), then waits at line 24 (prog.py:24) and blocks
   2. rank 1 runs lines 31, 26 (to prog.py:26, pld.system.notify)
   3. rank 2 runs lines 31, 26 (to prog.py:26, pld.system.notify)
-  4. set_clobber: rank 1's notify at line 26 (prog.py:26, pld.system.notify) before rank 2's notify at line 26 \
+  4. set_clobber: rank 1 notifies at line 26 (prog.py:26, pld.system.notify) before rank 2 notifies at line 26 \
 (prog.py:26, pld.system.notify); the second Set overwrote the first before a wait saw it
 Replay exactly: ptodist check --seed 0 --schedules 1 prog.py 3"""
 
@@ -242,7 +242,7 @@ The failing schedule (seed 0, random; 3 steps, 4 preemptions; not shrunk):
   1. rank 1 runs lines 31, 26 (to prog.py:26, pld.system.notify)
   2. rank 0 runs line 31 (prog.py:31, step)
   3. rank 2 runs lines 31, 26 (to prog.py:26, pld.system.notify)
-  4. set_clobber: rank 1's notify at line 26 (prog.py:26, pld.system.notify) before rank 2's notify at line 26 \
+  4. set_clobber: rank 1 notifies at line 26 (prog.py:26, pld.system.notify) before rank 2 notifies at line 26 \
 (prog.py:26, pld.system.notify); the second Set overwrote the first before a wait saw it
 Replay exactly: ptodist check --seed 0 --schedules 1 prog.py 3"""
     s = doc["schedule"]
@@ -329,7 +329,62 @@ def test_testing_check_tells_the_smallest_schedule_on_failure():
     text = str(info.value)
     assert "The smallest failing schedule found (seed 0, random; shrunk from" in text
     assert text.index("The smallest failing schedule") < text.index("Replay exactly:")
-    assert report.schedule.story.lines[-1].startswith("3. race: rank 0's read at line")
+    assert report.schedule.story.lines[-1].startswith("3. race: rank 0 reads at line")
     plain = ptodist.testing.check(shift, x, config=DistributedConfig(device_ids=[0, 1, 2]),
                                   shrink=False)
     assert not plain.schedule.shrunk and plain.schedule.story.steps == plain.schedule.original.steps
+
+
+# -- tasks of one rank: each task run is an actor, told apart in the story --------------------------------------
+
+HERE = __file__
+
+
+def _line(marker: str) -> int:
+    with open(HERE) as f:
+        return next(i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# @{marker}"))
+
+
+@pl.jit.incore
+def fill(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    return pl.store(pl.add(pl.load(x, [0, 0], [1, N]), 1.0), [0, 0], y)  # @fill_store
+
+
+@pl.jit.incore
+def double(y: pl.Tensor[[1, N], pl.FP32], z: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(y, [0, 0], [1, N]), 2.0), [0, 0], z)  # @double_load
+
+
+@pl.jit
+def no_deps(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
+            z: pl.Out[pl.Tensor[[1, N], pl.FP32]]):
+    with pl.manual_scope():
+        y, t_fill = pl.submit(fill, x, y)  # @submit_fill
+        z, _ = pl.submit(double, y, z)  # @submit_double
+    return z
+
+
+@pl.jit.host
+def two_tasks(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]],
+              z: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]]):
+    for r in pl.range(pld.world_size()):
+        no_deps(x[r], y[r], z[r], device=r)
+
+
+def test_a_race_between_two_tasks_of_one_rank_is_told_task_by_task():
+    x = np.arange(2 * N, dtype=np.float32).reshape(2, 1, N)
+    report = ptodist.testing.check(two_tasks, x, np.zeros_like(x), np.zeros_like(x),
+                                   config=DistributedConfig(device_ids=[0, 1]), schedules=1)
+    assert report.findings[0].kind == "race"
+    where = {m: f"{HERE}:{_line(m)}" for m in ("fill_store", "double_load", "submit_fill", "submit_double")}
+    line = {m: _line(m) for m in where}
+    assert report.schedule.story.lines == [
+        f"1. rank 0 (task 'fill') runs lines {line['submit_fill']}, {line['fill_store']} "
+        f"(to {where['fill_store']}, pl.store)",
+        f"2. rank 0 (task 'double') runs lines {line['submit_double']}, {line['double_load']} "
+        f"(to {where['double_load']}, pl.load)",
+        f"3. race: rank 0 (task 'fill') writes at line {line['fill_store']} ({where['fill_store']}, pl.store) before "
+        f"rank 0 (task 'double') reads at line {line['double_load']} ({where['double_load']}, pl.load); "
+        "nothing orders the two",
+    ]
+    assert report.schedule.story.preemptions == 0 <= report.schedule.original.preemptions

@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass, field
 
 _RANK = re.compile(r"rank (\d+)")
+_ACCESS = re.compile(r"([\w.]+) \((read|write|atomic add) of ")  # "pl.store (write of 'y')": a race's access
 
 
 @dataclass
@@ -48,15 +49,38 @@ def items_of(logs: list, since: int) -> list[Item]:
     for log in logs:
         if log is None:
             continue
+        actors = getattr(log, "actors", None) or []
+        # A task's own record (its call or pl.submit line) is stamped by the actor that submits it: tell it
+        # with the task's actor, which runs the task's body.
+        task_actor: dict = {}
+        for i, info in enumerate(actors):
+            if info.get("kind") == "task":
+                task_actor.setdefault(info.get("task_id"), i)
         for rec in log.records:
             seq = rec.get("seq", -1)
             if seq >= since and rec.get("where"):
-                out.append(Item(seq, log.rank, str(rec.get("actor") or ""), rec["kind"], rec["name"], rec["where"]))
+                actor = task_actor.get(rec.get("task_id"), rec.get("actor")) if rec["kind"] == "task" \
+                    else rec.get("actor")
+                out.append(Item(seq, log.rank, _actor(actors, actor), rec["kind"], rec["name"], rec["where"]))
         for a in log.accesses:
-            if a["seq"] >= since and a.get("where"):
+            if a["seq"] >= since and a.get("where") and "write" in a:  # not the task graph's fork/join records
                 what = "atomic" if a["atomic"] else ("write" if a["write"] else "read")
-                out.append(Item(a["seq"], log.rank, str(a.get("actor") or ""), what, a["name"], a["where"]))
+                out.append(Item(a["seq"], log.rank, _actor(actors, a.get("actor")), what, a["name"], a["where"]))
     return out
+
+
+def _actor(actors: list, actor) -> str:
+    """How the story names a rank's actor (a task run, a pl.spmd block, a mixed kernel's half); "" for the
+    orchestration (actor 0) or when the records name none."""
+    if not actor or not 0 < actor < len(actors):
+        return ""
+    info = actors[actor]
+    name, kind = info.get("name", "?"), info.get("kind")
+    if kind == "block":
+        return f"block {info.get('block')} of '{name}'"
+    if kind == "half":
+        return f"'{name}'"
+    return f"task '{name}'"
 
 
 def signature(finding) -> tuple:
@@ -173,8 +197,8 @@ def _ending(finding, items: list[Item], deadlock: bool, blocks: list[Item]) -> t
         where = f" at {', '.join(finding.locations)}" if finding.locations else ""
         return f"{finding.kind}{where}", None
     found.sort(key=lambda it: it.seq)
-    noun = {"read": "read", "write": "write", "atomic": "atomic add"}
-    descs = [f"{_who(it.rank, it.actor)}'s {noun.get(it.what, it.what)} at line {_line(it.where)} "
+    verb = {"read": "reads", "write": "writes", "atomic": "adds atomically", "notify": "notifies", "wait": "waits"}
+    descs = [f"{_who(it.rank, it.actor)} {verb.get(it.what, it.what)} at line {_line(it.where)} "
              f"({it.where}, {it.name})" for it in found]
     tail = _TAILS.get((finding.kind, len(found)), "")
     return f"{finding.kind}: " + " before ".join(descs) + tail, found[-1].seq
@@ -182,7 +206,7 @@ def _ending(finding, items: list[Item], deadlock: bool, blocks: list[Item]) -> t
 
 # What the story's last line adds for a kind (and how many of the finding's items it names).
 _TAILS = {
-    ("race", 2): "; no notify/wait orders the two",
+    ("race", 2): "; nothing orders the two",
     ("uninitialized_read", 1): ", and no rank had written those bytes before it",
     ("set_clobber", 2): "; the second Set overwrote the first before a wait saw it",
 }
@@ -193,20 +217,27 @@ def _located(finding, items: list[Item]) -> list[Item]:
     its message names, the first such item of the run; else the first item at each of its lines on one of its
     ranks."""
     most = 1 if finding.kind == "uninitialized_read" else 2  # the other lines it names are nearby writes
-    pairs: list[tuple[int, str]] = []
+    pairs: list[tuple[int, str, tuple | None]] = []
+    rank = None  # the rank named last: a line about two tasks of one rank names it once, above them
     for text in finding.message.splitlines():
         hits = sorted((i, loc) for loc in finding.locations for i in _find_all(text, f"at {loc}"))
         prev = 0
         for i, loc in hits:
             named = _RANK.findall(text[prev:i])
+            access = _ACCESS.findall(text[prev:i])
             prev = i
-            if named and (int(named[-1]), loc) not in pairs:
-                pairs.append((int(named[-1]), loc))
+            rank = int(named[-1]) if named else rank
+            op = (access[-1][0], access[-1][1].split()[0]) if access else None  # (name, "read" | "write" | "atomic")
+            if rank is not None and (rank, loc, op) not in pairs:
+                pairs.append((rank, loc, op))
+        named = _RANK.findall(text[prev:])
+        rank = int(named[-1]) if named else rank
     if not pairs:
-        pairs = [(r, loc) for loc in finding.locations for r in finding.ranks]
+        pairs = [(r, loc, None) for loc in finding.locations for r in finding.ranks]
     out: list[Item] = []
-    for rank, loc in pairs:
-        hit = next((it for it in items if it.where == loc and it.rank == rank and it.what != "blocked"), None)
+    for rank, loc, op in pairs:
+        hit = next((it for it in items if it.where == loc and it.rank == rank and it.what not in ("blocked", "task")
+                    and (op is None or (it.name, it.what) == op) and it not in out), None)
         if hit is not None and hit not in out:
             out.append(hit)
         if len(out) == most:
