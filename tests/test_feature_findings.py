@@ -8,16 +8,25 @@ report is a checker finding):
   undefined until ``pl.fillpad`` fills it) is an ``uninitialized_read`` under the checker, naming the reduction's
   line, then the load that made the tile; a plain run is unchanged;
 * an error the driver raises (a ``prepare()`` option) carries under ``ptodist check`` the locations and text
-  ``ptodist run --report-json`` gives it.
+  ``ptodist run --report-json`` gives it;
+* a worker program that uses a submitted dispatch's output before its ``result()`` and then fails is a ``race``
+  naming the host's lines, then the ``submit``;
+* a chip call without ``device=`` that round-robin placement puts on another rank's slice (and that takes a
+  window) warns at planning; when the script then fails, ``ptodist run`` and ``ptodist check`` report it first,
+  as a ``dispatch_coverage`` finding at the call.
 """
 
 from __future__ import annotations
 
 import json
 import textwrap
+import warnings
 from pathlib import Path
 
+import pytest
+
 from ptodist import cli
+from ptodist.errors import PitfallWarning
 
 
 def _script(tmp_path: Path, name: str, source: str) -> Path:
@@ -256,4 +265,84 @@ def test_reading_a_workers_output_before_result_is_a_race_naming_the_read_then_t
 def test_the_early_reads_fixed_twin_is_clean(tmp_path):
     # Reading an output's shape and handing it to the next dispatch before result() touch no data.
     rc, doc = _report(tmp_path, "check", "--schedules", "20", str(_worker(tmp_path, FIXED, "fixed.py")))
+    assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
+
+
+# -- a chip call placed round-robin on another rank's slice --------------------------------------------------------
+
+PLACED = '''
+    import torch
+
+    import pypto.language as pl
+    import pypto.language.distributed as pld
+    from pypto import DistributedConfig, RunConfig
+
+    SIZE = 8
+    NR = pl.dynamic("NR")
+
+
+    @pl.jit.incore
+    def add_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]]):
+        me = pld.rank(pld.get_comm_ctx(data))
+        t = pl.load(x, [0, 0], [1, SIZE])
+        return pl.store(pl.add(t, pl.cast(me, target_type=pl.FP32)), [0, 0], y)
+
+
+    @pl.jit
+    def per_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]]):
+        return add_rank(x, y, data)
+
+
+    @pl.jit
+    def prep(s: pl.InOut[pl.Tensor[[1, SIZE], pl.FP32]]):
+        return s
+
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]],
+             s: pl.InOut[pl.Tensor[[1, SIZE], pl.FP32]]):
+        buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
+        data = pld.window(buf, [1, SIZE], dtype=pl.FP32)
+        prep(s)  # prep
+        for r in pl.range(pld.world_size()):
+            per_rank(x[r], y[r], data DEVICE)  # dispatch
+        return y
+
+
+    x, y, s = torch.randn(2, 1, SIZE), torch.zeros(2, 1, SIZE), torch.ones(1, SIZE)
+    host(x, y, s, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+    assert torch.allclose(y, x + torch.arange(2.0).view(2, 1, 1))  # check
+    print("OK")
+'''
+
+
+def test_a_round_robin_call_on_another_ranks_slice_warns_and_is_the_failures_cause_under_check(tmp_path):
+    script = _script(tmp_path, "placed.py", PLACED.replace(" DEVICE", ""))
+    call, prep = _line(script, "dispatch"), _line(script, "prep")
+    message = (f"per_rank() at {call} has no device=, so it runs on chip 1: chip calls without device= go round-robin "
+               f"over the chips in submit order, and 1 came before it (the first at {prep}). It is given x[0], rank "
+               "0's slice of 'x', so rank 1 runs it on rank 0's data, with its own windows and pld.rank. Pass "
+               "device=r, the dispatch loop's rank, to run it on rank 0.")
+    with pytest.warns(PitfallWarning) as warned:  # ptodist run: the program runs, as upstream runs it
+        rc, doc = _report(tmp_path, "run", str(script))
+    assert [str(w.message) for w in warned if w.category is PitfallWarning] == [message]
+    # Its assert fails: the placement is reported first, as the cause, then the script's error.
+    assert rc == 1 and [(f["kind"], f["locations"]) for f in doc["findings"]] == [
+        ("dispatch_coverage", [call, prep]), ("script_error", [_line(script, "check")])]
+    with pytest.warns(PitfallWarning):
+        rc, doc = _report(tmp_path, "check", "--schedules", "1", str(script))
+    assert rc == 1
+    placed, error = doc["findings"]
+    assert (placed["kind"], placed["message"], placed["locations"]) == ("dispatch_coverage", message, [call, prep])
+    assert placed["fix"] == "Dispatch every rank exactly as `for r in pl.range(pld.world_size()): f(..., device=r)`."
+    assert error["kind"] == "script_error"
+
+
+def test_the_round_robin_placements_fixed_twin_is_clean(tmp_path):
+    script = _script(tmp_path, "placed_fixed.py", PLACED.replace(" DEVICE", ", device=r"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PitfallWarning)
+        rc, doc = _report(tmp_path, "check", "--schedules", "20", str(script))
     assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])

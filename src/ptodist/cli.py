@@ -177,10 +177,12 @@ def _run(args) -> int:
             except Exception as e:
                 # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
                 print(format_script_error(e), end="", file=sys.stderr)
-                found = _error_findings(e, _script_error_fix(programs.dispatched()[1] is not None,
-                                                             [script, *args.args]))
+                # What a dispatch did that a device runs otherwise (a chip call on another rank's slice): the cause.
+                suspects = programs.suspects()
+                found = suspects + _error_findings(e, _script_error_fix(programs.dispatched()[1] is not None,
+                                                                        [script, *args.args]))
                 for item in found:
-                    if item.kind == "script_error":
+                    if item.kind == "script_error" or item in suspects:
                         print(item.summary(), file=sys.stderr)
         except Terminated as e:
             # SIGTERM / SIGHUP, while the script ran (the runtime stopped its ranks on the way out) or while

@@ -53,7 +53,9 @@ class Session:
     world: int = 0
     policy: str = ""
     findings: list = field(default_factory=list)
-    early_reads: list = field(default_factory=list)  # host lines racing a worker dispatch: findings if the script fails
+    # What the program did that a failure of the script is blamed on (a worker output read before result(), a chip
+    # call placed on another rank's slice): findings only if the script then fails.
+    suspects: list = field(default_factory=list)
     decisions: object = None   # the schedule's Decisions (backends.sim): forced ones, and every one taken
     runs: list = field(default_factory=list)  # per scheduler run: a story.RunRecord
     _dispatch_objects: list = field(default_factory=list, repr=False)  # each dispatch's sim state, in order
@@ -67,6 +69,9 @@ class Session:
         self.policy = describe_policy(run.sched.policy)
         self.events += sum(len(log.records) + len(log.accesses) for log in run.logs if log is not None)
         self.findings.extend(run.findings)
+        for message, locations in getattr(plan, "misplaced", ()):  # chip calls placed on another rank's slice
+            if all(f.message != message for f in self.suspects):
+                self.suspects.append(findings_mod.misplaced(message, locations))
         if run.sched.decisions is not None:
             dispatch = next((i for i, r in enumerate(self._dispatch_objects) if r is run.dispatch), None)
             if dispatch is None:
@@ -136,8 +141,8 @@ def run_checked(target: Callable[[], object], seed: int, decisions=None) -> Outc
             found = findings_mod.from_exception(e)
             if not isinstance(e, PtodistError):  # ptodist's own errors are whole in their findings
                 tb = format_script_error(e)
-    if code and session.early_reads:  # the script failed after reading a worker's output early: the cause first
-        found = session.early_reads + found
+    if code and session.suspects:  # the script failed after something a device runs differently: the cause first
+        found = session.suspects + found
     return Outcome(session, session.findings + found, code, tb, error=error, value=value)
 
 

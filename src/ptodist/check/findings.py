@@ -136,6 +136,11 @@ def padding_read(rank: int, op: str, where: str, shape: tuple, valid: tuple, axi
                    "8.1 silent data corruption", fix)
 
 
+def misplaced(message: str, locations: list[str]) -> Finding:
+    """A chip call without ``device=`` that round-robin placement put on another rank's slice (the planner's note)."""
+    return Finding("dispatch_coverage", message, [], locations, "8.2 dispatch loop", FIXES["dispatch_coverage"])
+
+
 _LOCATION = re.compile(r"((?:/|\.{0,2}/)?[\w.\-/]+\.py):(\d+)")
 
 

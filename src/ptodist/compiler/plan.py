@@ -217,6 +217,8 @@ class DispatchPlan:
     tasks: list[list[TaskSpec]]
     window_heap_bytes: int = 0
     commless: int = 0  # chip calls made without device= (placed round-robin over the chips)
+    # Chip calls placed round-robin that were given another rank's slice: (message, locations), for the checker.
+    misplaced: list = field(default_factory=list)
     # The host's order of chip tasks across ranks (order_chip_tasks): the edges, and the signal window they are
     # honoured on (cell [p] of rank r counts the completions of rank p's producers that rank r has yet to take).
     edges: list[OrderEdge] = field(default_factory=list)

@@ -21,6 +21,7 @@ from ..collectives import spec as coll_spec
 from ..errors import (
     CollectiveInLoopError,
     DispatchCoverageError,
+    PitfallWarning,
     ProgramError,
     ProgramTypeError,
     ProgramValueError,
@@ -67,6 +68,7 @@ class PlanningContext(context.Context):
         self._seq = 0
         self._allocated: dict = {}  # window buffer id -> (shape or None, dtype or None): how the program sized it
         self.commless = 0  # dispatches made without device=: placed round-robin over the chips in submit order
+        self._first_commless: str | None = None  # the line of the first of them
         self.chip_regions = 0  # `with pl.at(level=pl.Level.CHIP)` blocks outlined so far (names their functions)
         self._outlined: set[int] = set()  # ids of those blocks' functions: their parameters are ptodist's own
         self._n_params = len(host.params)
@@ -203,6 +205,10 @@ class PlanningContext(context.Context):
                 device = self.commless % self.world
                 self.commless += 1
                 self.plan.commless = self.commless
+                self._first_commless = self._first_commless or str(loc)
+                out = self._dispatch(fn, args, kwargs, device, loc)
+                self._check_placement(fn, device, loc)
+                return out
             return self._dispatch(fn, args, kwargs, device, loc)
         if fn.kind is Kind.KERNEL:
             raise ProgramError(
@@ -216,6 +222,35 @@ class PlanningContext(context.Context):
         if device is not None:
             raise ProgramError(f"{fn.name}() at {loc}: device= is only for dispatching a per-device function")
         return fn.invoke(*args, **kwargs)
+
+    def _check_placement(self, fn: Function, chip: int, loc) -> None:
+        """Warn when a chip call placed round-robin is given another rank's slice of a per-rank host tensor.
+
+        ``x[i]`` of a tensor with one slice per rank is rank ``i``'s data; a call without ``device=`` that lands on
+        chip ``chip != i`` (an earlier call without ``device=`` moved the count on) and takes a window computes
+        with it as rank ``chip`` (that rank's window, its ``pld.rank``).  A call with no window is comm-less: any
+        chip computes the same, so it is left alone.  Upstream places it so too, so it runs; the note goes in the plan
+        for ``ptodist check`` (``plan.misplaced``), which reports it if the script then fails.
+        """
+        if any(str(loc) == where[0] for _, where in self.plan.misplaced):
+            return  # one note per call line (a dispatch loop makes the call once per rank)
+        task = self.plan.tasks[chip][-1]
+        if not any(isinstance(a, WindowView) for a in task.args):
+            return  # a comm-less call (no window, so no rank identity): any chip computes the same
+        for a in task.args:
+            if not isinstance(a, HostTensorRef) or not a.index or a.tensor.shape[:1] != (self.world,) or \
+                    a.index[0] == chip:
+                continue
+            i = a.index[0]
+            before = self.commless - 1
+            message = (f"{fn.name}() at {loc} has no device=, so it runs on chip {chip}: chip calls without device= "
+                       f"go round-robin over the chips in submit order, and {before} came before it (the first at "
+                       f"{self._first_commless}). It is given {a.name}, rank {i}'s slice of '{a.tensor.name}', so "
+                       f"rank {chip} runs it on rank {i}'s data, with its own windows and pld.rank. Pass device=r, "
+                       f"the dispatch loop's rank, to run it on rank {i}.")
+            self.plan.misplaced.append((message, [str(loc), self._first_commless]))
+            warnings.warn_explicit(message, PitfallWarning, loc.file, loc.line)
+            return
 
     def _dispatch(self, fn, args, kwargs, device, loc):
         try:

@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .. import backends, dfx
+from ..check import findings
 from ..compiler import checks, ir_view, planner, scalars
 from ..compiler.plan import DispatchPlan, HostTensorSpec
 from ..compiler.scalars import PlanCache
@@ -561,6 +562,7 @@ class CompiledProgram:
         cfg.announce_platform(backend.name)
         note_dispatch(self, backend.name)
         plan, values, hosts, created = self._plan_for(args)
+        note_plan(plan)
         arrays = [h.array if h is not None else None for h in hosts]
         for spec in plan.host_tensors:  # host intermediates (pl.create_tensor in the host): zeroed per call
             if spec.index >= len(arrays):
@@ -854,6 +856,7 @@ def prune_outputs(root: Path, name: str, keep: int, current: Path) -> list[Path]
 _ran: list[tuple[CompiledProgram, str]] = []  # (program, backend), in the order of their first dispatch
 _last: list[tuple[CompiledProgram, str]] = []  # the last dispatched
 _RAN_MAX = 64
+_suspects: list = []  # findings.misplaced of the plans dispatched: the cause, should the script fail
 _recording = [False]  # only once `ptodist run` asked: a library user's programs are not kept alive
 
 
@@ -873,10 +876,25 @@ def note_dispatch(compiled: CompiledProgram, backend: str) -> None:
     _last[:] = [entry]
 
 
+def note_plan(plan: DispatchPlan) -> None:
+    """Keep what the plan of a dispatch noted that a failure of the script is blamed on (while recording)."""
+    if not _recording[0]:
+        return
+    for message, locations in plan.misplaced:  # a chip call placed round-robin on another rank's slice
+        if all(f.message != message for f in _suspects):
+            _suspects.append(findings.misplaced(message, locations))
+
+
+def suspects() -> list:
+    """The findings ``ptodist run`` reports before the script's own error when the script fails."""
+    return list(_suspects)
+
+
 def forget_dispatches() -> None:
     """Start a new record of the dispatches (``ptodist run`` does, before it runs the script)."""
     _ran.clear()
     _last.clear()
+    _suspects.clear()
     _recording[0] = True
 
 

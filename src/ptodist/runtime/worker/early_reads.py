@@ -135,7 +135,7 @@ def finished(handle, error) -> None:
                "on, so such a line sees the old data, the new, or a mix. Here the dispatch ran at result(), after "
                "those lines, and changed what they named.")
     locations = list(dict.fromkeys(line for line, _, _ in touches)) + [w.where]
-    _session.early_reads.append(Finding("race", message, [], locations, None, FIX))
+    _session.suspects.append(Finding("race", message, [], locations, None, FIX))
 
 
 def _overlap(a: tuple, b: tuple) -> bool:
