@@ -162,7 +162,7 @@ class TaskGraph:
         self._overlaps = _Overlaps()
         # The backend's seeded decisions, where it offers them (sim): choose(n) -> [0, n), 0 for program order.
         # Ready tasks with no path between them may run in any order on a device; the sim backend picks one.
-        self._choose = getattr(owner.memory, "choose", None)
+        self._choose = getattr(getattr(owner, "memory", None), "choose", None)
 
     @property
     def idle(self) -> bool:
