@@ -201,4 +201,4 @@ def test_check_stopped_by_ctrl_c_runs_no_further_schedule_and_reports_the_signal
     assert out.count("started") == 1
     assert "schedule" not in err  # no schedule ended: none has a line
     assert json.loads(report.read_text()) == {"status": "error", "signal": "SIGINT", "findings": [], "seed": 0,
-                                              "policy": None, "replay": None}
+                                              "policy": None, "replay": None, "schedule": None}

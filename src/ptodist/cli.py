@@ -309,7 +309,7 @@ def _check_stopped(args, code: int, signal_name: str, seed: int) -> int:
     """``ptodist check`` was stopped by a signal while schedule ``seed`` ran: write the report; return ``code``."""
     if args.report_json:
         _write_json(args.report_json, {"status": "error", "signal": signal_name, "findings": [], "seed": seed,
-                                       "policy": None, "replay": None})
+                                       "policy": None, "replay": None, "schedule": None})
     return code
 
 

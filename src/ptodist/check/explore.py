@@ -267,6 +267,10 @@ def shrink(target: Callable[[], object], outcome: Outcome, *, enabled: bool = Tr
     best = result.forced = _deviations(s.decisions.taken)  # with the plain schedule for the rest: the original
     started = time.monotonic()
 
+    def quiet() -> object:
+        with contextlib.redirect_stderr(io.StringIO()):  # what the script says was said by the original run
+            return target()
+
     def attempt(forced: dict) -> bool:
         nonlocal best
         if result.trials >= max_trials:
@@ -276,7 +280,7 @@ def shrink(target: Callable[[], object], outcome: Outcome, *, enabled: bool = Tr
             result.bounded = result.bounded or f"stopped after {max_seconds:g} s"
             return False
         result.trials += 1
-        trial = run_checked(target, s.seed, Decisions(forced, plain=True))
+        trial = run_checked(quiet, s.seed, Decisions(forced, plain=True))
         match = next((f for f in trial.findings if story_mod.signature(f) == sig), None)
         if match is None or not trial.session.runs or any(r.stalled for r in trial.session.runs):
             return False
