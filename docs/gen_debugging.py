@@ -1075,6 +1075,25 @@ ZOO: list[Bug] = [
 # many ptodist locates.
 
 FEATURES: list[Bug] = [
+    _bug('tg_at_no_deps', 'task graph: a pl.at region in a manual scope with no deps= on its writer', '''
+        @pl.jit
+        def two_stage(x: pl.Tensor[[4, 8], pl.FP32], scratch: pl.Out[pl.Tensor[[4, 8], pl.FP32]],
+                      out: pl.Out[pl.Tensor[[4, 8], pl.FP32]]):
+            with pl.manual_scope():
+                with pl.at(level=pl.Level.CORE_GROUP, name_hint="stage1") as first:
+                    scratch = pl.assemble(scratch, pl.add(x, x), [0, 0])
+                with pl.at(level=pl.Level.CORE_GROUP, name_hint="stage2"):  # BUG: no deps=[first]
+                    out = pl.assemble(out, pl.add(scratch, scratch), [0, 0])
+            return scratch, out
+
+
+        x = np.arange(32, dtype=np.float32).reshape(4, 8)
+        scratch, out = np.zeros_like(x), np.zeros_like(x)
+        two_stage(x, scratch, out)
+        assert np.array_equal(out, 4 * x), "mismatch"
+        print("OK")
+        ''', ('race',), feature='task graph', command='check',
+         twin=(('name_hint="stage2"):  # BUG: no deps=[first]', 'name_hint="stage2", deps=[first]):'),)),
     _bug('tg_no_deps', 'task graph: a reader in a manual scope with no deps= on its writer', '''
         P = 2
         NR = pl.dynamic("NR")
@@ -1801,8 +1820,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(y, 2 * x), "mismatch"
         print("OK")
         ''', ('*',), feature='chip placement', command='run',
-         issues=dict.fromkeys(("kind", "location", "root_first"),
-                             "a chip call shifted by round-robin placement is only the script's assert failing"),
          twin=(('y[r])  # BUG: no device=r: round-robin from chip 1',
            'y[r], device=r)'), )),
     _bug('l2_multi', 'L2 program: several orchestrations called without choosing one', '''
