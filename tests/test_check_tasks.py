@@ -339,3 +339,30 @@ def _sim_run(per_rank, seed: int, monkeypatch) -> np.ndarray:
 def test_sim_seeds_show_the_wrong_value_of_a_missing_deps_program_and_never_of_its_fixed_twin(monkeypatch):
     assert not all(_sim_run(no_deps, seed, monkeypatch) for seed in range(8))
     assert all(_sim_run(with_deps, seed, monkeypatch) for seed in range(8))
+
+
+# -- a signal between two tasks of one rank orders them ------------------------------------------------------------
+
+@pl.jit
+def own_signal(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
+               z: pl.Out[pl.Tensor[[1, N], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP):
+            pl.store(pl.add(pl.load(x, [0, 0], [1, N]), 1.0), [0, 0], y)
+            pld.system.notify(sig, pld.rank(pld.get_comm_ctx(sig)), [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        with pl.at(level=pl.Level.CORE_GROUP):
+            pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+            pl.store(pl.mul(pl.load(y, [0, 0], [1, N]), 2.0), [0, 0], z)
+    return z
+
+
+@pl.jit.host
+def own_signal_host(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]],
+                    z: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]]):
+    sig_buf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        own_signal(x[r], y[r], z[r], pld.window(sig_buf, [1, 1], dtype=pl.INT32), device=r)
+
+
+def test_a_notify_and_wait_between_two_tasks_of_one_rank_order_them():
+    assert testing.check(own_signal_host, *_arrays(), config=_config(), schedules=20).clean

@@ -210,14 +210,11 @@ class _Analysis:
 
     def join(self, rank: int, rec: dict) -> None:
         """The actor goes on after the actors it waited for: its clock takes theirs."""
-        vc = self.vc[self._gid(rank, rec)]
+        me = self._gid(rank, rec)
         for a in rec["from"]:
             other = self.gids.get((rank, a))
-            if other is None:
-                continue
-            for u, c in self.vc[other].items():
-                if c > vc.get(u, 0):
-                    vc[u] = c
+            if other is not None:
+                self._take(me, self.vc[other])
 
     def release(self, rank: int, rec: dict) -> None:
         """Keep the actor's clock as it is now under the record's token; its later steps come after it."""
@@ -227,11 +224,20 @@ class _Analysis:
 
     def acquire(self, rank: int, rec: dict) -> None:
         """The actor goes on after the released points: its clock takes theirs."""
-        vc = self.vc[self._gid(rank, rec)]
+        me = self._gid(rank, rec)
         for t in rec["tokens"]:
-            for u, c in self.tokens.get((rank, t), {}).items():
-                if c > vc.get(u, 0):
-                    vc[u] = c
+            self._take(me, self.tokens.get((rank, t), {}))
+
+    def _take(self, me: int, other: dict) -> None:
+        """Join vector clock ``other`` into actor ``me``'s (entrywise maximum).  The smaller clock is merged into a
+        copy of the larger (a C copy): in a chain of tasks each clock holds every earlier task's entry."""
+        vc = self.vc[me]
+        if len(other) > len(vc) + 8:
+            vc, other = dict(other), vc
+            self.vc[me] = vc
+        for u, c in other.items() - vc.items():
+            if c > vc.get(u, 0):
+                vc[u] = c
 
     def _ordered(self, mod_actor: int, mod_vc: dict, actor: int) -> bool:
         """Whether a notify made by ``mod_actor`` with vector clock ``mod_vc`` happens before ``actor``'s present."""
@@ -282,11 +288,12 @@ class _Analysis:
                     needed.append(m.index)
                     if holds(value):
                         break
-        vc = self.vc[self._gid(rank, rec)]
+        me = self._gid(rank, rec)
         for i in needed:
-            for u, c in mods[i].vc.items():
-                if c > vc.get(u, 0):
-                    vc[u] = c
+            self._take(me, mods[i].vc)
+        for m in after:  # the rank's own notifies count in full: another task's of this rank orders it too
+            if m.rank == rank and m.actor != me:
+                self._take(me, m.vc)
         fresh = set(needed)
         prev = cell.needed.get(rank)
         own = cell.own_since.get(rank, False)
