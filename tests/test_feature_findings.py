@@ -85,9 +85,12 @@ PADDED = '''
 '''
 
 
-def _padded(tmp_path: Path, fixed: bool) -> Path:
-    src = PADDED.replace("FILL_MAX", "t = pl.fillpad(t, pad_value=pl.PadValue.min)" if fixed else "pass")
-    src = src.replace("FILL_SUM", "e = pl.fillpad(e, pad_value=0)" if fixed else "pass")
+def _padded(tmp_path: Path, fixed: bool, inplace: bool = False) -> Path:
+    if inplace:  # the padding filled in the tile's own memory: the reductions read it, and what exp made of it
+        src = PADDED.replace("FILL_MAX", "pl.tile.fillpad_inplace(t, pl.PadValue.min)").replace("FILL_SUM", "pass")
+    else:
+        src = PADDED.replace("FILL_MAX", "t = pl.fillpad(t, pad_value=pl.PadValue.min)" if fixed else "pass")
+        src = src.replace("FILL_SUM", "e = pl.fillpad(e, pad_value=0)" if fixed else "pass")
     return _script(tmp_path, "fixed.py" if fixed else "padded.py", src)
 
 
@@ -122,8 +125,9 @@ def test_a_plain_run_of_the_padding_read_is_unchanged(tmp_path, capsys):
     assert "OK" in capsys.readouterr().out
 
 
-def test_the_padding_reads_fixed_twin_is_clean(tmp_path):
-    rc, doc = _report(tmp_path, "check", "--schedules", "20", str(_padded(tmp_path, fixed=True)))
+@pytest.mark.parametrize("inplace", [False, True], ids=["fillpad", "fillpad_inplace"])
+def test_the_padding_reads_fixed_twin_is_clean(tmp_path, inplace):
+    rc, doc = _report(tmp_path, "check", "--schedules", "20", str(_padded(tmp_path, fixed=True, inplace=inplace)))
     assert (rc, doc["status"], doc["findings"]) == (0, "ok", [])
 
 

@@ -25,9 +25,11 @@ class Tile:
     as ``Vec``; see :mod:`ptodist.language.spaces`).  ``pad_src``, set only under ``ptodist check`` and
     only on a partly valid tile, is the ``file:line`` that left its padding undefined (a ``pl.load`` with
     ``valid_shape``); read it with ``getattr(tile, "pad_src", None)``, as plain runs never set it.
+    ``pad_filled`` (unset: False) says the padding holds defined values (``pl.tile.fillpad_inplace`` wrote it),
+    which a reduction then reads, as a device's does.
     """
 
-    __slots__ = ("data", "dtype", "valid_shape", "space", "pad_src")
+    __slots__ = ("data", "dtype", "valid_shape", "space", "pad_src", "pad_filled")
 
     def __init__(self, data: np.ndarray, dtype: DataType | None = None, valid_shape=None,
                  space: MemorySpace | None = None):
@@ -110,6 +112,9 @@ def carry_pad(out: Tile, *operands) -> Tile:
             if src:
                 out.pad_src = src
                 break
+        partial = [t for t in operands if isinstance(t, Tile) and t.valid_shape != t.data.shape]
+        if partial and all(getattr(t, "pad_filled", False) for t in partial):
+            out.pad_filled = True  # computed from defined padding only: defined too
     return out
 
 

@@ -162,7 +162,8 @@ def _unary(name: str, x, fn) -> Tile:
         raise TileTypeError(f"pl.tile.{name} takes a Tile, got {_kind(x)}")
     with np.errstate(all="ignore"):
         out = fn(x.data.astype(_work_type(x.dtype)))
-    return carry_pad(_tile(out, x.dtype, x.valid_shape), x)
+    out = _tile(out, x.dtype, x.valid_shape)
+    return out if out.valid_shape == out.data.shape else carry_pad(out, x)
 
 
 def _need_scratch(name: str, tmp, call: str) -> None:

@@ -322,4 +322,5 @@ def fillpad_inplace(tile: Tile, pad_value: PadValue | int | float = PadValue.zer
     if not tile.data.flags.writeable:  # a read-only view (a broadcast): nothing to share
         return filled
     tile.data[...] = filled.data
+    tile.pad_filled = True  # its padding now holds the pad value: a reduction over it reads that
     return Tile(tile.data, tile.dtype, space=tile.space)

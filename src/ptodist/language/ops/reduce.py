@@ -3,7 +3,8 @@
 A partially valid tile is reduced over its valid region only; the result is valid along the kept axes
 as far as the input was, and zero beyond.  Upstream documents a reduction as reading the padding too
 (undefined until ``pl.fillpad`` fills it), so under ``ptodist check`` a reduction over padding is an
-``uninitialized_read`` finding; ``pl.fillpad`` first makes the whole tile valid.  FP16/BF16 tiles accumulate in FP32 and round once; integer tiles wrap (C semantics).  The
+``uninitialized_read`` finding; ``pl.fillpad`` first makes the whole tile valid, and padding that
+``pl.tile.fillpad_inplace`` filled is read, as on a device.  FP16/BF16 tiles accumulate in FP32 and round once; integer tiles wrap (C semantics).  The
 ``tmp_tile`` scratch argument of the tile forms is optional here, and checked as upstream checks it
 when given: on a CPU it selects nothing.  The arg-reductions return INT32 indices (first occurrence
 wins; NaN counts as the extremum, as in numpy and torch).
@@ -69,8 +70,12 @@ def _reduce(name: str, x: Tile, fn: Callable, axis: int, out_dtype) -> Tile:
     valid = list(x.valid_shape)
     if valid[axis] < x.data.shape[axis] and all(valid):
         # Upstream's reductions read the whole row or column, padding included (its docs: the pad value decides
-        # what the tail contributes); this one reads the valid part, so the checker reports the difference.
-        context.current().padding_read(f"pl.{name}", x, axis)
+        # what the tail contributes). Padding pl.tile.fillpad_inplace defined is read here too; undefined padding
+        # is not (it has no value to read), and the checker reports the reduction.
+        if getattr(x, "pad_filled", False):
+            valid[axis] = x.data.shape[axis]
+        else:
+            context.current().padding_read(f"pl.{name}", x, axis)
     region = _wide(x)[tuple(slice(0, v) for v in valid)]
     valid[axis] = 1
     out = np.zeros(shape, dtype.np_dtype)
