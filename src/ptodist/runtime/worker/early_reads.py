@@ -88,6 +88,8 @@ def watch(session, handle, compiled, args: list) -> None:
             outputs.append((p.name, a.value, b, _snapshot(a.value)))
     if not outputs:
         return
+    if session is not _session:
+        _watches.clear()  # left by an earlier schedule whose worker was never closed: not this run's
     loc = user_location(2)
     _watches.append(_Watch(handle, str(loc) if loc else "", outputs))
     _session = session
