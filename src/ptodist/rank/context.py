@@ -151,7 +151,7 @@ class RankContext(context.Context):
         self._hb_tasks = _Overlaps(keep_done=True) if self._trace else None
         self._tid_actor: dict[int, int] = {}
         self._cond_actor: dict[int, int] = {}
-        self._kept: dict = {}  # (low, high) -> the root buffer of memory outside windows an access was recorded in
+        self._kept: dict = {}  # (low, high) -> (root buffer, "host" or "local") of memory outside windows accessed
 
     def next_segment(self, plan: DispatchPlan, memory, host_arrays: list) -> None:
         """Run the next segment of this dispatch (after a sub-worker callback): ``plan``'s tasks over ``memory``.
@@ -910,9 +910,11 @@ class RankContext(context.Context):
         while isinstance(root.base, np.ndarray):
             root = root.base
         lo, hi = byte_bounds(root)
-        if (lo, hi) not in self._kept:
-            self._kept[(lo, hi)] = root  # alive until the dispatch ends: no later tensor takes these addresses
-        kind = "local" if any(llo <= addr < lhi for llo, lhi, _ in self._locals) else "host"
+        kept = self._kept.get((lo, hi))
+        if kept is None:  # kept alive until the dispatch ends: no later tensor takes these addresses
+            kind = "local" if any(llo <= addr < lhi for llo, lhi, _ in self._locals) else "host"
+            kept = self._kept[(lo, hi)] = (root, kind)
+        kind = kept[1]
         site = user_frame(3)
         self.events.access(op, write, atomic, self.rank, None, addr - lo, view.shape, view.strides, view.itemsize,
                            t.dtype.name, t.name, f"{site[0]}:{site[1]}" if site else "", (kind, lo, hi))
