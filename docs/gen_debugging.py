@@ -2139,6 +2139,32 @@ def _md(text: str) -> str:
     return textwrap.dedent(text).strip("\n") + "\n"
 
 
+def features_section() -> str:
+    """The page's list of the :data:`FEATURES` programs (their runs are measured, not shown: see :func:`measure`)."""
+    rows = [f"| `{bug.name}` | {bug.feature} | {bug.title.split(': ', 1)[-1]} | `ptodist {bug.command}` |"
+            for bug in FEATURES]
+    return "\n".join([_md("""
+        ## The execution model, measured
+
+        A second set of programs, `FEATURES` in
+        [`docs/gen_debugging.py`](gen_debugging.py), holds one realistic bug per
+        feature of the execution model (task graphs, deferred waits, comm
+        domains, valid shapes, cross-core pipes, `all_to_all_v`, workers, chip
+        placement, L2 programs), each with its fixed twin, and one correct
+        program (a deferred wait that holds only after a younger one). Each
+        program's `# BUG` marks the root line, where the fix belongs (the task's
+        `deps=`, the dispatch, the `prepare()` option), which is not always
+        where the bug shows. `tests/test_bug_zoo.py` runs them and their twins
+        and records, per program, which of these checks ptodist does not pass
+        yet: found, the right kind, the root line among the locations, the
+        root line first, the fixed twin clean.
+        `python docs/gen_debugging.py --measure` prints the figure: each program
+        under its command (20 schedules under `ptodist check`), each twin under
+        `ptodist check --schedules 20`. The pitfalls ptodist finds have sections in
+        [pitfalls.md](pitfalls.md#pitfalls-of-the-execution-model).
+        """), "| Program | Feature | Bug | Run under |", "|---|---|---|---|", *rows]) + "\n"
+
+
 def render(blocks: dict[str, str]) -> str:
     """The whole page from its generated blocks (see :func:`blocks_of` and :func:`parse`)."""
     s = lambda name: section(name, blocks)  # noqa: E731
@@ -2271,6 +2297,7 @@ def render(blocks: dict[str, str]) -> str:
         """),
         s("python_error"),
         s("correct"),
+        features_section(),
         _md("""
         ## Diagnostic outputs (DFX)
 

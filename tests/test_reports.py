@@ -32,7 +32,7 @@ import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, PtodistInternalError, RankError, RunConfig, cli
 from ptodist.backends import base
 from ptodist.check import explore, findings, hang
-from ptodist.errors import INTERNAL_NOTE, CheckError, KernelIndexError, RankInternalError
+from ptodist.errors import INTERNAL_NOTE, KernelIndexError, RankInternalError
 from ptodist.rank import failures, status
 
 REPO = Path(__file__).resolve().parent.parent
@@ -139,13 +139,15 @@ def test_check_block(body, expected, tmp_path, monkeypatch):
     (tmp_path / "preamble.py").write_text(_preamble())
     namespace = runpy.run_path("preamble.py")
     (tmp_path / "prog.py").write_text(body)
-    with explore.checking(0) as session:
-        with pytest.raises(CheckError):
-            runpy.run_path("prog.py", init_globals=namespace, run_name="__main__")
-    assert kind in [f.kind for f in session.findings]
+    # What `ptodist check` reports for the schedule: the checker's findings or, when the program then fails, the
+    # cause the session suspects (an output read before its result()); the program's own error follows those.
+    outcome = explore.run_checked(lambda: runpy.run_path("prog.py", init_globals=namespace, run_name="__main__"), 0)
+    assert outcome.failed and (outcome.error is None or outcome.session.suspects), outcome.traceback
+    shown = [*outcome.session.findings, *(outcome.session.suspects if outcome.error is not None else [])]
+    assert kind in [f.kind for f in shown]
     bug = next(i for i, t in enumerate(body.splitlines(), 1) if "# BUG" in t)
-    assert any(f"prog.py:{bug}" in f.locations for f in session.findings if f.kind == kind)
-    got = "\n".join(f.render() for f in session.findings)
+    assert any(f"prog.py:{bug}" in f.locations for f in shown if f.kind == kind)
+    got = "\n".join(f.render() for f in shown)
     assert _normalise(got) == _normalise(expected)
 
 
