@@ -388,3 +388,46 @@ def test_a_race_between_two_tasks_of_one_rank_is_told_task_by_task():
         "nothing orders the two",
     ]
     assert report.schedule.story.preemptions == 0 <= report.schedule.original.preemptions
+
+
+# The blocks of one pl.spmd_submit task each read-modify-write the same row: blocks are concurrent actors.
+SPMD_ROW = HEAD + '''
+
+@pl.program
+class RowSums:
+    @pl.function(type=pl.FunctionType.InCore)
+    def partial(self, x: pl.Tensor[[8, 8], pl.FP32], total: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+        b = pl.get_block_idx()
+        part = pl.col_sum(pl.load(x, [b * 4, 0], [4, 8]))
+        acc = pl.load(total, [0, 0], [1, 8])
+        return pl.store(pl.add(acc, part), [0, 0], total)  # every block updates row 0
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def per_rank(self, x: pl.Tensor[[8, 8], pl.FP32], total: pl.InOut[pl.Tensor[[1, 8], pl.FP32]]):
+        total, _ = pl.spmd_submit(self.partial, x, total, core_num=2)
+        return total
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host(self, x: pl.Tensor[[NR, 8, 8], pl.FP32], total: pl.InOut[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            self.per_rank(x[r], total[r], device=r)
+        return total
+
+
+compiled = ir.compile(RowSums, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+x = np.arange(P * 64, dtype=np.float32).reshape(P, 8, 8)
+total = np.zeros((P, 1, 8), np.float32)
+compiled(x, total)
+assert np.array_equal(total, x.sum(axis=1, keepdims=True)), "mismatch"
+'''
+
+
+def test_a_race_between_the_blocks_of_one_task_is_told_block_by_block(capsys, monkeypatch, tmp_path):
+    rc, err, doc = check_cli(capsys, monkeypatch, tmp_path, SPMD_ROW, "prog.py", "2")
+    assert rc == 1 and doc["findings"][0]["kind"] == "race"
+    assert doc["schedule"]["story"] == [
+        "1. rank 0 (block 0 of 'partial') runs lines 27, 21\u201323 (to prog.py:23, pl.store)",
+        "2. rank 0 (block 1 of 'partial') runs lines 27, 21\u201322 (to prog.py:22, pl.load)",
+        "3. race: rank 0 (block 0 of 'partial') writes at line 23 (prog.py:23, pl.store) before rank 0 (block 1 of "
+        "'partial') reads at line 22 (prog.py:22, pl.load); nothing orders the two",
+    ]

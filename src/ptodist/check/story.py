@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 _RANK = re.compile(r"rank (\d+)")
 _ACCESS = re.compile(r"([\w.]+) \((read|write|atomic add) of ")  # "pl.store (write of 'y')": a race's access
+_ACTOR = re.compile(r"(?:block (\d+) of )?task '([^']+)'")  # "block 1 of task 'partial'", "task 'fill'"
 
 
 @dataclass
@@ -50,18 +51,11 @@ def items_of(logs: list, since: int) -> list[Item]:
         if log is None:
             continue
         actors = getattr(log, "actors", None) or []
-        # A task's own record (its call or pl.submit line) is stamped by the actor that submits it: tell it
-        # with the task's actor, which runs the task's body.
-        task_actor: dict = {}
-        for i, info in enumerate(actors):
-            if info.get("kind") == "task":
-                task_actor.setdefault(info.get("task_id"), i)
         for rec in log.records:
             seq = rec.get("seq", -1)
             if seq >= since and rec.get("where"):
-                actor = task_actor.get(rec.get("task_id"), rec.get("actor")) if rec["kind"] == "task" \
-                    else rec.get("actor")
-                out.append(Item(seq, log.rank, _actor(actors, actor), rec["kind"], rec["name"], rec["where"]))
+                out.append(Item(seq, log.rank, _actor(actors, rec.get("actor")), rec["kind"], rec["name"],
+                                rec["where"]))
         for a in log.accesses:
             if a["seq"] >= since and a.get("where") and "write" in a:  # not the task graph's fork/join records
                 what = "atomic" if a["atomic"] else ("write" if a["write"] else "read")
@@ -115,6 +109,7 @@ def tell(runs: list[RunRecord], decisions: list, finding) -> Story:
     blocks = [Item(d.seq - 0.5, d.key[2], "", "blocked", "", d.blocked)
               for d in decisions if d.blocked and d.key[0] in schedulers]
     items = sorted(items + blocks, key=lambda it: it.seq)
+    _with_their_task(items)
     ending, end_seq = _ending(finding, items, checked is None and chosen[-1].deadlock, blocks)
     if end_seq is not None:
         items = [it for it in items if it.seq <= end_seq]
@@ -124,6 +119,17 @@ def tell(runs: list[RunRecord], decisions: list, finding) -> Story:
     preempts = sum(1 for d in decisions if d.preempt and d.key[0] in schedulers
                    and (end_seq is None or d.seq <= end_seq))
     return Story(lines, len(steps), preempts)
+
+
+def _with_their_task(items: list[Item]) -> None:
+    """Tell a task's own record (its call or pl.submit line, stamped as the task begins, by the actor that
+    starts it) with the actor that runs the task: the one that acts next on that rank."""
+    after: dict[int, str] = {}
+    for it in reversed(items):
+        if it.what == "task" and after.get(it.rank):
+            it.actor = after[it.rank]
+        elif it.what not in ("task", "blocked"):
+            after[it.rank] = it.actor
 
 
 def _steps(items: list[Item]) -> list[list[Item]]:
@@ -217,10 +223,11 @@ def _located(finding, items: list[Item]) -> list[Item]:
     its message names, the first such item of the run; else the first item at each of its lines on one of its
     ranks."""
     most = 1 if finding.kind == "uninitialized_read" else 2  # the other lines it names are nearby writes
-    pairs: list[tuple[int, str, tuple | None]] = []
+    pairs: list[tuple[int, str, tuple | None, str | None]] = []
     rank = None  # the rank named last: a line about two tasks of one rank names it once, above them
     for text in finding.message.splitlines():
         hits = sorted((i, loc) for loc in finding.locations for i in _find_all(text, f"at {loc}"))
+        actor = _ACTOR.match(text.strip())  # a line about one of a rank's tasks starts with it
         prev = 0
         for i, loc in hits:
             named = _RANK.findall(text[prev:i])
@@ -228,16 +235,20 @@ def _located(finding, items: list[Item]) -> list[Item]:
             prev = i
             rank = int(named[-1]) if named else rank
             op = (access[-1][0], access[-1][1].split()[0]) if access else None  # (name, "read" | "write" | "atomic")
-            if rank is not None and (rank, loc, op) not in pairs:
-                pairs.append((rank, loc, op))
+            who = None
+            if actor is not None and op is not None:
+                who = f"block {actor.group(1)} of '{actor.group(2)}'" if actor.group(1) else f"task '{actor.group(2)}'"
+            if rank is not None and (rank, loc, op, who) not in pairs:
+                pairs.append((rank, loc, op, who))
         named = _RANK.findall(text[prev:])
         rank = int(named[-1]) if named else rank
     if not pairs:
-        pairs = [(r, loc, None) for loc in finding.locations for r in finding.ranks]
+        pairs = [(r, loc, None, None) for loc in finding.locations for r in finding.ranks]
     out: list[Item] = []
-    for rank, loc, op in pairs:
+    for rank, loc, op, who in pairs:
         hit = next((it for it in items if it.where == loc and it.rank == rank and it.what not in ("blocked", "task")
-                    and (op is None or (it.name, it.what) == op) and it not in out), None)
+                    and (op is None or (it.name, it.what) == op) and (who is None or it.actor == who)
+                    and it not in out), None)
         if hit is not None and hit not in out:
             out.append(hit)
         if len(out) == most:
