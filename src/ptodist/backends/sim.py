@@ -134,9 +134,9 @@ class Scheduler:
         self._task_rng = random.Random(f"task:{seed}")  # its own stream: task choices leave the rank choices as they were
         self.decisions = decisions
         self._clock = clock
-        self._number = -1
+        self.number = -1  # its place among the session's schedulers: the first field of its decisions' keys
         if decisions is not None:
-            self._number = decisions.schedulers
+            self.number = decisions.schedulers
             decisions.schedulers += 1
         self._asked: dict = {}  # (kind, who) -> how many decisions it asked for so far
         self._turn = [threading.Semaphore(0) for _ in range(world)]
@@ -190,7 +190,7 @@ class Scheduler:
     def _key(self, kind: str, who: int) -> tuple:
         n = self._asked.get((kind, who), 0)
         self._asked[(kind, who)] = n + 1
-        return (self._number, kind, who, n)
+        return (self.number, kind, who, n)
 
     def choose(self, me: int, n: int) -> int:
         """Rank ``me``'s choice among ``n`` options (which of its ready tasks runs next): an int in range(n).

@@ -77,7 +77,8 @@ class Session:
             if dispatch is None:
                 dispatch = len(self._dispatch_objects)
                 self._dispatch_objects.append(run.dispatch)
-            self.runs.append(story_mod.RunRecord(run.sched._number, dispatch, story_mod.items_of(run.logs, run.since),
+            until = run.dispatch.clock.now if run.dispatch.clock is not None else 0
+            self.runs.append(story_mod.RunRecord(run.sched.number, dispatch, list(run.logs), run.since, until,
                                                  list(run.findings), run.sched.deadlock, run.stalled))
 
 

@@ -38,29 +38,32 @@ class RunRecord:
 
     scheduler: int       # its number in the session (the first field of its decisions' keys)
     dispatch: int        # which dispatch of the session it belongs to (segments of one dispatch share it)
-    items: list[Item]
+    logs: list           # the dispatch's event logs (EventLog or None per rank), read only if a story is told
+    since: int           # this run's records are those stamped in [since, until)
+    until: int
     findings: list       # the checker's findings of this run
     deadlock: bool = False
     stalled: bool = False  # stopped for no progress by the wall clock (not a certain deadlock)
 
-
-def items_of(logs: list, since: int) -> list[Item]:
-    """The story's items in the event logs of one run: the records stamped at ``since`` or later."""
-    out: list[Item] = []
-    for log in logs:
-        if log is None:
-            continue
-        actors = getattr(log, "actors", None) or []
-        for rec in log.records:
-            seq = rec.get("seq", -1)
-            if seq >= since and rec.get("where"):
-                out.append(Item(seq, log.rank, _actor(actors, rec.get("actor")), rec["kind"], rec["name"],
-                                rec["where"]))
-        for a in log.accesses:
-            if a["seq"] >= since and a.get("where") and "write" in a:  # not the task graph's fork/join records
-                what = "atomic" if a["atomic"] else ("write" if a["write"] else "read")
-                out.append(Item(a["seq"], log.rank, _actor(actors, a.get("actor")), what, a["name"], a["where"]))
-    return out
+    def items(self) -> list[Item]:
+        """The story's items in this run's records (a later segment of the dispatch adds to the same logs)."""
+        out: list[Item] = []
+        lo, hi = self.since, self.until
+        for log in self.logs:
+            if log is None:
+                continue
+            actors = getattr(log, "actors", None) or []
+            for rec in log.records:
+                seq = rec.get("seq", -1)
+                if lo <= seq < hi and rec.get("where"):
+                    out.append(Item(seq, log.rank, _actor(actors, rec.get("actor")), rec["kind"], rec["name"],
+                                    rec["where"]))
+            for a in log.accesses:
+                if lo <= a["seq"] < hi and a.get("where") and "write" in a:  # not the task graph's fork/join records
+                    what = "atomic" if a["atomic"] else ("write" if a["write"] else "read")
+                    out.append(Item(a["seq"], log.rank, _actor(actors, a.get("actor")), what, a["name"],
+                                    a["where"]))
+        return out
 
 
 def _actor(actors: list, actor) -> str:
@@ -105,7 +108,7 @@ def tell(runs: list[RunRecord], decisions: list, finding) -> Story:
     last = checked if checked is not None else len(runs) - 1
     chosen = [r for r in runs[:last + 1] if r.dispatch == runs[last].dispatch]
     schedulers = {r.scheduler for r in chosen}
-    items = sorted((it for r in chosen for it in r.items), key=lambda it: it.seq)
+    items = sorted((it for r in chosen for it in r.items()), key=lambda it: it.seq)
     blocks = [Item(d.seq - 0.5, d.key[2], "", "blocked", "", d.blocked)
               for d in decisions if d.blocked and d.key[0] in schedulers]
     items = sorted(items + blocks, key=lambda it: it.seq)
