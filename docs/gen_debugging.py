@@ -1403,8 +1403,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), np.roll(x, 1, axis=0)), "mismatch"
         print("OK")
         ''', ('race',), feature='deferred wait', command='check',
-         issues=dict.fromkeys(("location", "root_first"),
-                             'the race names the load and the remote store, not the deps= that should name the waiting task'),
          twin=(('deps=[sent])  # BUG: the data comes from the left rank: deps=[arrived]',
            'deps=[arrived])'), )),
     _bug('domain_peer', 'comm domain: a world rank given as a peer', '''
@@ -1971,12 +1969,13 @@ def accepts(bug: Bug, kind: str) -> bool:
     return False
 
 
-def twin_args(bug: Bug, measure: bool = False) -> tuple[str, tuple]:
-    """The command a fixed twin runs under: ``check --schedules 20`` for a checker bug (and for the figure),
-    else the bug's own command."""
+def twin_args(bug: Bug, measure: bool = False) -> tuple[str, tuple] | None:
+    """The command a fixed twin runs under: ``check --schedules 20`` for a checker bug and for the figure; None
+    (not run) for a bug a plain run shows, outside the figure: its twin's outcome does not depend on a schedule,
+    and ``--measure`` checks it."""
     if measure or bug.command == "check":
         return "check", ("--schedules", TWIN_SCHEDULES)
-    return bug.command, ()
+    return None
 
 
 def clean(r: Run) -> bool:
@@ -2011,9 +2010,9 @@ def judge(bug: Bug, r: Run, twin: Run | None = None) -> dict[str, str]:
 
 def run_features(root: Path, jobs: int = 2, measure: bool = False, bugs: list[Bug] | None = None):
     """Run every FEATURES entry and, for the buggy ones, its fixed twin, ``jobs`` at a time, each in
-    ``root/<name>``; return ``{name: (run, twin run or None)}``. ``measure``: the bug and its twin under
-    ``ptodist check --schedules 20`` whatever the entry's command (the figure), else as the test runs them (the
-    twin's 20 schedules only where the bug is a checker one)."""
+    ``root/<name>``; return ``{name: (run, twin run or None)}``. ``measure`` (the figure): a checker bug under
+    ``ptodist check --schedules 20`` and every twin under ``ptodist check --schedules 20``; else as the test runs
+    them: each bug under its command, only a checker bug's twin (:func:`twin_args`)."""
     bugs = FEATURES if bugs is None else bugs
     root = Path(root)
     with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -2024,10 +2023,10 @@ def run_features(root: Path, jobs: int = 2, measure: bool = False, bugs: list[Bu
             runs[bug.name] = pool.submit(run, bug, root / bug.name, 120, None, args)
         twins = {}
         for bug in bugs:
-            if bug.kinds:
-                command, args = twin_args(bug, measure)
-                args += NO_SHRINK if command == "check" else ()
-                twins[bug.name] = pool.submit(run, bug.fixed, root / (bug.name + ".fixed"), 120, command, args)
+            how = twin_args(bug, measure) if bug.kinds else None
+            if how:
+                twins[bug.name] = pool.submit(run, bug.fixed, root / (bug.name + ".fixed"), 120, how[0],
+                                              how[1] + NO_SHRINK)
         return {bug.name: (runs[bug.name].result(), twins[bug.name].result() if bug.name in twins else None)
                 for bug in bugs}
 
@@ -2154,10 +2153,11 @@ def features_section() -> str:
         program (a deferred wait that holds only after a younger one). Each
         program's `# BUG` marks the root line, where the fix belongs (the task's
         `deps=`, the dispatch, the `prepare()` option), which is not always
-        where the bug shows. `tests/test_bug_zoo.py` runs them and their twins
-        and records, per program, which of these checks ptodist does not pass
-        yet: found, the right kind, the root line among the locations, the
-        root line first, the fixed twin clean.
+        where the bug shows. `tests/test_bug_zoo.py` runs them (and the twins
+        of the bugs found under `ptodist check`, with 20 schedules) and records,
+        per program, which of these checks ptodist does not pass yet: found,
+        the right kind, the root line among the locations, the root line
+        first, the fixed twin clean.
         `python docs/gen_debugging.py --measure` prints the figure: each program
         under its command (20 schedules under `ptodist check`), each twin under
         `ptodist check --schedules 20`. The pitfalls ptodist finds have sections in

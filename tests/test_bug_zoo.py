@@ -136,14 +136,15 @@ def test_page_text_is_generated(page_blocks):
 
 @pytest.fixture(scope="module")
 def feature_runs(tmp_path_factory):
-    """Every FEATURES entry's run and its fixed twin's, made two at a time once per module."""
+    """Every FEATURES entry's run and (for a checker bug) its fixed twin's, made two at a time once per module."""
     return gen.run_features(tmp_path_factory.mktemp("features"))
 
 
 @pytest.mark.parametrize("bug", gen.FEATURES, ids=lambda b: b.name)
 def test_new_feature_program(bug, feature_runs):
-    """A buggy entry is found, with the right kind, naming its root line first, and its fixed twin runs clean
-    (under ``ptodist check --schedules 20`` where the bug is a checker one); a correct entry runs clean."""
+    """A buggy entry is found, with the right kind, naming its root line first; a checker bug's fixed twin is clean
+    under ``ptodist check --schedules 20`` (every twin is, under ``python docs/gen_debugging.py --measure``); a
+    correct entry runs clean."""
     r, twin = feature_runs[bug.name]
     if bug.kinds:
         assert bug.bug_line is not None, f"{bug.name}: no {gen.BUG_MARK} marker"
