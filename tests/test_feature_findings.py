@@ -113,9 +113,9 @@ def test_a_reduction_over_unfilled_padding_is_an_uninitialized_read_at_its_line(
         "device's.")
     assert hi["fix"] == (
         f"Fill the padding with the reduction's identity before pl.row_max at {at_max}: tile = pl.fillpad(tile, "
-        "pad_value=pl.PadValue.min) (0 for a sum, 1 for a product, pl.PadValue.min for a max, pl.PadValue.max for "
+        "pad_value=pl.PadValue.min) (pl.PadValue.zero for a sum, pl.PadValue.min for a max, pl.PadValue.max for "
         "a min).")
-    assert "pad_value=0) " in total["fix"]
+    assert "pad_value=pl.PadValue.zero) " in total["fix"]
 
 
 def test_a_plain_run_of_the_padding_read_is_unchanged(tmp_path, capsys):

@@ -110,8 +110,8 @@ FIXES = {
     "resource": "Ask for less (smaller windows, fewer ranks) or raise the limit the message names.",
 }
 
-# A reduction's identity: the pad value that makes its padding change nothing.
-_PAD_IDENTITY = {"sum": "0", "prod": "1", "max": "pl.PadValue.min", "argmax": "pl.PadValue.min",
+# A reduction's identity: the pad value that makes its padding change nothing (a product's, 1, is no pad mode).
+_PAD_IDENTITY = {"sum": "pl.PadValue.zero", "prod": None, "max": "pl.PadValue.min", "argmax": "pl.PadValue.min",
                  "min": "pl.PadValue.max", "argmin": "pl.PadValue.max"}
 
 
@@ -129,9 +129,13 @@ def padding_read(rank: int, op: str, where: str, shape: tuple, valid: tuple, axi
                "nothing filled the padding (it is undefined until pl.fillpad fills it), so the device's result "
                "depends on whatever the buffer held; this run reduced the valid part only, so its numbers can "
                "differ from the device's.")
-    fix = (f"Fill the padding with the reduction's identity before {op} at {where}: "
-           f"tile = pl.fillpad(tile, pad_value={pad}) (0 for a sum, 1 for a product, pl.PadValue.min for a max, "
-           "pl.PadValue.max for a min).")
+    if pad is None:
+        fix = (f"No pad mode is a product's identity (1): before {op} at {where}, load a tile of the valid shape "
+               "(pl.load with shapes equal to the valid region, no valid_shape), so the reduction reads no padding.")
+    else:
+        fix = (f"Fill the padding with the reduction's identity before {op} at {where}: "
+               f"tile = pl.fillpad(tile, pad_value={pad}) (pl.PadValue.zero for a sum, pl.PadValue.min for a max, "
+               "pl.PadValue.max for a min).")
     return Finding("uninitialized_read", message, [rank], [loc for loc in (where, origin) if loc],
                    "8.1 silent data corruption", fix)
 
