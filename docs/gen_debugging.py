@@ -1715,6 +1715,43 @@ FEATURES: list[Bug] = [
         ''', ('race',), feature='DistributedWorker', command='check',
          twin=(('    total = float(y.sum())  # BUG: reads y before handle.result()\n    handle.result()',
            '    handle.result()\n    total = float(y.sum())'), )),
+    _bug('worker_early_np', 'worker: an output read before result(), numpy host arrays', '''
+        import ptodist
+
+        P = 2
+        NR = pl.dynamic("NR")
+
+
+        @pl.program
+        class Scale:
+            @pl.function(type=pl.FunctionType.InCore)
+            def scale(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return pl.store(pl.mul(pl.load(x, [0, 0], [1, 8]), 3.0), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def per_rank(self, x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                return self.scale(x, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                for r in pl.range(pld.world_size()):
+                    self.per_rank(x[r], y[r], device=r)
+                return y
+
+
+        compiled = ir.compile(Scale, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = ptodist.shared_array((P, 1, 8), np.float32)
+        x[...] = np.arange(P * 8).reshape(P, 1, 8)
+        y = ptodist.shared_array((P, 1, 8), np.float32)
+        with compiled.prepare() as rt:
+            handle = rt.submit(compiled, x, y)
+            total = float(y.sum())  # BUG: reads y before handle.result()
+            handle.result()
+        assert total == 3 * float(x.sum()), f"mismatch: {total}"
+        print("OK")
+        ''', ('race',), feature='DistributedWorker', command='check',
+         twin=(('    total = float(y.sum())  # BUG: reads y before handle.result()\n    handle.result()',
+               '    handle.result()\n    total = float(y.sum())'),)),
     _bug('worker_persistent', 'worker: persistent windows whose counters carry over', '''
         import torch
 

@@ -52,8 +52,14 @@ def _bounds(value) -> tuple[int, int] | None:
     if isinstance(value, np.ndarray):
         if value.size == 0:
             return None
-        lo, hi = np.byte_bounds(value)
-        return lo, hi
+        # Computed here: np.byte_bounds is gone from NumPy 2's main namespace.
+        lo = hi = value.__array_interface__["data"][0]
+        for n, stride in zip(value.shape, value.strides):
+            if stride < 0:
+                lo += (n - 1) * stride
+            else:
+                hi += (n - 1) * stride
+        return lo, hi + value.itemsize
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr") and hasattr(value, "stride"):
         try:
             n = value.numel()
