@@ -320,6 +320,46 @@ def ring_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[NR, 1
              x[r], got[r], device=r)
 
 
+@pl.jit
+def ring_no_deps(data: pl.InOut[pld.DistributedTensor[[NR, SIZE], pl.FP32]],
+                 sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]],
+                 x: pl.Tensor[[1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP) as arrived:  # noqa: F841 - the bug: no deps=[arrived] below  # @rn_waiter
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            pld.system.defer_wait(sig, [(me + n - 1) % n, 0], 1, cmp=pld.WaitCmp.Ge)
+        with pl.at(level=pl.Level.CORE_GROUP):  # @rn_reader
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            pl.store(pl.load(data, [(me + n - 1) % n, 0], [1, SIZE]), [0, 0], got)  # @rn_load
+        with pl.at(level=pl.Level.CORE_GROUP):
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            pld.tile.remote_store(pl.load(x, [0, 0], [1, SIZE]), data, (me + 1) % n, [me, 0])  # @rn_store
+            pld.system.notify(sig, (me + 1) % n, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    return got
+
+
+@pl.jit.host
+def ring_no_deps_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], got: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+    data_buf = pld.alloc_window_buffer([NR, SIZE], dtype=pl.FP32)
+    sig_buf = pld.alloc_window_buffer([NR, 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        ring_no_deps(pld.window(data_buf, [NR, SIZE], dtype=pl.FP32), pld.window(sig_buf, [NR, 1], dtype=pl.INT32),
+                     x[r], got[r], device=r)
+
+
+def test_a_reader_that_does_not_depend_on_the_waiting_task_is_told_to():
+    x = np.arange(3 * SIZE, dtype=np.float32).reshape(3, 1, SIZE)
+    report = testing.check(ring_no_deps_host, x, np.zeros_like(x), config=_config(3), schedules=1)
+    assert [f.kind for f in report.findings] == ["race"], report.render()
+    f = report.findings[0]
+    assert f.locations == [_line("rn_reader"), _line("rn_load"), _line("rn_store")], f.locations
+    assert f.fix == (f"Add deps=[arrived] to the task at {_line('rn_reader')}: only a task that depends on the task "
+                     f"waiting for the signal (at {_line('rn_waiter')}) is ordered after what the signal announces.")
+
+
 def test_a_task_after_a_deferred_wait_is_ordered_after_the_notify_it_needed():
     x = np.arange(3 * SIZE, dtype=np.float32).reshape(3, 1, SIZE)
     report = testing.check(ring_host, x, np.zeros_like(x), config=_config(3), schedules=20)

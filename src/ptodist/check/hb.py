@@ -173,6 +173,7 @@ class _Analysis:
         self.local: list = [0] * world                # global id -> its id in its rank's log
         self.vc = [{r: 1} for r in range(world)]     # global id -> vector clock (global id -> count)
         self.tokens: dict = {}                        # (rank, token) -> the clock a release kept
+        self.epochs: list = []                        # access id -> (actor, its clock at the access)
         self.cells: dict = {}
         self.shadows: dict = {}
         self.accesses: list = []          # access id -> (rank, record)
@@ -319,6 +320,7 @@ class _Analysis:
     def access(self, rank: int, rec: dict) -> None:
         aid = len(self.accesses)
         self.accesses.append((rank, rec))
+        self.epochs.append((self._gid(rank, rec), self.vc[self._gid(rank, rec)][self._gid(rank, rec)]))
         owner, buffer_id, memory = rec["owner"], rec["buffer_id"], rec.get("memory")
         write, atomic = rec["write"], rec["atomic"]
         me = self._gid(rank, rec)
@@ -404,8 +406,37 @@ class _Analysis:
                    f"  {who(ra, a)}\n  {who(rb, b)}\n"
                    "No notify/wait orders these two accesses, so the result depends on timing (in this schedule "
                    f"rank {ra}'s came first; on another, rank {rb}'s will).")
-        return Finding("race", message, sorted({ra, rb}), _unique([a["where"], b["where"]]), RACE_PITFALL,
-                       FIXES["race"])
+        locations, fix = _unique([a["where"], b["where"]]), FIXES["race"]
+        for p, q, rq, x in ((first, second, rb, b), (second, first, ra, a)):
+            waiter = self._waiter_of(p, q, rq)
+            if waiter is not None:  # the order exists on q's rank, in a task q's task does not depend on
+                task, wait = waiter
+                name = _task_id_name(wait["where"])
+                message += (f"\nOn rank {rq} the task at {wait['where']} waits for the signal that orders it after "
+                            f"{self.accesses[p][1]['where']}, but the task at {task['where']} ({x['where']}) does "
+                            "not depend on it.")
+                locations = _unique([task["where"], x["where"], self.accesses[p][1]["where"]])
+                fix = (f"Add deps=[{name}] to the task at {task['where']}: only a task that depends on the task "
+                       f"waiting for the signal (at {wait['where']}) is ordered after what the signal announces.")
+                break
+        return Finding("race", message, sorted({ra, rb}), locations, RACE_PITFALL, fix)
+
+    def _waiter_of(self, p: int, q: int, rank: int):
+        """For a race between access ``p`` and access ``q`` of a task on ``rank``: ``(the task of q, a task of that
+        rank ordered after p)`` when there is such a task and q's task is not ordered after it, else None."""
+        gq = self.epochs[q][0]
+        iq = self.info.get((rank, self.local[gq]), {})
+        if iq.get("kind", "orchestration") == "orchestration":
+            return None
+        gp, ep = self.epochs[p]
+        vq = self.vc[gq]
+        for (r, local), g in self.gids.items():
+            info = self.info.get((r, local), {})
+            if r != rank or g == gq or info.get("kind") != "task" or info.get("task_id") == iq.get("task_id"):
+                continue
+            if self.vc[g].get(gp, 0) >= ep and not vq.get(g, 0):
+                return iq, info
+        return None
 
     def _task_race(self, rank: int, a: dict, b: dict, lo: int, hi: int, owner: int, buffer_id) -> Finding:
         """A race between two actors of one rank (tasks the graph leaves unordered): the line where the missing
