@@ -126,20 +126,13 @@ def tell(runs: list[RunRecord], decisions: list, finding) -> Story:
 
 def _with_their_task(items: list[Item]) -> None:
     """Tell a task's own record (its call or pl.submit line, stamped as the task begins, by the actor that
-    starts it) with the actor that runs the task: the one that acts next on that rank; and a wait a rank
-    blocks in with the actor that ran last."""
+    starts it) with the actor that runs the task: the one that acts next on that rank."""
     after: dict[int, str] = {}
     for it in reversed(items):
         if it.what == "task" and after.get(it.rank):
             it.actor = after[it.rank]
         elif it.what not in ("task", "blocked"):
             after[it.rank] = it.actor
-    before: dict[int, str] = {}  # and a wait a rank blocks in, with the actor that was running
-    for it in items:
-        if it.what == "blocked":
-            it.actor = before.get(it.rank, "")
-        else:
-            before[it.rank] = it.actor
 
 
 def _steps(items: list[Item]) -> list[list[Item]]:
