@@ -1446,6 +1446,61 @@ FEATURES: list[Bug] = [
                              'the report names the remote_store, not the dispatch that passes a world rank as the peer'),
          twin=(('r ^ 1, device=r)  # BUG: r ^ 1 is a world rank; a peer is a rank of the domain',
            '(r ^ 1) % 2, device=r)'), )),
+    _bug('domain_slot', "comm domain: a slot index taken from another window's domain", '''
+        P = 4
+        NR = pl.dynamic("NR")
+        Row = pl.Tensor[[1, 8], pl.FP32]
+        Parts = pld.DistributedTensor[[P, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[P, 1], pl.INT32]
+        Local = pld.DistributedTensor[[1, 8], pl.FP32]
+
+
+        @pl.program
+        class Gather:
+            @pl.function(type=pl.FunctionType.InCore)
+            def contribute(self, x: Row, parts: pl.InOut[Parts], sig: pl.InOut[Sig], local: pl.InOut[Local]):
+                local = pl.store(pl.mul(pl.load(x, [0, 0], [1, 8]), 2.0), [0, 0], local)  # scratch of the workers' domain
+                me = pld.rank(pld.get_comm_ctx(local))  # BUG: a rank of the workers' domain {1, 2, 3}, not of parts' world
+                pld.tile.remote_store(pl.load(local, [0, 0], [1, 8]), parts, 0, [me, 0])
+                pld.system.notify(sig, 0, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def total(self, parts: pl.InOut[Parts], sig: pl.InOut[Sig], y: pl.Out[Row]):
+                acc = pl.full([1, 8], dtype=pl.FP32, value=0.0)
+                for src in pl.range(1, P):
+                    pld.system.wait(sig, [src, 0], 1, cmp=pld.WaitCmp.Ge)
+                    acc = pl.add(acc, pl.load(parts, [src, 0], [1, 8]))
+                return pl.store(acc, [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def worker(self, x: Row, parts: pl.InOut[Parts], sig: pl.InOut[Sig], local: pl.InOut[Local]):
+                self.contribute(x, parts, sig, local)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def root(self, parts: pl.InOut[Parts], sig: pl.InOut[Sig], y: pl.Out[Row]):
+                return self.total(parts, sig, y)
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, 8], pl.FP32]]):
+                parts_buf = pld.alloc_window_buffer([P, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([P, 1], dtype=pl.INT32)
+                local_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                parts, sig = pld.window(parts_buf, [P, 8], dtype=pl.FP32), pld.window(sig_buf, [P, 1], dtype=pl.INT32)
+                for r in pl.range(1, P):  # ranks 1..3 contribute; their scratch windows form the domain {1, 2, 3}
+                    self.worker(x[r], parts, sig, pld.window(local_buf, [1, 8], dtype=pl.FP32), device=r)
+                self.root(parts, sig, y, device=0)
+                return y
+
+
+        compiled = ir.compile(Gather, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        assert np.array_equal(compiled(x), 2 * x[1:].sum(axis=0)), "mismatch"
+        print("OK")
+        ''', ('hang*',), feature='comm domain', command='run',
+         issues=dict.fromkeys(("location", "root_first"),
+                             "the hang names the wait on the cell nobody notifies, not the cell index taken from another domain's rank"),
+         twin=(("me = pld.rank(pld.get_comm_ctx(local))  # BUG: a rank of the workers' domain {1, 2, 3}, not of parts' world",
+               'me = pld.rank(pld.get_comm_ctx(parts))'),)),
     _bug('pad_reduce', 'valid_shape: a reduction over padding without pl.fillpad', '''
         P = 2
         NR = pl.dynamic("NR")
