@@ -652,7 +652,11 @@ class RankContext(context.Context):
         if not self.graph.idle:
             self.graph.wait_overlapping(buffers)
         if self._open_actors:
-            self.events.join([t.actor for t in self._hb_tasks.overlapping(buffers)])
+            tasks = self._hb_tasks.overlapping(buffers)
+            if tasks:
+                self.events.join([t.actor for t in tasks])
+                for t in tasks:
+                    t.joined = True  # ordered before all the orchestration does next: the index may drop it
 
     def _await_all(self) -> None:
         """The orchestration waits for every task it submitted (a collective, the end of the dispatch)."""

@@ -71,6 +71,7 @@ class Task:
     named: bool = field(default=False, repr=False)  # a waiting task names it in deps=: poll it while the rank runs
     actor: int = field(default=0, repr=False)  # under the checker: the task run's actor in the event log
     holdable: bool = field(default=False, repr=False)  # may wait past its submission though ready (see choose)
+    joined: bool = field(default=False, repr=False)  # under the checker: the orchestration has waited for it
 
 
 def buffer_key(t) -> tuple[int, int]:
@@ -98,7 +99,8 @@ class _Overlaps:
         self._classes: dict[int, list] = {}       # length class -> sorted [(low, high)]
         self._entries: dict[tuple, list] = {}     # (low, high) -> [last non-manual task or None, manual tasks]
         # The checker's index keeps complete tasks too: a task that overlaps one is ordered after it on a device,
-        # however long ago it completed here.
+        # however long ago it completed here.  It drops those the orchestration has waited for (``joined``):
+        # everything submitted later is ordered after them already.
         self._keep_done = keep_done
 
     def __bool__(self) -> bool:
@@ -129,10 +131,10 @@ class _Overlaps:
                         continue
                     entry = self._entries[key]
                     last, manual = entry
-                    if last is not None and not self._keep_done and last.state == _DONE:
+                    if last is not None and (last.joined if self._keep_done else last.state == _DONE):
                         last = entry[0] = None
-                    if manual and not self._keep_done and any(t.state == _DONE for t in manual):
-                        manual[:] = [t for t in manual if t.state != _DONE]
+                    if manual and any(t.joined if self._keep_done else t.state == _DONE for t in manual):
+                        manual[:] = [t for t in manual if not (t.joined if self._keep_done else t.state == _DONE)]
                     if last is not None:
                         found.add(last)
                     found.update(manual)
