@@ -456,8 +456,10 @@ class _Analysis:
             return f"{_actor_text(i)}: {x['name']} ({what} of '{x['tensor']}') at {x['where']}"
 
         def order(i):  # tasks in submission order; the orchestration before them
-            return (-1, 0) if i.get("kind", "orchestration") == "orchestration" else \
-                (i.get("task_id", -1), i.get("block") or 0)
+            if i.get("kind", "orchestration") == "orchestration":
+                return (-1, 0)
+            tid = i.get("task_id")
+            return (tid if tid is not None else -1, i.get("block") or 0)
 
         (ea, ei), (la, li) = sorted([(a, ia), (b, ib)], key=lambda p: order(p[1]))
         root = li.get("where") or la["where"]
