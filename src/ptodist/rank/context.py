@@ -1426,6 +1426,8 @@ class RankContext(context.Context):
         # Fast path: satisfied within the first slice; what the rank waits on is published only after
         # it, for the hang report (the driver calls a hang certain only after a longer stillness).
         ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
+        if not ok and self.graph.run_ready():  # the rank's ready tasks run while it would wait (as on a device)
+            ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
         if not ok:
             loc = loc or user_location(2)
             what = what or f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"

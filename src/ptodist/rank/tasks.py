@@ -287,6 +287,11 @@ class TaskGraph:
             self._run(self.waiting[tid])
             ran_any = True
 
+    def run_ready(self) -> bool:
+        """Run the tasks that are ready (a held one among them) before the rank blocks in a wait: on a device they
+        would run meanwhile, and what the rank waits for may be theirs.  True when any ran."""
+        return bool(self._ready) and self.progress()
+
     def wait_for(self, tids=None) -> None:
         """Block until the tasks ``tids`` (all, when None) are complete, running what becomes ready meanwhile.
 
