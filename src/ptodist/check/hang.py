@@ -188,8 +188,13 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
             others = s.get("others")
             if others:
                 n = 1 + len(others) + s.get("unlisted", 0)
-                lines.append(f"      it waits for whichever of its {n} pending deferred waits holds first; "
-                             "the others:")
+                deferred = s["wait"].startswith("pld.system.defer_wait")
+                if deferred:
+                    lines.append(f"      it waits for whichever of its {n} pending deferred waits holds first; "
+                                 "the others:")
+                else:  # a wait of its own, its tasks' deferred waits completing beside it
+                    lines.append(f"      beside it, its tasks' {n - 1} pending deferred wait(s), each completing its "
+                                 "task when it holds:")
                 for o in others:
                     sym = _SYMBOLS[o["cmp"]]
                     lines.append(f"    - at {o['where']}: {o['wait']} holds {o['current']}, needs {sym} "
@@ -197,7 +202,8 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
                     if o.get("received"):  # (most received nothing: saying so for each would bury the rest)
                         _received_lines(o, lines)
                 if s.get("unlisted"):
-                    lines.append(f"    - and {s['unlisted']} more (only the {OTHER_WAITS + 1} oldest are listed)")
+                    lines.append(f"    - and {s['unlisted']} more (only the {OTHER_WAITS + deferred} oldest are "
+                                 "listed)")
         elif s["state"] == "running":
             task = f" task '{s['task']}'" if s.get("task") else ""
             if s.get("line"):

@@ -816,7 +816,7 @@ class RankContext(context.Context):
         w, byte, _idx, expected, cmp, _loc = cond
         return w.buffer.id, byte >> 2, expected, cmp is WaitCmp.Ge
 
-    def block_until_any(self, pending) -> list:
+    def block_until_any(self, pending, own=None) -> list:
         """Block until some of ``pending`` (the task graph's deferred waits) hold; return those that do, oldest
         first, each recorded as a wait that returned (the checker joins the clocks of the notifies it needed).
 
@@ -824,39 +824,57 @@ class RankContext(context.Context):
         the backend's ``wait_any`` sleeps until a notify to this rank; a hit is confirmed with the backend's
         atomic read (an ``Eq`` cell may have moved on since the look).  A wait that lasts past its first slice
         is published on the status board: the oldest pending wait in the row, the next ones with it.
+
+        ``own``: a wait of the rank's own, ``(w, byte, idx, expected, cmp, loc, what)``, that ends the block
+        too, and is the one published in the row: the rank blocks in it while its tasks' deferred waits go on
+        completing (on a device the scheduler completes them while a core waits).  Returns [] when it holds
+        first (the caller confirms it).
         """
         memory, cells = self.memory, self.memory.cells
         start = now_ns() if self.events is not None else 0
+        own_holds = None
+        if own is not None:
+            own_id, own_cell, own_expected, own_ge = own[0].buffer.id, own[1] >> 2, own[3], own[4] is WaitCmp.Ge
+
+            def own_holds() -> bool:
+                v = int(cells(own_id)[own_cell])
+                return v >= own_expected if own_ge else v == own_expected
 
         def check() -> bool:
-            return pending.any_holds(cells)
+            return (own_holds is not None and own_holds()) or pending.any_holds(cells)
 
         published = False
         while True:
-            found = pending.holding(cells)
-            if found:
-                if published:
-                    published = False
-                    self.blocked_in = None
-                    self.status.set_running(self.rank, self.task or "")
-                held = []
-                for d in found:
-                    w, byte, _idx, expected, cmp, _loc = d.cond
-                    ok, seen = memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, 0.0)
-                    if ok:
-                        self._satisfied(d.cond, seen, start)
-                        held.append(d)
-                if held:
-                    return held
-            elif published:
-                memory.wait_any(check, self.wait_slice_s)
-            elif not memory.wait_any(check, self.wait_slice_s):
-                self._publish_pending(pending, start)
-                published = True
+            if own_holds is not None and own_holds():
+                found = ()
+            else:
+                found = pending.holding(cells)
+                if not found:
+                    if published:
+                        memory.wait_any(check, self.wait_slice_s)
+                    elif not memory.wait_any(check, self.wait_slice_s):
+                        self._publish_pending(pending, start, own)
+                        published = True
+                    continue
+            if published:
+                published = False
+                self.blocked_in = None
+                self.status.set_running(self.rank, self.task or "")
+            if not found:
+                return []
+            held = []
+            for d in found:
+                w, byte, _idx, expected, cmp, _loc = d.cond
+                ok, seen = memory.cell_wait(w.buffer.id, byte, cmp is WaitCmp.Ge, expected, 0.0)
+                if ok:
+                    self._satisfied(d.cond, seen, start)
+                    held.append(d)
+            if held:
+                return held
 
-    def _publish_pending(self, pending, start: int) -> None:
-        """Say on the status board that this rank waits until any of ``pending`` holds (for a hang report)."""
-        first, *others = pending.oldest(1 + OTHER_WAITS)
+    def _publish_pending(self, pending, start: int, own=None) -> None:
+        """Say on the status board that this rank waits until any of ``pending`` holds (for a hang report); with
+        ``own`` (a wait of its own, see block_until_any), that it waits in that one, the pending ones beside it."""
         here = user_location(3)
 
         def described(cond) -> tuple:
@@ -866,6 +884,16 @@ class RankContext(context.Context):
                     f"pld.system.defer_wait on '{w.name}' (buffer '{w.buffer.name}') cell {cell}",
                     cell[0] if cell else -1)
 
+        if own is not None:
+            w, byte, idx, expected, cmp, loc, what = own
+            others = [described(d.cond) for d in pending.oldest(OTHER_WAITS)]
+            self.status.set_waiting(self.rank, w.buffer.id, byte, int(cmp is WaitCmp.Ge), expected, str(loc), what,
+                                    int(idx[0]) if len(idx) else -1, others=others, more=len(pending),
+                                    task=self.task or "")
+            if self.events is not None:
+                self.blocked_in = (w, byte, idx, expected, cmp, loc, start, self._task_rec, loop_indices())
+            return
+        first, *others = pending.oldest(1 + OTHER_WAITS)
         buffer_id, byte, ge, expected, where, what, cell0 = described(first.cond)
         self.status.set_waiting(self.rank, buffer_id, byte, ge, expected, where, what, cell0,
                                 others=[described(d.cond) for d in others], more=len(pending) - 1,
@@ -1431,8 +1459,17 @@ class RankContext(context.Context):
         if not ok:
             loc = loc or user_location(2)
             what = what or f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
+        # While tasks' deferred waits are pending, what this wait needs may come only once one of them holds and
+        # its dependants run (as a device's scheduler completes them while a core waits): wait for either.
+        while not ok and self.graph.pending:
+            held = self.block_until_any(self.graph.pending, (w, byte, idx, expected, cmp, loc, what))
+            if held:
+                self.graph.held(held)
+            else:
+                ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, 0.0)
+        if not ok:
             self.status.set_waiting(self.rank, w.buffer.id, byte, int(ge), expected, str(loc), what,
-                                    int(idx[0]) if len(idx) else -1)
+                                    int(idx[0]) if len(idx) else -1, task=self.task or "")
             if self.events is not None:
                 self.blocked_in = (w, byte, idx, expected, cmp, loc, start, self._task_rec, loop_indices())
             while not ok:

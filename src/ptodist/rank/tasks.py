@@ -292,6 +292,18 @@ class TaskGraph:
         would run meanwhile, and what the rank waits for may be theirs.  True when any ran."""
         return bool(self._ready) and self.progress()
 
+    @property
+    def pending(self) -> PendingWaits:
+        """Every incomplete task's pending deferred waits (empty, and false, when none is pending)."""
+        return self._pending
+
+    def held(self, found) -> None:
+        """Deferred waits ``found`` held while the rank blocked in a wait of its own (the rank context recorded
+        them): complete their tasks and run what that made ready."""
+        for d in found:
+            self._held(d)
+        self.progress()
+
     def wait_for(self, tids=None) -> None:
         """Block until the tasks ``tids`` (all, when None) are complete, running what becomes ready meanwhile.
 

@@ -1,0 +1,166 @@
+"""Hangs and deadlocks: no false hang from the order of a rank's pending deferred waits, and every deadlock
+reported as a hang-kind finding that names the line causing it and a fix that ends it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import source_line
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig, shared_array
+from ptodist.check import explore
+
+SIZE = 8
+SEEDS = range(20)
+
+
+def cfg(nr: int, backend: str, **kw) -> RunConfig:
+    return RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=backend, **kw)
+
+
+def on_every_seed(run, backend: str, monkeypatch) -> None:
+    """``run()`` on ``backend``: once on shm, under every sim seed of SEEDS on sim."""
+    for seed in (SEEDS if backend == "sim" else [None]):
+        if seed is not None:
+            monkeypatch.setenv("PTODIST_SIM_SEED", str(seed))
+        run()
+
+
+def clean_under_check(run) -> None:
+    """``run()`` under ``ptodist check``'s 20 schedules: no finding in any of them."""
+    for seed in SEEDS:
+        with explore.checking(seed) as session:
+            run()
+        assert session.findings == [], (seed, [f.render() for f in session.findings])
+
+
+# ---------------------------------------------------------------------------
+# A wait the rank blocks in while its tasks' deferred waits are pending
+# ---------------------------------------------------------------------------
+# Rank 0 submits `hello` (deferred waits on the peer's hello: Eq on buffer `sig`; in a `pl.spmd(2)` region, one
+# per block) and its dependant, which asks the peer for its answer; then it waits, in the orchestration or inside
+# a later task, for that answer (Ge on buffer `answer`).  The answer comes only after the dependant ran, which
+# needs `hello` complete: a rank that blocks in its own wait alone, not completing its tasks' deferred waits
+# meanwhile, hangs here; a device does not.
+ORCHESTRATION, TASK, SPMD = 0, 1, 2
+
+
+@pl.jit
+def ask_after_hello(sig: pl.InOut[pld.DistributedTensor[[3], pl.INT32]],
+                    answer: pl.InOut[pld.DistributedTensor[[1], pl.INT32]],
+                    got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], mode: pl.Scalar[pl.INT32]):
+    with pl.manual_scope():
+        if mode == SPMD:
+            with pl.spmd(2) as hello:
+                pld.system.defer_wait(sig, [pl.get_block_idx()], 1, cmp=pld.WaitCmp.Eq)
+        else:
+            with pl.at(level=pl.Level.CORE_GROUP) as hello:
+                pld.system.defer_wait(sig, [0], 1, cmp=pld.WaitCmp.Eq)
+        with pl.at(level=pl.Level.CORE_GROUP, deps=[hello]):
+            pld.system.notify(sig, 1, [2], 1, op=pld.NotifyOp.AtomicAdd)  # now send the answer
+        if mode == TASK:
+            with pl.at(level=pl.Level.CORE_GROUP):
+                pld.system.wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)
+                got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
+    if mode != TASK:
+        pld.system.wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)
+        got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
+    return got
+
+
+@pl.jit
+def hello_then_answer(sig: pl.InOut[pld.DistributedTensor[[3], pl.INT32]],
+                      answer: pl.InOut[pld.DistributedTensor[[1], pl.INT32]],
+                      got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], mode: pl.Scalar[pl.INT32]):
+    pld.system.notify(sig, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)
+    pld.system.notify(sig, 0, [1], 1, op=pld.NotifyOp.AtomicAdd)
+    pld.system.wait(sig, [2], 1, cmp=pld.WaitCmp.Ge)
+    pld.system.notify(answer, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)
+    got[:] = pl.full([1, SIZE], 5.0, pl.FP32)
+    return got
+
+
+@pl.jit.host
+def ask_host(got: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]], mode: pl.Scalar[pl.INT32]):
+    sig_buf = pld.alloc_window_buffer([3], dtype=pl.INT32)
+    answer_buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+    windows = (pld.window(sig_buf, [3], dtype=pl.INT32), pld.window(answer_buf, [1], dtype=pl.INT32))
+    ask_after_hello(*windows, got[0], mode, device=0)
+    hello_then_answer(*windows, got[1], mode, device=1)
+
+
+MODES = pytest.mark.parametrize("mode", [ORCHESTRATION, TASK, SPMD], ids=["orchestration", "task", "spmd"])
+
+
+def _ask(backend: str, mode: int) -> None:
+    got = np.zeros((2, 1, SIZE), np.float32)
+    ask_host.compile(got, mode, config=cfg(2, backend, hang_timeout_s=30.0))(got, mode)
+    np.testing.assert_array_equal(got[:, 0, 0], [3.0, 5.0])
+
+
+@MODES
+def test_a_wait_that_needs_a_pending_deferred_wait_completed_first_completes(backend, monkeypatch, mode):
+    on_every_seed(lambda: _ask(backend, mode), backend, monkeypatch)
+
+
+@MODES
+def test_a_wait_that_needs_a_pending_deferred_wait_completed_first_is_clean_under_check(mode):
+    clean_under_check(lambda: _ask("sim", mode))
+
+
+def test_a_wait_that_needs_a_pending_deferred_wait_completed_first_completes_in_worker_dispatches(backend,
+                                                                                              monkeypatch):
+    got = shared_array((2, 1, SIZE), np.float32)
+    monkeypatch.setenv("PTODIST_SIM_SEED", "3")
+    compiled = ask_host.compile(got, ORCHESTRATION, config=cfg(2, backend, hang_timeout_s=30.0))
+    with compiled.prepare() as rt:
+        for mode in (ORCHESTRATION, TASK, SPMD, ORCHESTRATION):
+            got[:] = 0
+            rt(got, mode)
+            np.testing.assert_array_equal(got[:, 0, 0], [3.0, 5.0])
+
+
+@pl.jit
+def wait_beside_a_pending_deferred_wait(sig: pl.InOut[pld.DistributedTensor[[3], pl.INT32]],
+                                        answer: pl.InOut[pld.DistributedTensor[[1], pl.INT32]],
+                                        got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    with pl.manual_scope():
+        with pl.at(level=pl.Level.CORE_GROUP):
+            pld.system.defer_wait(sig, [0], 1, cmp=pld.WaitCmp.Eq)  # @never notified
+    pld.system.wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)  # @never answered
+    return got
+
+
+@pl.jit.host
+def never_answered_host(got: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
+    sig_buf = pld.alloc_window_buffer([3], dtype=pl.INT32)
+    answer_buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+    for r in pl.range(2):
+        wait_beside_a_pending_deferred_wait(pld.window(sig_buf, [3], dtype=pl.INT32),
+                                            pld.window(answer_buf, [1], dtype=pl.INT32), got[r], device=r)
+
+
+def test_a_hang_in_a_wait_beside_pending_deferred_waits_names_both(backend):
+    from ptodist.check import findings
+    from ptodist.errors import HangError
+
+    got = np.zeros((2, 1, SIZE), np.float32)
+    wait_line = f"test_hang_kinds.py:{source_line(wait_beside_a_pending_deferred_wait, '@never answered')}"
+    deferred_line = f"test_hang_kinds.py:{source_line(wait_beside_a_pending_deferred_wait, '@never notified')}"
+    with pytest.raises(HangError) as info:
+        never_answered_host.compile(got, config=cfg(2, backend, hang_timeout_s=30.0))(got)
+    msg = str(info.value)
+    lines = msg.splitlines()
+    for r in range(2):
+        i = next(i for i, t in enumerate(lines) if t.startswith(f"  rank {r} (device {r}): blocked at "))
+        assert f"{wait_line} in kernel 'wait_beside_a_pending_deferred_wait': pld.system.wait on 'answer' (buffer " \
+            "'answer_buf') cell [0] holds 0, needs >= 1 (waiting " in lines[i], msg
+        assert lines[i + 2] == ("      beside it, its tasks' 1 pending deferred wait(s), each completing its task "
+                                "when it holds:"), msg
+        assert deferred_line in lines[i + 3] and lines[i + 3].endswith(
+            "pld.system.defer_wait on 'sig' (buffer 'sig_buf') cell [0] holds 0, needs == 1"), msg
+    (finding,) = findings.from_exception(info.value)
+    assert finding.kind == "hang"
+    assert [loc.rsplit("/", 1)[-1] for loc in finding.locations][:2] == [wait_line, deferred_line]
