@@ -1622,8 +1622,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), 4 * x + 6), "mismatch"
         print("OK")
         ''', ('hang*',), feature='cross-core pipe', command='run',
-         issues=dict.fromkeys(("kind", "root_first"),
-                             "a deadlock between a mixed kernel's halves is filed as invalid_argument"),
          twin=(('            t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)  # BUG: never pl.system.tfree_to_aic(t)\n            acc = pl.tile.add(acc, t)',
            '            t = pl.tile.tpop_from_aic(shape=[M // 2, N], dtype=pl.FP32, split=1)\n            acc = pl.tile.add(acc, t)\n            pl.system.tfree_to_aic(t)'), )),
     _bug('pipe_push_k', 'pipes: a tpush inside the K loop', '''
@@ -1674,8 +1672,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(a, b), np.maximum(a @ b, 0)), "mismatch"
         print("OK")
         ''', ('hang*',), feature='cross-core pipe', command='run',
-         issues=dict.fromkeys(("kind",),
-                             "a deadlock between a mixed kernel's halves is filed as invalid_argument"),
          twin=(('            pl.tile.tpush_to_aiv(acc, split=1)  # BUG: inside the K loop: push once, after it',
            '        pl.tile.tpush_to_aiv(acc, split=1)'), )),
     _bug('a2av', 'all_to_all_v: blocks read at the running count instead of their slots', '''
@@ -1999,6 +1995,68 @@ FEATURES: list[Bug] = [
         assert np.array_equal(y[0], 2 * x[1]), "mismatch"
         print("OK")
         ''', feature='deferred wait', command='check'),
+    _bug('defer_then_wait', 'deferred wait: a blocking wait that needs a pending deferred wait to complete first', '''
+        P = 2
+        NR = pl.dynamic("NR")
+        Row = pl.Tensor[[1, 8], pl.FP32]
+        Win = pld.DistributedTensor[[1, 8], pl.FP32]
+        Sig = pld.DistributedTensor[[2], pl.INT32]  # [0]: hello, [1]: request
+        Done = pld.DistributedTensor[[1], pl.INT32]  # the data was sent
+
+
+        @pl.program
+        class Handshake:
+            @pl.function(type=pl.FunctionType.InCore)
+            def hello_seen(self, sig: pl.InOut[Sig]):
+                pld.system.defer_wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def request(self, sig: pl.InOut[Sig]):
+                pld.system.notify(sig, 1, [1], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def take(self, data: pl.InOut[Win], done: pl.InOut[Done], y: pl.Out[Row]):
+                pld.system.wait(done, [0], 1, cmp=pld.WaitCmp.Ge)  # needs the request, which waits for the hello
+                return pl.store(pl.mul(pl.load(data, [0, 0], [1, 8]), 2.0), [0, 0], y)
+
+            @pl.function(type=pl.FunctionType.InCore)
+            def serve(self, x: Row, data: pl.InOut[Win], sig: pl.InOut[Sig], done: pl.InOut[Done]):
+                pld.system.notify(sig, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)  # hello
+                pld.system.wait(sig, [1], 1, cmp=pld.WaitCmp.Ge)  # the request
+                pld.tile.remote_store(pl.load(x, [0, 0], [1, 8]), data, 0, [0, 0])
+                pld.system.notify(done, 0, [0], 1, op=pld.NotifyOp.AtomicAdd)
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def client(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig], done: pl.InOut[Done]):
+                with pl.manual_scope():
+                    _, seen = pl.submit(self.hello_seen, sig)
+                    pl.submit(self.request, sig, deps=[seen])
+                self.take(data, done, y)
+                return y
+
+            @pl.function(type=pl.FunctionType.Orchestration)
+            def server(self, x: Row, y: pl.Out[Row], data: pl.InOut[Win], sig: pl.InOut[Sig], done: pl.InOut[Done]):
+                self.serve(x, data, sig, done)
+                return y
+
+            @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+            def host(self, x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+                data_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+                sig_buf = pld.alloc_window_buffer([2], dtype=pl.INT32)
+                done_buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+                data, sig = pld.window(data_buf, [1, 8], dtype=pl.FP32), pld.window(sig_buf, [2], dtype=pl.INT32)
+                done = pld.window(done_buf, [1], dtype=pl.INT32)
+                self.client(x[0], y[0], data, sig, done, device=0)
+                self.server(x[1], y[1], data, sig, done, device=1)
+                return y
+
+
+        compiled = ir.compile(Handshake, platform="a2a3sim", distributed_config=DistributedConfig(device_ids=list(range(P))))
+        x = np.arange(P * 8, dtype=np.float32).reshape(P, 1, 8)
+        y = compiled(x)
+        assert np.array_equal(y[0], 2 * x[1]), "mismatch"
+        print("OK")
+        ''', feature='deferred wait', command='check'),
 ]
 
 BY_NAME = {bug.name: bug for bug in ZOO + FEATURES}
@@ -2241,8 +2299,9 @@ def features_section() -> str:
         [`docs/gen_debugging.py`](gen_debugging.py), holds one realistic bug per
         feature of the execution model (task graphs, deferred waits, comm
         domains, valid shapes, cross-core pipes, `all_to_all_v`, workers, chip
-        placement, L2 programs), each with its fixed twin, and one correct
-        program (a deferred wait that holds only after a younger one). Each
+        placement, L2 programs), each with its fixed twin, and two correct
+        programs whose deferred waits hold in another order than they were
+        submitted in (a device's scheduler waits for any of them). Each
         program's `# BUG` marks the root line, where the fix belongs (the task's
         `deps=`, the dispatch, the `prepare()` option), which is not always
         where the bug shows. `tests/test_bug_zoo.py` runs them (and the twins
