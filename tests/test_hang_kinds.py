@@ -9,7 +9,7 @@ from conftest import source_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RunConfig, shared_array
+from ptodist import DistributedConfig, RunConfig, ir, shared_array
 from ptodist.check import explore
 
 SIZE = 8
@@ -164,3 +164,144 @@ def test_a_hang_in_a_wait_beside_pending_deferred_waits_names_both(backend):
     (finding,) = findings.from_exception(info.value)
     assert finding.kind == "hang"
     assert [loc.rsplit("/", 1)[-1] for loc in finding.locations][:2] == [wait_line, deferred_line]
+
+
+# ---------------------------------------------------------------------------
+# A deadlock between a mixed kernel's halves is a hang, named at the line that causes it
+# ---------------------------------------------------------------------------
+MM, KK, NN = 8, 32, 8
+Mat = pl.Tensor[[MM, NN], pl.FP32]
+
+
+@pl.program
+class NoFree:
+    """The vector lanes pop the cube's 4 tiles from a 2-slot pipe and free none: the cube's third push waits."""
+
+    @pl.function(type=pl.FunctionType.AIC)
+    def producer(self, x: Mat, out: pl.Out[Mat]):
+        pl.aic_initialize_pipe(dir_mask=1, slot_size=MM * NN * 4, slot_num=2)
+        for k in pl.range(4):
+            pl.tile.tpush_to_aiv(pl.tile.add(pl.load(x, [0, 0], [MM, NN]), float(k)), split=1)  # @push
+
+    @pl.function(type=pl.FunctionType.AIV)
+    def consumer(self, x: Mat, out: pl.Out[Mat]):
+        pl.aiv_initialize_pipe(dir_mask=1, slot_size=MM * NN * 4, slot_num=2)
+        acc = pl.full([MM // 2, NN], dtype=pl.FP32, value=0.0)
+        for k in pl.range(4):
+            t = pl.tile.tpop_from_aic(shape=[MM // 2, NN], dtype=pl.FP32, split=1)  # @pop, never freed
+            acc = pl.tile.add(acc, t)
+        return pl.store(acc, [int(pl.get_subblock_idx()) * (MM // 2), 0], out)
+
+    @pl.function(type=pl.FunctionType.Group)
+    def fused(self, x: Mat, out: pl.Out[Mat]):
+        self.producer(x, out)
+        return self.consumer(x, out)
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def per_rank(self, x: Mat, out: pl.Out[Mat]):
+        return self.fused(x, out)
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host(self, x: pl.Tensor[[2, MM, NN], pl.FP32], out: pl.Out[pl.Tensor[[2, MM, NN], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            self.per_rank(x[r], out[r], device=r)
+        return out
+
+
+@pl.program
+class PushInLoop:
+    """The cube pushes its running sum at every K step; the vector lanes pop once: the cube's push waits."""
+
+    @pl.function(type=pl.FunctionType.AIC)
+    def mm(self, a: pl.Tensor[[MM, KK], pl.FP32], b: pl.Tensor[[KK, NN], pl.FP32], out: pl.Out[Mat]):
+        pl.aic_initialize_pipe(dir_mask=1, slot_size=MM * NN * 4, slot_num=2)
+        acc = pl.full([MM, NN], dtype=pl.FP32, value=0.0)
+        for k in pl.range(0, KK, 8):
+            acc = pl.add(acc, pl.matmul(pl.load(a, [0, k], [MM, 8]), pl.load(b, [k, 0], [8, NN])))
+            pl.tile.tpush_to_aiv(acc, split=1)  # @push in the K loop
+
+    @pl.function(type=pl.FunctionType.AIV)
+    def relu(self, a: pl.Tensor[[MM, KK], pl.FP32], b: pl.Tensor[[KK, NN], pl.FP32], out: pl.Out[Mat]):
+        pl.aiv_initialize_pipe(dir_mask=1, slot_size=MM * NN * 4, slot_num=2)
+        t = pl.tile.tpop_from_aic(shape=[MM // 2, NN], dtype=pl.FP32, split=1)
+        r = pl.maximum(t, pl.full([MM // 2, NN], dtype=pl.FP32, value=0.0))
+        pl.system.tfree_to_aic(t)
+        return pl.store(r, [int(pl.get_subblock_idx()) * (MM // 2), 0], out)
+
+    @pl.function(type=pl.FunctionType.Group)
+    def fused(self, a: pl.Tensor[[MM, KK], pl.FP32], b: pl.Tensor[[KK, NN], pl.FP32], out: pl.Out[Mat]):
+        self.mm(a, b, out)
+        return self.relu(a, b, out)
+
+    @pl.function(type=pl.FunctionType.Orchestration)
+    def per_rank(self, a: pl.Tensor[[MM, KK], pl.FP32], b: pl.Tensor[[KK, NN], pl.FP32], out: pl.Out[Mat]):
+        return self.fused(a, b, out)
+
+    @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+    def host(self, a: pl.Tensor[[2, MM, KK], pl.FP32], b: pl.Tensor[[2, KK, NN], pl.FP32],
+             out: pl.Out[pl.Tensor[[2, MM, NN], pl.FP32]]):
+        for r in pl.range(pld.world_size()):
+            self.per_rank(a[r], b[r], out[r], device=r)
+        return out
+
+
+def _no_free(backend: str):
+    x = np.arange(2 * MM * NN, dtype=np.float32).reshape(2, MM, NN)
+    return ir.compile(NoFree, config=cfg(2, backend))(x, np.zeros_like(x))
+
+
+def _push_in_loop(backend: str):
+    a, b = np.ones((2, MM, KK), np.float32), np.ones((2, KK, NN), np.float32)
+    return ir.compile(PushInLoop, config=cfg(2, backend))(a, b, np.zeros((2, MM, NN), np.float32))
+
+
+def _here(fn, text: str) -> str:
+    return f"{__file__}:{source_line(fn, text)}"
+
+
+def _pipe_findings(run, backend: str) -> list:
+    from ptodist.check import findings
+    from ptodist.errors import KernelDeadlockError, KernelValueError, RankError
+
+    with pytest.raises(RankError) as info:
+        run(backend)
+    for f in info.value.failures:
+        assert isinstance(f.exception, KernelDeadlockError) and isinstance(f.exception, KernelValueError), f
+    return findings.from_exception(info.value)
+
+
+def test_a_pop_never_freed_on_a_full_pipe_is_a_hang_at_the_pop(backend):
+    pop, push = _here(NoFree.consumer, "@pop"), _here(NoFree.producer, "@push")
+    (f,) = _pipe_findings(_no_free, backend)
+    assert f.kind == "hang" and f.ranks == [0, 1] and f.docs == "docs/pitfalls.md#all-ranks-hang"
+    assert f.locations[:2] == [pop, push]
+    assert f.message.startswith(
+        f"rank 0 (device 0) in task 'fused': KernelDeadlockError: mixed kernel 'fused' deadlocked: no half can go "
+        f"on. AIC (cube) 'producer' waits in pl.tpush_to_aiv at {push} (pipe 0 (cube->vector), lane 0: all 2 slots "
+        "are taken (0 pushed and not popped, 2 popped and not released)); "), f.message
+    assert f.fix == (f"Free each popped tile once it is consumed: call pl.tfree_to_aic(tile) after the "
+                     f"pl.tpop_from_aic at {pop}, in the same loop iteration, so that the pl.tpush_to_aiv at {push} "
+                     "finds a free slot (pipe 0 (cube->vector) has 2 slots: a producer runs at most 2 tiles ahead of "
+                     "its consumer).")
+
+
+def test_a_push_inside_the_k_loop_is_a_hang_at_the_push(backend):
+    push = _here(PushInLoop.mm, "@push in the K loop")
+    (f,) = _pipe_findings(_push_in_loop, backend)
+    assert f.kind == "hang" and f.ranks == [0, 1]
+    assert f.locations[0] == push
+    assert f.message.startswith(
+        f"rank 0 (device 0) in task 'fused': KernelDeadlockError: mixed kernel 'fused' deadlocked: no half can go "
+        f"on. AIC (cube) 'mm' waits in pl.tpush_to_aiv at {push} (pipe 0 (cube->vector), lane 0: all 2 slots are "
+        "taken (2 pushed and not popped, 0 popped and not released)); AIV lane 0 (vector) 'relu' has ended"), f.message
+    assert f.fix == (f"Match the pushes to the pops: the pl.tpush_to_aiv at {push} runs more often than AIV lane 0 "
+                     "(vector) 'relu' pops (ended after 1 pop(s), 2 pushed tile(s) unpopped). Push once per tile the "
+                     "consumer pops: a push inside a loop whose pop is outside it pushes every iteration (move it "
+                     "after the loop), or pop in a loop of the same trip count.")
+
+
+@pytest.mark.parametrize("run", [_no_free, _push_in_loop], ids=["no_free", "push_in_loop"])
+def test_a_pipe_deadlock_is_a_hang_under_check(run):
+    outcome = explore.run_checked(lambda: run("sim"), 0)
+    assert [f.kind for f in outcome.findings] == ["hang"], [f.render() for f in outcome.findings]
+    assert outcome.findings[0].fix.startswith(("Free each popped tile", "Match the pushes to the pops"))

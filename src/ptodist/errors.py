@@ -185,6 +185,17 @@ class KernelValueError(KernelError, ValueError):
     """An operation inside a rank got a value outside its range."""
 
 
+class KernelDeadlockError(KernelValueError):
+    """The halves of a mixed kernel (its cube and vector lanes) wait for one another and none can go on.
+
+    A deadlock, reported as a hang (kind ``hang``): ``locations`` put the line that causes it first (the pop
+    whose tile is never freed, the push that outnumbers the pops) and ``fix`` says what to change there.
+    """
+
+    kind = "hang"
+    pitfall = "8.1 all ranks hang"
+
+
 class KernelIndexError(KernelError, IndexError):
     """A tile or RMA region lies outside its tensor or window."""
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 
 from .. import context
-from ..errors import KernelValueError, ProgramError
+from ..errors import KernelDeadlockError, KernelValueError, ProgramError
 from ..language import mixed
 from ..language.ops.pipes import GroupState, Half, Pending, enter_half
 
@@ -184,7 +184,9 @@ class CoreGroup:
                 half.pending, half.ready = None, None
 
     # -- reports --------------------------------------------------------------------------------------
-    def _deadlock(self) -> KernelValueError:
+    def _deadlock(self) -> KernelDeadlockError:
+        """The error for a kernel whose halves wait for one another: the message says what each half waits in;
+        ``locations`` and ``fix`` name the line that causes it (a pop never freed, a push the pops do not match)."""
         blocked = [h for h in self.halves if not h.done and h.pending is not None]
         # A pop whose producers have all ended waits for a tile that was never pushed.
         for h in blocked:
@@ -193,10 +195,25 @@ class CoreGroup:
             if p.pop and producers and all(x.done for x in producers):
                 pipe = p.pipe
                 who = " and ".join(dict.fromkeys(x.label for x in producers))
-                return KernelValueError(
+                return _deadlock_error(
                     f"mixed kernel '{self.name}': {p.op} at {p.site} on {h.label} pops a tile that was never pushed: "
                     f"{pipe.desc} is empty and {who} ended after {pipe.pushes} push(es) on it. Push one more tile "
-                    "on the producer side, or remove this pop.")
+                    "on the producer side, or remove this pop.", [p.site],
+                    f"Match the pushes to the pops: {who} pushed {pipe.pushes} tile(s) on {pipe.desc}, and {p.op} at "
+                    f"{p.site} pops one more. Push once per pop (a push and its pop in loops of the same trip "
+                    "count), or remove this pop.")
+        for h in blocked:
+            cause = self._full_ring(h)
+            if cause is not None:
+                locations, fix = cause
+                return _deadlock_error(self._deadlock_text(), locations, fix)
+        return _deadlock_error(
+            self._deadlock_text(), [h.pending.site for h in blocked],
+            "Make every push meet a pop on the other side, free every popped tile before the producer needs its "
+            "slot again (a producer runs at most slot_num tiles ahead of its consumer), and have every lane reach "
+            "each pl.system.syncall.")
+
+    def _deadlock_text(self) -> str:
         lines = []
         for h in self.halves:
             if h.done:
@@ -205,10 +222,49 @@ class CoreGroup:
                 lines.append(f"{h.label} waits in {h.pending.op} at {h.pending.site} ({h.pending.what()})")
             else:
                 lines.append(f"{h.label} has not started")
-        return KernelValueError(
-            f"mixed kernel '{self.name}' deadlocked: no half can go on. " + "; ".join(lines) + ". Every push needs "
-            "a pop on the other side, every popped tile a tfree before the producer needs its slot again; a "
-            "producer may run at most slot_num tiles ahead of its consumer.")
+        return (f"mixed kernel '{self.name}' deadlocked: no half can go on. " + "; ".join(lines) + ". Every push "
+                "needs a pop on the other side, every popped tile a tfree before the producer needs its slot again; "
+                "a producer may run at most slot_num tiles ahead of its consumer.")
+
+    def _full_ring(self, h: Half) -> tuple[list[str], str] | None:
+        """Why the push ``h`` waits in finds its ring full, as ``(locations, fix)``: popped tiles never freed, or
+        more pushes than the consumer pops (None when ``h`` waits in something else)."""
+        p = h.pending
+        pipe = p.pipe
+        if p.pop or pipe is None:
+            return None
+        depth = self.state.depth(pipe.id)
+        c2v = pipe.direction == "C2V"
+        pop, free = ("pl.tpop_from_aic", "pl.tfree_to_aic") if c2v else ("pl.tpop_from_aiv", "pl.tfree_to_aiv")
+        lanes = range(len(pipe.rings)) if c2v else [h.lane]
+        lane = next((i for i in lanes if pipe.rings[i].taken >= depth), None)
+        if lane is None:
+            return None
+        ring = pipe.rings[lane]
+        consumer = next((x for x in self.halves if x.role != h.role and (not c2v or x.lane == lane)), None)
+        if ring.held:
+            pop_site = ring.held[0][1]
+            return [pop_site, p.site], (
+                f"Free each popped tile once it is consumed: call {free}(tile) after the {pop} at {pop_site}, in "
+                f"the same loop iteration, so that the {p.op} at {p.site} finds a free slot ({pipe.desc} has "
+                f"{depth} slots: a producer runs at most {depth} tiles ahead of its consumer).")
+        state = "ended" if consumer is None or consumer.done else f"waits in {consumer.pending.op} at " \
+            f"{consumer.pending.site}" if consumer.pending is not None else "has not started"
+        pops = pipe.pushes - len(ring.ready) if c2v else None
+        popped = f" after {pops} pop(s)" if pops is not None else ""
+        who = consumer.label if consumer is not None else "the consumer"
+        return [p.site], (
+            f"Match the pushes to the pops: the {p.op} at {p.site} runs more often than {who} pops ({state}"
+            f"{popped}, {len(ring.ready)} pushed tile(s) unpopped). Push once per tile the consumer pops: a push "
+            "inside a loop whose pop is outside it pushes every iteration (move it after the loop), or pop in a "
+            "loop of the same trip count.")
+
+
+def _deadlock_error(message: str, locations: list[str], fix: str) -> KernelDeadlockError:
+    error = KernelDeadlockError(message)
+    error.locations = [loc for loc in dict.fromkeys(locations) if loc]
+    error.fix = fix
+    return error
 
 
 def run_core_group(aic, aiv, *args, lanes: int = LANES, split=None, name: str | None = None, **kwargs) -> tuple:

@@ -50,7 +50,7 @@ class Pending:
     site: str
     what: Callable[[], str]  # the pipe (or buffer) and why it cannot go on, said when asked
     pop: bool = False  # a pop: without a producer left it can never be satisfied
-    pipe: object = None
+    pipe: object = None  # the pipe a push or pop waits on
 
 
 @dataclass(eq=False)
@@ -363,7 +363,7 @@ def tpush_to_aiv(tile: Tile, *, split: int, lane_stride: int | None = None, id: 
         _check_slot_size("tpush_to_aiv", state, pid, part)
     pipe, site, lanes = state.pipe("C2V", pid), _site(), list(range(state.lanes))
     half.group.wait_until(half, _room(state, pipe, lanes),
-                          Pending("pl.tpush_to_aiv", site, lambda: _full_reason(state, pipe, lanes)))
+                          Pending("pl.tpush_to_aiv", site, lambda: _full_reason(state, pipe, lanes), pipe=pipe))
     for ring in pipe.rings:  # a slot the consumer freed is reused after what it did before the free
         _acquire(ring.freed)
         ring.freed.clear()
@@ -382,7 +382,8 @@ def tpush_to_aic(tile: Tile, *, split: int, id: int | None = None) -> None:
     _check_slot_size("tpush_to_aic", state, pid, tile)
     pipe, site = state.pipe("V2C", pid), _site()
     half.group.wait_until(half, _room(state, pipe, [half.lane]),
-                          Pending("pl.tpush_to_aic", site, lambda: _full_reason(state, pipe, [half.lane])))
+                          Pending("pl.tpush_to_aic", site, lambda: _full_reason(state, pipe, [half.lane]),
+                                  pipe=pipe))
     ring = pipe.rings[half.lane]
     _acquire(ring.freed)
     ring.freed.clear()
