@@ -1347,8 +1347,6 @@ FEATURES: list[Bug] = [
         assert np.array_equal(compiled(x), np.roll(x, 1, axis=0)), "mismatch"
         print("OK")
         ''', ('hang*',), feature='deferred wait', command='run',
-         issues=dict.fromkeys(("location", "root_first"),
-                             'the hang names the defer_wait, not the implicit overlap edge of the task that shares its signal'),
          twin=(('pl.submit(self.send, x, data, sig)  # BUG: shares sig with the waiting task, so it runs after it',
            'pl.submit(self.send, x, data, pl.no_dep(sig))'), )),
     _bug('defer_no_deps', 'deferred wait: the consumer depends on the send, not on the arrival', '''

@@ -187,7 +187,7 @@ class NoFree:
     def consumer(self, x: Mat, out: pl.Out[Mat]):
         pl.aiv_initialize_pipe(dir_mask=1, slot_size=MM * NN * 4, slot_num=2)
         acc = pl.full([MM // 2, NN], dtype=pl.FP32, value=0.0)
-        for k in pl.range(4):
+        for _ in pl.range(4):
             t = pl.tile.tpop_from_aic(shape=[MM // 2, NN], dtype=pl.FP32, split=1)  # @pop, never freed
             acc = pl.tile.add(acc, t)
         return pl.store(acc, [int(pl.get_subblock_idx()) * (MM // 2), 0], out)
@@ -305,3 +305,106 @@ def test_a_pipe_deadlock_is_a_hang_under_check(run):
     outcome = explore.run_checked(lambda: run("sim"), 0)
     assert [f.kind for f in outcome.findings] == ["hang"], [f.render() for f in outcome.findings]
     assert outcome.findings[0].fix.startswith(("Free each popped tile", "Match the pushes to the pops"))
+
+
+# ---------------------------------------------------------------------------
+# A deferred wait hung behind an implicit overlap edge on its signal: the report names the edge
+# ---------------------------------------------------------------------------
+Row = pl.Tensor[[1, SIZE], pl.FP32]
+RingWin = pld.DistributedTensor[[2, SIZE], pl.FP32]
+RingSig = pld.DistributedTensor[[2, 1], pl.INT32]
+
+
+def ring_program(no_dep: bool):
+    """Each rank sends its row to its right neighbour and takes its left neighbour's once it arrived.  The task that
+    waits for the arrival (a deferred wait on `sig`) is submitted before the task that sends, which takes `sig` too:
+    unless `sig` is passed as pl.no_dep, the send is queued behind the waiting task, on every rank."""
+
+    @pl.program
+    class Ring:
+        @pl.function(type=pl.FunctionType.InCore)
+        def arrive(self, sig: pl.InOut[RingSig]):
+            ctx = pld.get_comm_ctx(sig)
+            left = (pld.rank(ctx) + pld.nranks(ctx) - 1) % pld.nranks(ctx)
+            pld.system.defer_wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)  # @arrival
+
+        @pl.function(type=pl.FunctionType.InCore)
+        def send(self, x: Row, data: pl.InOut[RingWin], sig: pl.InOut[RingSig]):
+            ctx = pld.get_comm_ctx(sig)
+            me, n = pld.rank(ctx), pld.nranks(ctx)
+            pld.tile.remote_store(pl.load(x, [0, 0], [1, SIZE]), data, (me + 1) % n, [me, 0])
+            pld.system.notify(sig, (me + 1) % n, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+        @pl.function(type=pl.FunctionType.InCore)
+        def take(self, data: pl.InOut[RingWin], y: pl.Out[Row]):
+            ctx = pld.get_comm_ctx(data)
+            left = (pld.rank(ctx) + pld.nranks(ctx) - 1) % pld.nranks(ctx)
+            return pl.store(pl.load(data, [left, 0], [1, SIZE]), [0, 0], y)
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def per_rank(self, x: Row, y: pl.Out[Row], data: pl.InOut[RingWin], sig: pl.InOut[RingSig]):
+            _, arrived = pl.submit(self.arrive, sig)  # @submit arrive
+            pl.submit(self.send, x, data, pl.no_dep(sig) if no_dep else sig)  # @submit send
+            pl.submit(self.take, data, y, deps=[arrived])
+            return y
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[2, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
+            data_buf = pld.alloc_window_buffer([2, SIZE], dtype=pl.FP32)
+            sig_buf = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.per_rank(x[r], y[r], pld.window(data_buf, [2, SIZE], dtype=pl.FP32),
+                              pld.window(sig_buf, [2, 1], dtype=pl.INT32), device=r)
+            return y
+
+    return Ring
+
+
+RING, RING_FIXED = ring_program(False), ring_program(True)
+
+
+def _ring(program, backend: str) -> None:
+    x = np.arange(2 * SIZE, dtype=np.float32).reshape(2, 1, SIZE)
+    y = ir.compile(program, config=cfg(2, backend, hang_timeout_s=30.0))(x)
+    np.testing.assert_array_equal(y, np.roll(x, 1, axis=0))
+
+
+def test_a_deferred_wait_hung_behind_an_implicit_edge_on_its_signal_names_the_edge(backend):
+    from ptodist.check import findings
+    from ptodist.errors import HangError
+
+    per_rank = RING.per_rank
+    send, arrive = _here(per_rank, "@submit send"), _here(per_rank, "@submit arrive")
+    arrival = _here(RING.arrive, "@arrival")
+    with pytest.raises(HangError) as info:
+        _ring(RING, backend)
+    msg = str(info.value)
+    cause = next(line for line in msg.splitlines() if line.startswith("Likely cause: "))
+    assert cause == (
+        f"Likely cause: on rank 0, task 'send' (submitted at {send}) takes 'sig' (buffer 'sig_buf'), as does task "
+        f"'arrive' (submitted at {arrive}), whose pld.system.defer_wait at {arrival} watches it; outside a "
+        "pl.manual_scope a task shares a tensor with an earlier unfinished one only after it completes, so 'send' is "
+        "queued until that deferred wait holds. If that task is what satisfies the wait (its notify, or a peer's "
+        "that answers it), the two wait for each other: the queued task for the deferred wait, the deferred wait "
+        "for the queued task. Pass the signal to the queued task as pl.no_dep(sig), or submit both in a "
+        "pl.manual_scope()."), msg
+    (f,) = findings.from_exception(info.value)
+    assert f.kind == "hang" and f.ranks == [0, 1]
+    assert f.locations == [send, arrival]
+    assert f.fix == ("Keep the task that would satisfy the deferred wait out of the waiting task's implicit edge: "
+                     "pass the signal to it as pl.no_dep(sig) (a signal is not data the tasks exchange), or submit "
+                     "the tasks in a pl.manual_scope() with deps= only where one needs another's results.")
+
+
+def test_the_implicit_edge_is_named_under_check():
+    outcome = explore.run_checked(lambda: _ring(RING, "sim"), 0)
+    (f,) = outcome.findings
+    assert f.kind == "hang" and f.locations[0] == _here(RING.per_rank, "@submit send"), f.render()
+
+
+def test_the_signal_passed_as_no_dep_completes(backend, monkeypatch):
+    on_every_seed(lambda: _ring(RING_FIXED, backend), backend, monkeypatch)
+
+
+def test_the_signal_passed_as_no_dep_is_clean_under_check():
+    clean_under_check(lambda: _ring(RING_FIXED, "sim"))

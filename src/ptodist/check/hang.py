@@ -59,6 +59,9 @@ FIX_WRONG_CELLS = ("Make each notify's peer and offsets name the cell its receiv
 FIX_ORDER = ("Submit the chip task that notifies before the chip task that waits for it, or give the two no host "
              "tensor in common: the host starts a chip task only once the earlier-submitted chip tasks it shares "
              "host tensors with are complete.")
+FIX_OVERLAP_EDGE = ("Keep the task that would satisfy the deferred wait out of the waiting task's implicit edge: "
+                    "pass the signal to it as pl.no_dep(sig) (a signal is not data the tasks exchange), or submit "
+                    "the tasks in a pl.manual_scope() with deps= only where one needs another's results.")
 FIX_BUSY = ("End the loop that never ends, or wait on signals with pld.system.wait instead of polling with pl.read; "
             "if the rank is legitimately computing for longer, raise RunConfig(hang_timeout_s=...) or "
             "PTODIST_HANG_TIMEOUT.")
@@ -92,6 +95,14 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                              f"and that task is blocked at {producer['where']} waiting for a notify that only a chip "
                              "task submitted after it would send. Submit the notifying chip task first, or give "
                              "the two tasks no host tensor in common."}
+    edged = [s for s in blocked if s.get("edge")]
+    if edged:
+        return {"kind": "hang", "culprits": [edged[0]["edge"]["where"]], "cycle": wait_for_cycle(states),
+                "fix": FIX_OVERLAP_EDGE,
+                "cause": f"on rank {edged[0]['rank']}, {edged[0]['edge']['text']}. If that task is what satisfies the "
+                         "wait (its notify, or a peer's that answers it), the two wait for each other: the queued "
+                         "task for the deferred wait, the deferred wait for the queued task. Pass the signal to the "
+                         "queued task as pl.no_dep(sig), or submit both in a pl.manual_scope()."}
     if blocked and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
         return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "fix": FIX_WAIT_FIRST,
                 "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
@@ -273,6 +284,9 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
         order = getattr(plan, "order_signal", None)
         if order is not None and buffer_id == order.id:
             st["order"] = True  # the host's order of chip tasks: the rank waits before a task, not at a program line
+        edge = row["edge"].decode(errors="replace")
+        if edge:
+            st["edge"] = {"where": row["edge_where"].decode(errors="replace"), "text": edge}
         more = int(row["wait_others"])
         listed = [o for o in others[:min(more, OTHER_WAITS)] if 0 <= int(o["buffer"]) < len(plan.windows)]
         if listed:

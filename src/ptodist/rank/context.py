@@ -77,6 +77,14 @@ def _index(v, op: str, what: str) -> int:
     return as_int(v, f"{op} {what}")
 
 
+def _site_text(site) -> str:
+    """A task's submit line (:attr:`Task.site`) as ``file:line``."""
+    if isinstance(site, tuple):
+        code, line = site
+        return f"{code.co_filename}:{line}"
+    return str(site) if site else "?"
+
+
 class RankContext(context.Context):
     """The context of one running rank."""
 
@@ -573,13 +581,16 @@ class RankContext(context.Context):
     def _buffers(self, values) -> frozenset:
         return frozenset(buffer_key(t) for t in self._tensors(values) if id(t) not in self._no_dep)
 
-    def _submit_task(self, tid: int, name: str, run, deps, values, where: object = "", holdable: bool = False) -> bool:
+    def _submit_task(self, tid: int, name: str, run, deps, values, where: object = "", holdable: bool = False,
+                     site: object = None) -> bool:
         """Hand a task to the graph (it runs now unless it must wait); True when it ran at once.
 
         ``where``: the line that submitted it (the checker's reports name it as where a dependency belongs);
-        ``holdable``: its result does not depend on running at once (a ``pl.submit``: its outputs are its result).
+        ``holdable``: its result does not depend on running at once (a ``pl.submit``: its outputs are its result);
+        ``site``: that line as ``(code, line)``, where ``where`` is not known (read only by a hang report).
         """
         task = Task(tid, name, run, list(deps), self._buffers(values), self._manual > 0)
+        task.site = where or site
         task.holdable = holdable and task.manual
         self._no_dep.clear()
         if self._trace:
@@ -689,8 +700,10 @@ class RankContext(context.Context):
         # A task with one output at most may be held past its submission (sim): its result, the tensor it writes,
         # is the same whenever it runs; with more, what it returns when it runs at once may differ.
         holdable = sum(spec.kind == "tensor" and spec.direction is not Direction.IN for spec in fn.params) <= 1
+        caller = sys._getframe(2)  # submit <- pl.submit <- the program: its line, for a hang report (no walk here)
         if self._submit_task(tid, fn.name, run, deps, _tracked(fn, args, kwargs),
-                             user_location(2) if self._trace else "", holdable=holdable):
+                             user_location(2) if self._trace else "", holdable=holdable,
+                             site=(caller.f_code, caller.f_lineno)):
             result = out["result"]
         else:  # it runs later: what it returns is its outputs, the tensors it was given to write
             outs = [v for spec, v in zip(fn.params, fn.bind_arguments(args, kwargs))
@@ -884,12 +897,13 @@ class RankContext(context.Context):
                     f"pld.system.defer_wait on '{w.name}' (buffer '{w.buffer.name}') cell {cell}",
                     cell[0] if cell else -1)
 
+        edge = self._queued_edge(pending)
         if own is not None:
             w, byte, idx, expected, cmp, loc, what = own
             others = [described(d.cond) for d in pending.oldest(OTHER_WAITS)]
             self.status.set_waiting(self.rank, w.buffer.id, byte, int(cmp is WaitCmp.Ge), expected, str(loc), what,
                                     int(idx[0]) if len(idx) else -1, others=others, more=len(pending),
-                                    task=self.task or "")
+                                    task=self.task or "", edge=edge)
             if self.events is not None:
                 self.blocked_in = (w, byte, idx, expected, cmp, loc, start, self._task_rec, loop_indices())
             return
@@ -897,10 +911,35 @@ class RankContext(context.Context):
         buffer_id, byte, ge, expected, where, what, cell0 = described(first.cond)
         self.status.set_waiting(self.rank, buffer_id, byte, ge, expected, where, what, cell0,
                                 others=[described(d.cond) for d in others], more=len(pending) - 1,
-                                task=first.task.name)
+                                task=first.task.name, edge=edge)
         if self.events is not None:
             w, byte, idx, expected, cmp, loc = first.cond
             self.blocked_in = (w, byte, idx, expected, cmp, loc or here, start, self._task_rec, loop_indices())
+
+    def _queued_edge(self, pending) -> tuple[str, str] | None:
+        """A task queued behind an incomplete one by an implicit overlap edge on the signal the incomplete one's
+        deferred wait watches, as ``(its submit line, what the edge is)``; None when there is none.
+
+        Only when the rank blocks past its first slice: the tasks' lines are resolved here, not at submission.
+        The queued task may be what would satisfy the wait (its notify, or a peer's that answers it): then the
+        two wait for each other, a deadlock no notify order explains.
+        """
+        queued = [t for t in self.graph.waiting.values() if not t.manual and t.buffers]
+        if not queued:
+            return None
+        for d in pending.oldest(64):
+            waiter, w = d.task, d.cond[0]
+            signal = [buffer_key(w)]
+            for t in queued:
+                if t in waiter.dependants and waiter.tid not in t.deps and overlap(t.buffers, signal):
+                    at, waiter_at = _site_text(t.site), _site_text(waiter.site)
+                    loc = d.cond[-1]
+                    return at, (f"task '{t.name}' (submitted at {at}) takes '{w.name}' (buffer '{w.buffer.name}'), "
+                                f"as does task '{waiter.name}' (submitted at {waiter_at}), whose "
+                                f"pld.system.defer_wait{f' at {loc}' if loc else ''} watches it; outside a "
+                                f"pl.manual_scope a task shares a tensor with an earlier unfinished one only after "
+                                f"it completes, so '{t.name}' is queued until that deferred wait holds")
+        return None
 
     def spmd(self, n: int):
         return _Spmd(self, n)

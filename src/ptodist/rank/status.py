@@ -44,6 +44,8 @@ STATUS_DTYPE = np.dtype([
     ("last_site", np.int32),   # its source line, a slot of the rank's site table (-1: unknown)
     ("wait_others", np.int32),  # how many more waits the rank waits on at once (any one that holds ends the wait);
                                 # the first OTHER_WAITS of them are in its rows of ``others``
+    ("edge_where", "S192"),    # a task queued behind the waiting task by an implicit overlap edge: its submit line
+    ("edge", "S1024"),         # and what the edge is (empty when there is none)
 ])
 
 # A rank blocked until any of its pending deferred waits holds: the row holds the oldest, these the next ones.
@@ -105,6 +107,7 @@ class StatusBoard:
         self._ledgers: dict = {}  # rank -> its _atomics.Ledger, made on first use
         self._row_words: dict[int, tuple] = {}  # rank -> what _words made for it
         self._wait_row_words: dict[int, tuple] = {}  # rank -> what _wait_words made for it
+        self._edged: set[int] = set()  # in a rank: ranks whose row holds an edge (cleared at the next wait)
 
     def progress_counter(self, rank: int) -> ctypes.c_int64:
         """Rank's progress word as a ctypes int (made once per rank; the rank's ledger, ``set_running`` and ``finish``
@@ -208,11 +211,20 @@ class StatusBoard:
         progress.value += 1
 
     def set_waiting(self, rank: int, buffer_id: int, offset: int, cmp: int, expected: int, where: str,
-                    what: str, cell0: int = -1, others=(), more: int = 0, task: str | None = None) -> None:
+                    what: str, cell0: int = -1, others=(), more: int = 0, task: str | None = None,
+                    edge: tuple[str, str] | None = None) -> None:
         """Publish that ``rank`` waits on a cell; ``others``: more waits it waits on at the same time, any one
         of which ends the wait (``(buffer_id, offset, cmp, expected, where, what, cell0)``, at most
         OTHER_WAITS are kept), ``more`` of them in all; ``task``: the task the wait belongs to, when it is
-        not the one the row names (a deferred wait's)."""
+        not the one the row names (a deferred wait's); ``edge``: ``(submit line, text)`` of a task queued
+        behind a waiting task by an implicit overlap edge."""
+        if edge is not None or rank in self._edged:
+            row = self.rows[rank]
+            row["edge_where"], row["edge"] = (edge[0].encode()[:192], edge[1].encode()[:1024]) if edge else (b"", b"")
+            if edge is None:
+                self._edged.discard(rank)
+            else:
+                self._edged.add(rank)
         fields = self._wait_words(rank)
         if task is not None:
             field = self._words(rank)[2]

@@ -72,6 +72,7 @@ class Task:
     actor: int = field(default=0, repr=False)  # under the checker: the task run's actor in the event log
     holdable: bool = field(default=False, repr=False)  # may wait past its submission though ready (see choose)
     joined: bool = field(default=False, repr=False)  # under the checker: the orchestration has waited for it
+    site: object = field(default=None, repr=False)  # where it was submitted (a Location or (code, line)): hang reports
 
 
 def buffer_key(t) -> tuple[int, int]:
