@@ -1849,8 +1849,6 @@ FEATURES: list[Bug] = [
                 x += 1
         print("OK")
         ''', ('hang*',), feature='DistributedWorker', command='run',
-         issues=dict.fromkeys(("location", "root_first"),
-                             'the hang names the barrier, not the prepare() option that keeps the counters'),
          twin=(('compiled.prepare(persistent=True, reset_persistent_windows=False) as rt:  # BUG: the counters carry over',
            'compiled.prepare(persistent=True) as rt:'), )),
     _bug('chip_rr', 'chip calls: a call without device= placed round-robin', '''

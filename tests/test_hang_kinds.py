@@ -408,3 +408,75 @@ def test_the_signal_passed_as_no_dep_completes(backend, monkeypatch):
 
 def test_the_signal_passed_as_no_dep_is_clean_under_check():
     clean_under_check(lambda: _ring(RING_FIXED, "sim"))
+
+
+# ---------------------------------------------------------------------------
+# A persistent worker whose windows keep the last dispatch's counters
+# ---------------------------------------------------------------------------
+
+
+@pl.jit.incore
+def barrier_kernel(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
+    ctx = pld.get_comm_ctx(sig)
+    me, n = pld.rank(ctx), pld.nranks(ctx)
+    for peer in pl.range(n):
+        pld.system.notify(sig, peer, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+    for peer in pl.range(n):
+        pld.system.wait(sig, [peer, 0], 1, cmp=pld.WaitCmp.Eq)  # one arrival per dispatch
+    y[:] = pl.full([1, SIZE], 1.0, pl.FP32)
+    return y
+
+
+@pl.jit
+def barrier_once(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
+    return barrier_kernel(y, sig)
+
+
+@pl.jit.host
+def barrier_host(y: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
+    sig_buf = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        barrier_once(y[r], pld.window(sig_buf, [2, 1], dtype=pl.INT32), device=r)
+
+
+def _two_dispatches(backend: str, reset: bool) -> None:
+    y = shared_array((2, 1, SIZE), np.float32)
+    compiled = barrier_host.compile(y, config=cfg(2, backend, hang_timeout_s=30.0))
+    with compiled.prepare(persistent=True, reset_persistent_windows=reset) as rt:  # @prepare
+        for _ in range(2):
+            y[:] = 0
+            rt(y)
+            np.testing.assert_array_equal(y, 1.0)
+
+
+def test_a_persistent_worker_hung_on_carried_counters_names_reset_persistent_windows(backend):
+    from ptodist.check import findings
+    from ptodist.errors import HangError
+
+    prepare = _here(_two_dispatches, "@prepare")
+    with pytest.raises(HangError) as info:
+        _two_dispatches(backend, False)
+    msg = str(info.value)
+    assert msg.startswith("deadlock: every unfinished rank is blocked in a wait that no running rank can satisfy"), msg
+    cause = next(line for line in msg.splitlines() if line.startswith("Likely cause: "))
+    assert cause == (
+        f"Likely cause: the worker prepared at {prepare} keeps its windows across dispatches (persistent=True) and "
+        "reset_persistent_windows=False leaves them as the last dispatch left them instead of zeroing them: in "
+        "dispatch 1, the cell rank 0 waits on (pld.system.wait on 'sig' (buffer 'sig_buf') cell [0, 0]) holds 2, of "
+        "which this dispatch's notifies added 1; the other 1 carried over from dispatch 0, so the wait for == 1 "
+        "never holds. Prepare the worker with reset_persistent_windows=True (or wait for a per-dispatch count)."), msg
+    (f,) = findings.from_exception(info.value)
+    assert f.kind == "hang" and f.locations[0] == prepare
+    assert f.fix.startswith("Start every dispatch from zeroed windows: prepare the worker with "
+                            "reset_persistent_windows=True"), f.fix
+
+
+def test_a_persistent_worker_that_zeroes_its_windows_completes(backend):
+    _two_dispatches(backend, True)
+
+
+def test_a_persistent_worker_hung_on_carried_counters_under_check():
+    outcome = explore.run_checked(lambda: _two_dispatches("sim", False), 0)
+    hangs = [f for f in outcome.findings if f.kind == "hang"]
+    assert len(hangs) == 1 and hangs[0].locations[0] == _here(_two_dispatches, "@prepare"), \
+        [f.render() for f in outcome.findings]

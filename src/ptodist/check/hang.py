@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 
 from ..errors import HangError
-from ..rank.status import DONE, OTHER_WAITS, RUNNING, STATE_NAMES, WAIT_CMPS, WAITING
+from ..rank.status import DONE, HISTORY, OTHER_WAITS, RUNNING, STATE_NAMES, WAIT_CMPS, WAITING
 
 _SYMBOLS = {"Eq": "==", "Ge": ">=", "Ne": "!=", "Lt": "<", "Le": "<=", "Gt": ">"}
 
@@ -323,3 +323,43 @@ def hang_error(plan, board, cell_load, finished: set[int], certain: bool, idle_s
               for r in range(plan.world)]
     sent = [e for r in range(plan.world) for e in board.sent(r)]
     return hang_from_states(states, sent, certain, idle_s, timeout_s)
+
+
+FIX_PERSISTENT = ("Start every dispatch from zeroed windows: prepare the worker with reset_persistent_windows=True "
+                  "(its default with persistent=True), or drop persistent=True; to keep the counters on purpose, wait "
+                  "for this dispatch's count instead (WaitCmp.Ge on a threshold that grows by one dispatch's "
+                  "arrivals each dispatch).")
+
+
+def carried_over(error: HangError, prepared_at: str, number: int, previous: int) -> HangError:
+    """``error``, a hang of dispatch ``number`` of a worker prepared at ``prepared_at`` with persistent windows that
+    are not zeroed between dispatches (they start from dispatch ``previous``'s): when a blocked wait's cell holds
+    other than what this dispatch's notifies added, the counters carried over, and the option that keeps them is
+    the cause (named first).  Otherwise ``error`` unchanged."""
+    for s in error.ranks:
+        if s["state"] != "waiting" or s.get("order"):
+            continue
+        for w in waits(s):
+            got = w.get("received")
+            if got is None or len(got) >= HISTORY or any(e["op"] != "AtomicAdd" for e in got):
+                continue
+            added = sum(e["value"] for e in got)
+            if w["current"] == added:
+                continue
+            cause = (f"the worker prepared at {prepared_at} keeps its windows across dispatches (persistent=True) "
+                     "and reset_persistent_windows=False leaves them as the last dispatch left them instead of "
+                     f"zeroing them: in dispatch {number}, the cell rank {s['rank']} waits on ({w['wait']}) holds "
+                     f"{w['current']}, of which this dispatch's notifies added {added}; the other "
+                     f"{w['current'] - added} carried over from dispatch {previous}, so the wait for "
+                     f"{_SYMBOLS[w['cmp']]} {w['expected']} {'never holds' if w['cmp'] == 'Eq' else 'counts stale arrivals'}. "
+                     "Prepare the worker with reset_persistent_windows=True (or wait for a per-dispatch count).")
+            diagnosis = dict(error.diagnosis, cause=cause, fix=FIX_PERSISTENT,
+                             culprits=[prepared_at, *(c for c in error.diagnosis.get("culprits", ())
+                                                      if c != prepared_at)])
+            diagnosis.pop("pitfall", None)
+            lines = str(error).splitlines()
+            at = next((i for i, line in enumerate(lines) if line.startswith("Likely cause")), len(lines))
+            rest = [line for line in lines[at:] if line.startswith("If a rank is legitimately")]
+            message = "\n".join([*lines[:at], f"Likely cause: {cause}", *rest])
+            return HangError(message, error.ranks, error.certain, diagnosis)
+    return error

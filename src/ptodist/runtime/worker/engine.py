@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from ... import backends, dfx
 from ...backends import resources
 from ...backends.base import STOP_WRITE_S, died
+from ...check.hang import carried_over
 from ...compiler.plan import HostTensorRef
 from ...compiler.state import stale_message, state_of
 from ...config import RunConfig
@@ -24,6 +25,7 @@ from ...errors import (
     ConfigError,
     DispatchStateError,
     DispatchValueError,
+    HangError,
     RankError,
     UsageError,
 )
@@ -53,6 +55,7 @@ class _Dispatch:
     published: bool = False
     arena: Arena | None = None
     residents: set = field(default_factory=set)  # serials of the resident files it uses
+    carried: int | None = None  # persistent windows not zeroed: the dispatch whose windows it starts from
 
 
 _tls = threading.local()
@@ -83,6 +86,10 @@ class Engine:
         self.world = len(self.device_ids)
         self.persistent = persistent
         self.reset = reset
+        # Where the worker was prepared, and per arena the last dispatch that ran on it: a hang of a dispatch
+        # whose persistent windows kept the last one's counters names the prepare() option that keeps them.
+        self.prepared_at = str(user_location(1) or "") if persistent and not reset else ""
+        self.last_on_arena: dict = {}
         self.callbacks = callbacks
         self.group = group
         self.binding = LocalBinding(group, self) if group.in_process else SharedBinding(group, self)
@@ -433,6 +440,9 @@ class Engine:
         if self.persistent:
             if arena.used and self.reset:
                 arena.rows[:] = 0
+            elif arena.used:
+                d.carried = self.last_on_arena.get(d.arena_key)
+            self.last_on_arena[d.arena_key] = d.handle.number
         else:
             arena.rows[:, :heap] = 0  # windows start zeroed in every dispatch; only the part this plan uses
         order = d.entry.plan.order_signal
@@ -451,7 +461,10 @@ class Engine:
             self.broken = self.broken or (f"the code of dispatch {d.handle.number} changed Python state the "
                                           "program reads (see that dispatch's error)")
         if watch.error is not None:
-            self._fail(d, watch.error)
+            error = watch.error
+            if d.carried is not None and isinstance(error, HangError):
+                error = carried_over(error, self.prepared_at, d.handle.number, d.carried)
+            self._fail(d, error)
             return
         d.cursor += 1
 
