@@ -43,8 +43,15 @@ def clean_under_check(run) -> None:
 # per block) and its dependant, which asks the peer for its answer; then it waits, in the orchestration or inside
 # a later task, for that answer (Ge on buffer `answer`).  The answer comes only after the dependant ran, which
 # needs `hello` complete: a rank that blocks in its own wait alone, not completing its tasks' deferred waits
-# meanwhile, hangs here; a device does not.
-ORCHESTRATION, TASK, SPMD = 0, 1, 2
+# meanwhile, hangs here; a device does not.  KERNEL: the orchestration calls a kernel whose deferred wait (outside
+# the task graph: waited for at the kernel's end) is the one on the answer.
+ORCHESTRATION, TASK, SPMD, KERNEL = 0, 1, 2, 3
+
+
+@pl.jit.incore
+def answered(answer: pl.InOut[pld.DistributedTensor[[1], pl.INT32]], got: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    pld.system.defer_wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)
+    return pl.store(pl.full([1, SIZE], 3.0, pl.FP32), [0, 0], got)
 
 
 @pl.jit
@@ -64,7 +71,9 @@ def ask_after_hello(sig: pl.InOut[pld.DistributedTensor[[3], pl.INT32]],
             with pl.at(level=pl.Level.CORE_GROUP):
                 pld.system.wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)
                 got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
-    if mode != TASK:
+        if mode == KERNEL:
+            got = answered(answer, got)
+    if mode in (ORCHESTRATION, SPMD):
         pld.system.wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)
         got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
     return got
@@ -91,7 +100,8 @@ def ask_host(got: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]], mode: pl.Scalar[pl.I
     hello_then_answer(*windows, got[1], mode, device=1)
 
 
-MODES = pytest.mark.parametrize("mode", [ORCHESTRATION, TASK, SPMD], ids=["orchestration", "task", "spmd"])
+MODES = pytest.mark.parametrize("mode", [ORCHESTRATION, TASK, SPMD, KERNEL],
+                                ids=["orchestration", "task", "spmd", "kernel"])
 
 
 def _ask(backend: str, mode: int) -> None:
@@ -116,7 +126,7 @@ def test_a_wait_that_needs_a_pending_deferred_wait_completed_first_completes_in_
     monkeypatch.setenv("PTODIST_SIM_SEED", "3")
     compiled = ask_host.compile(got, ORCHESTRATION, config=cfg(2, backend, hang_timeout_s=30.0))
     with compiled.prepare() as rt:
-        for mode in (ORCHESTRATION, TASK, SPMD, ORCHESTRATION):
+        for mode in (ORCHESTRATION, TASK, SPMD, KERNEL, ORCHESTRATION):
             got[:] = 0
             rt(got, mode)
             np.testing.assert_array_equal(got[:, 0, 0], [3.0, 5.0])
