@@ -44,8 +44,9 @@ def clean_under_check(run) -> None:
 # a later task, for that answer (Ge on buffer `answer`).  The answer comes only after the dependant ran, which
 # needs `hello` complete: a rank that blocks in its own wait alone, not completing its tasks' deferred waits
 # meanwhile, hangs here; a device does not.  KERNEL: the orchestration calls a kernel whose deferred wait (outside
-# the task graph: waited for at the kernel's end) is the one on the answer.
-ORCHESTRATION, TASK, SPMD, KERNEL = 0, 1, 2, 3
+# the task graph: waited for at the kernel's end) is the one on the answer; COMM: the orchestration waits with
+# pl.system.comm_wait(..., cmp="ne").
+ORCHESTRATION, TASK, SPMD, KERNEL, COMM = 0, 1, 2, 3, 4
 
 
 @pl.jit.incore
@@ -73,6 +74,9 @@ def ask_after_hello(sig: pl.InOut[pld.DistributedTensor[[3], pl.INT32]],
                 got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
         if mode == KERNEL:
             got = answered(answer, got)
+    if mode == COMM:
+        pl.system.comm_wait(answer, 0, cmp="ne")
+        got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
     if mode in (ORCHESTRATION, SPMD):
         pld.system.wait(answer, [0], 1, cmp=pld.WaitCmp.Ge)
         got[:] = pl.full([1, SIZE], 3.0, pl.FP32)
@@ -100,8 +104,8 @@ def ask_host(got: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]], mode: pl.Scalar[pl.I
     hello_then_answer(*windows, got[1], mode, device=1)
 
 
-MODES = pytest.mark.parametrize("mode", [ORCHESTRATION, TASK, SPMD, KERNEL],
-                                ids=["orchestration", "task", "spmd", "kernel"])
+MODES = pytest.mark.parametrize("mode", [ORCHESTRATION, TASK, SPMD, KERNEL, COMM],
+                                ids=["orchestration", "task", "spmd", "kernel", "comm_wait"])
 
 
 def _ask(backend: str, mode: int) -> None:
@@ -126,7 +130,7 @@ def test_a_wait_that_needs_a_pending_deferred_wait_completed_first_completes_in_
     monkeypatch.setenv("PTODIST_SIM_SEED", "3")
     compiled = ask_host.compile(got, ORCHESTRATION, config=cfg(2, backend, hang_timeout_s=30.0))
     with compiled.prepare() as rt:
-        for mode in (ORCHESTRATION, TASK, SPMD, KERNEL, ORCHESTRATION):
+        for mode in (ORCHESTRATION, TASK, SPMD, KERNEL, COMM, ORCHESTRATION):
             got[:] = 0
             rt(got, mode)
             np.testing.assert_array_equal(got[:, 0, 0], [3.0, 5.0])

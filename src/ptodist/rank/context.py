@@ -847,11 +847,10 @@ class RankContext(context.Context):
         start = now_ns() if self.events is not None else 0
         own_holds = None
         if own is not None:
-            own_id, own_cell, own_expected, own_ge = own[0].buffer.id, own[1] >> 2, own[3], own[4] is WaitCmp.Ge
+            own_id, own_cell, own_expected, own_test = own[0].buffer.id, own[1] >> 2, own[3], _TESTS[own[4].name]
 
             def own_holds() -> bool:
-                v = int(cells(own_id)[own_cell])
-                return v >= own_expected if own_ge else v == own_expected
+                return own_test(int(cells(own_id)[own_cell]), own_expected)
 
         def check() -> bool:
             return (own_holds is not None and own_holds()) or pending.any_holds(cells)
@@ -901,7 +900,7 @@ class RankContext(context.Context):
         if own is not None:
             w, byte, idx, expected, cmp, loc, what = own
             others = [described(d.cond) for d in pending.oldest(OTHER_WAITS)]
-            self.status.set_waiting(self.rank, w.buffer.id, byte, int(cmp is WaitCmp.Ge), expected, str(loc), what,
+            self.status.set_waiting(self.rank, w.buffer.id, byte, WAIT_CMPS.index(cmp.name), expected, str(loc), what,
                                     int(idx[0]) if len(idx) else -1, others=others, more=len(pending),
                                     task=self.task or "", edge=edge)
             if self.events is not None:
@@ -1793,6 +1792,15 @@ class RankContext(context.Context):
         test, cells, i = _COMM_CMPS[cmp], self.memory.cells, byte >> 2
         start = now_ns() if self.events is not None else 0
         loc = user_location(2)
+        what = f"{op} on '{signal.name}' (buffer '{w.buffer.name}') cell {i}"
+        ok = test(int(cells(w.buffer.id)[i]), expected) or (self.graph.run_ready()
+                                                            and test(int(cells(w.buffer.id)[i]), expected))
+        while not ok and self.graph.pending:  # as in _block_until: the tasks' deferred waits complete meanwhile
+            held = self.block_until_any(self.graph.pending, (w, byte, [i], expected, _CommCmp[cmp], loc, what))
+            if held:
+                self.graph.held(held)
+            else:
+                ok = test(int(cells(w.buffer.id)[i]), expected)
         published = False
         while not self.memory.wait_any(lambda: test(int(cells(w.buffer.id)[i]), expected), self.wait_slice_s):
             if not published:
@@ -1801,8 +1809,7 @@ class RankContext(context.Context):
                     self.blocked_in = (w, byte, [i], expected, _CommCmp[cmp], loc, start, self._task_rec,
                                        loop_indices())
                 self.status.set_waiting(self.rank, w.buffer.id, byte, WAIT_CMPS.index(_CommCmp[cmp].name),
-                                        expected, str(loc),
-                                        f"{op} on '{signal.name}' (buffer '{w.buffer.name}') cell {i}", i)
+                                        expected, str(loc), what, i)
         if published:
             self.blocked_in = None
             self.status.set_running(self.rank, self.task or "")
@@ -1931,6 +1938,8 @@ _COMM_NOTIFY_OPS = {"atomic_add": NotifyOp.AtomicAdd, "set": NotifyOp.Set}
 _COMM_CMPS = {"eq": int.__eq__, "ne": int.__ne__, "gt": int.__gt__, "ge": int.__ge__, "lt": int.__lt__,
               "le": int.__le__}
 _CommCmp = {"eq": WaitCmp.Eq, "ge": WaitCmp.Ge}
+_TESTS = {"Eq": int.__eq__, "Ge": int.__ge__, "Ne": int.__ne__, "Lt": int.__lt__, "Le": int.__le__,
+          "Gt": int.__gt__}  # a wait's comparison (WaitCmp or _Cmp) by name: whether a cell's value satisfies it
 
 
 class _Cmp(enum.Enum):
