@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import enum
 import functools
+import itertools
 import sys
 
 import numpy as np
@@ -923,10 +924,11 @@ class RankContext(context.Context):
         The queued task may be what would satisfy the wait (its notify, or a peer's that answers it): then the
         two wait for each other, a deadlock no notify order explains.
         """
-        queued = [t for t in self.graph.waiting.values() if not t.manual and t.buffers]
+        # Bounded (the first 256 queued tasks, the 16 oldest waits): a rank on sim publishes at every block.
+        queued = [t for t in itertools.islice(self.graph.waiting.values(), 256) if not t.manual and t.buffers]
         if not queued:
             return None
-        for d in pending.oldest(64):
+        for d in pending.oldest(16):
             waiter, w = d.task, d.cond[0]
             signal = [buffer_key(w)]
             for t in queued:
