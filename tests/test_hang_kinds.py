@@ -494,3 +494,45 @@ def test_a_persistent_worker_hung_on_carried_counters_under_check():
     hangs = [f for f in outcome.findings if f.kind == "hang"]
     assert len(hangs) == 1 and hangs[0].locations[0] == _here(_two_dispatches, "@prepare"), \
         [f.render() for f in outcome.findings]
+
+
+# ---------------------------------------------------------------------------
+# A rank waits on a cell a finished rank never notified: not "every rank waits before it notifies"
+# ---------------------------------------------------------------------------
+
+
+@pl.jit
+def wait_for_one(sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)  # @wait for rank 1
+    return y
+
+
+@pl.jit
+def notify_wrong_cell(sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]],
+                      y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
+    pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)  # @wrong cell: rank 0 waits on [1, 0]
+    return y
+
+
+@pl.jit.host
+def wrong_cell_host(y: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
+    sig_buf = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
+    wait_for_one(pld.window(sig_buf, [2, 1], dtype=pl.INT32), y[0], device=0)
+    notify_wrong_cell(pld.window(sig_buf, [2, 1], dtype=pl.INT32), y[1], device=1)
+
+
+def test_a_wait_on_a_cell_a_finished_rank_never_notified_names_where_its_notifies_went(backend):
+    from ptodist.check import findings
+    from ptodist.errors import HangError
+
+    y = np.zeros((2, 1, SIZE), np.float32)
+    wrong, wait = _here(notify_wrong_cell, "@wrong cell"), _here(wait_for_one, "@wait for rank 1")
+    with pytest.raises(HangError) as info:
+        wrong_cell_host.compile(y, config=cfg(2, backend, hang_timeout_s=30.0))(y)
+    cause = next(line for line in str(info.value).splitlines() if line.startswith("Likely cause: "))
+    assert cause == (f"Likely cause: rank 1 finished without notifying the cell rank 0 waits on (cell [1, 0]); its "
+                     f"notifies on 'sig_buf' to rank 0 went to byte offset(s) 0 (the wait's is 4), from {wrong}: "
+                     "check the peer index and cell of its notify (a rank or index of another comm domain?), or a "
+                     "condition that skipped it.")
+    (f,) = findings.from_exception(info.value)
+    assert f.kind == "hang" and f.locations == [wrong, wait]

@@ -103,7 +103,10 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                          "wait (its notify, or a peer's that answers it), the two wait for each other: the queued "
                          "task for the deferred wait, the deferred wait for the queued task. Pass the signal to the "
                          "queued task as pl.no_dep(sig), or submit both in a pl.manual_scope()."}
-    if blocked and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
+    # "Waits before it notifies" is about ranks that wait for one another: not when a rank waits on a finished one.
+    waits_on_finished = any(by_rank.get(s.get("cell0", -1), {}).get("state") in ("finished", "failed")
+                            and s.get("cell0") != s["rank"] for s in blocked)
+    if blocked and not waits_on_finished and not any(e["rank"] in {s["rank"] for s in blocked} for e in sent):
         return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "fix": FIX_WAIT_FIRST,
                 "cause": "no blocked rank had notified anyone before it began to wait: every rank waits before "
                          "it notifies. Put the notify loop before the wait loop (or, if the send is in another "
@@ -125,10 +128,19 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
         peer = by_rank.get(s.get("cell0", -1))
         if peer is not None and peer["rank"] != s["rank"] and peer["state"] in ("finished", "failed") and \
                 not any(e["rank"] == peer["rank"] for e in received(s, sent)):
-            return {"kind": "hang", "culprits": [], "cycle": [], "fix": FIX_PEER_SKIPPED,
+            elsewhere = [e for e in sent if e["rank"] == peer["rank"] and e["buffer"] == s["buffer_id"]
+                         and e["owner"] == s["rank"]]
+            went = ""
+            if elsewhere:
+                cells = sorted({e["offset"] for e in elsewhere})
+                went = (f"; its notifies on '{s['buffer']}' to rank {s['rank']} went to byte offset(s) "
+                        f"{', '.join(map(str, cells))} (the wait's is {s['offset']}), from "
+                        f"{', '.join(_lines(elsewhere))}")
+            return {"kind": "hang", "culprits": _lines(elsewhere), "cycle": [], "fix": FIX_PEER_SKIPPED,
                     "cause": f"rank {peer['rank']} {peer['state']} without notifying the cell rank {s['rank']} "
-                             f"waits on (cell {s['wait'].rsplit('cell ', 1)[-1]}): check the peer index of its "
-                             "notify, or a condition that skipped it."}
+                             f"waits on (cell {s['wait'].rsplit('cell ', 1)[-1]}){went}: check the peer index and "
+                             "cell of its notify (a rank or index of another comm domain?), or a condition that "
+                             "skipped it."}
     if blocked and not any(received(w, sent) for s in blocked for w in waits(s)):
         senders = [e for e in sent if e["rank"] in {s["rank"] for s in blocked}]
         return {"kind": "hang", "culprits": _lines(senders), "cycle": wait_for_cycle(states), "fix": FIX_WRONG_CELLS,
