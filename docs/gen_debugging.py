@@ -1496,7 +1496,7 @@ FEATURES: list[Bug] = [
         print("OK")
         ''', ('hang*',), feature='comm domain', command='run',
          issues=dict.fromkeys(("location", "root_first"),
-                             "the hang names the wait on the cell nobody notifies, not the cell index taken from another domain's rank"),
+                             "the hang names the notify that uses the index, not the line that takes it from another domain's rank"),
          twin=(("me = pld.rank(pld.get_comm_ctx(local))  # BUG: a rank of the workers' domain {1, 2, 3}, not of parts' world",
                'me = pld.rank(pld.get_comm_ctx(parts))'),)),
     _bug('pad_reduce', 'valid_shape: a reduction over padding without pl.fillpad', '''
