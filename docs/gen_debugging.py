@@ -1292,7 +1292,8 @@ FEATURES: list[Bug] = [
         print("OK")
         ''', ('race',), feature='task graph', command='check',
          issues=dict.fromkeys(("found", "kind", "location", "root_first"),
-                             "the checker runs a rank's tasks in program order, so tasks that opted out of tracking are never concurrent"),
+                             "outside a manual scope the checker orders tasks by submission, so two whose "
+                             "shared tensor is opted out of tracking (no_dep_args=, pl.no_dep) are never concurrent"),
          twin=(('with pl.at(level=pl.Level.CORE_GROUP, no_dep_args=[out]):  # BUG: this half starts at row 1: it overlaps',
                'with pl.at(level=pl.Level.CORE_GROUP, no_dep_args=[out]):'), ('pl.store(pl.mul(pl.load(x, [1, 0], [3, 8]), 2.0), [1, 0], out)',
                'pl.store(pl.mul(pl.load(x, [2, 0], [2, 8]), 2.0), [2, 0], out)'))),
