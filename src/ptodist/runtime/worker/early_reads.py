@@ -22,6 +22,7 @@ import numpy as np
 
 from ...check.findings import Finding
 from ...source import is_internal, is_library, user_location
+from .binding import byte_bounds
 
 # Attributes that read a tensor's description, not its data: a line naming the tensor only for these is no touch.
 _METADATA = frozenset({"shape", "dtype", "device", "ndim", "size", "dim", "numel", "stride", "strides",
@@ -50,16 +51,7 @@ _session = None  # the check session the pending watches report to
 def _bounds(value) -> tuple[int, int] | None:
     """The byte range of a torch tensor's or numpy array's elements (None: not a tensor, or empty)."""
     if isinstance(value, np.ndarray):
-        if value.size == 0:
-            return None
-        # Computed here: np.byte_bounds is gone from NumPy 2's main namespace.
-        lo = hi = value.__array_interface__["data"][0]
-        for n, stride in zip(value.shape, value.strides):
-            if stride < 0:
-                lo += (n - 1) * stride
-            else:
-                hi += (n - 1) * stride
-        return lo, hi + value.itemsize
+        return byte_bounds(value) if value.size else None
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr") and hasattr(value, "stride"):
         try:
             n = value.numel()
