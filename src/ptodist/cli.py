@@ -161,10 +161,8 @@ def _run(args) -> int:
                 if user:
                     f = user[-1]
                     print(f"  raised by {f.filename}:{f.lineno} in {f.name}: {f.line}", file=sys.stderr)
-                found = findings.from_exception(e)
+                found = findings.from_exception(e)  # one naming no line is located at the user's call
                 for item in found:
-                    if not item.locations and user:
-                        item.locations.append(f"{user[-1].filename}:{user[-1].lineno}")
                     print(item.summary(), file=sys.stderr)
             except PtodistInternalError as e:
                 traceback.print_exc()
