@@ -52,7 +52,7 @@ from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
-from .tasks import Task, TaskGraph, _Overlaps, buffer_key, overlap
+from .tasks import Task, TaskGraph, OverlapIndex, buffer_key, overlap
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
 try:
@@ -157,7 +157,7 @@ class RankContext(context.Context):
         # orchestration has not waited for yet, every task since then by the bytes it touches (complete ones
         # too), the actor of each task id, and the actor each pending deferred wait belongs to (by its id).
         self._open_actors: list[int] = []
-        self._hb_tasks = _Overlaps(keep_done=True) if self._trace else None
+        self._hb_tasks = OverlapIndex(keep_done=True) if self._trace else None
         self._tid_actor: dict[int, int] = {}
         self._cond_actor: dict[int, int] = {}
         self._kept: dict = {}  # (low, high) -> (root buffer, "host" or "local") of memory outside windows accessed
@@ -677,7 +677,7 @@ class RankContext(context.Context):
         if self._open_actors:
             self.events.join(self._open_actors)
             self._open_actors = []
-            self._hb_tasks = _Overlaps(keep_done=True)
+            self._hb_tasks = OverlapIndex(keep_done=True)
 
     def submit(self, fn, args, kwargs, deps, blocks=0, dumps=()):
         op = "pl.spmd_submit" if blocks else "pl.submit"

@@ -24,7 +24,7 @@ Scheduling is linear in the tasks and their edges (Kahn's algorithm): a waiting
 task counts the unfinished tasks it waits for, each task lists its dependants,
 and a task that completes makes ready the dependants whose count drops to zero;
 ready tasks wait in a heap of ids.  The unfinished tasks that touch memory are
-indexed by the byte ranges they cover (:class:`_Overlaps`), so finding what a
+indexed by the byte ranges they cover (:class:`OverlapIndex`), so finding what a
 new task overlaps never scans every unfinished task.  A deferred wait is polled
 (``condition_holds``) when it is registered; when a task naming its task in
 ``deps=`` is submitted; and while the rank runs ready tasks, those named so,
@@ -85,7 +85,7 @@ def overlap(a, b) -> bool:
     return any(lo < h and l2 < hi for lo, hi in a for l2, h in b)
 
 
-class _Overlaps:
+class OverlapIndex:
     """The unfinished tasks by the byte ranges they touch: which of them a range overlaps, without a scan of all.
 
     Ranges are kept by length class (``length.bit_length()``), each class sorted by start, so the ranges
@@ -162,7 +162,7 @@ class TaskGraph:
         self._ready: list[int] = []            # heap: ids of waiting tasks that wait for nothing any more
         self._named: deque[Task] = deque()     # incomplete tasks a waiting task names in deps=, oldest first
         self._pending = PendingWaits()         # every incomplete task's pending deferred waits
-        self._overlaps = _Overlaps()
+        self._overlaps = OverlapIndex()
         # The backend's seeded decisions, where it offers them (sim): choose(n) -> [0, n), 0 for program order.
         # Ready tasks with no path between them may run in any order on a device; the sim backend picks one.
         self._choose = getattr(getattr(owner, "memory", None), "choose", None)
@@ -177,7 +177,7 @@ class TaskGraph:
     def submit(self, task: Task) -> bool:
         """Run ``task`` now if nothing it depends on is unfinished, else queue it; True when it ran."""
         if self._overlaps and self.idle:
-            self._overlaps = _Overlaps()  # every task it holds is complete
+            self._overlaps = OverlapIndex()  # every task it holds is complete
         if self.idle and self._named:
             self._named.clear()
         blockers: set[Task] = set()
