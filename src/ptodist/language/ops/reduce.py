@@ -69,8 +69,8 @@ def _reduce(name: str, x: Tile, fn: Callable, axis: int, out_dtype) -> Tile:
     shape[axis] = 1
     valid = list(x.valid_shape)
     if valid[axis] < x.data.shape[axis] and all(valid):
-        # Upstream's reductions read the whole row or column, padding included (its docs: the pad value decides
-        # what the tail contributes). Padding pl.tile.fillpad_inplace defined is read here too; undefined padding
+        # Upstream's reductions read the whole row or column, padding included (docs/en/user/tutorials/
+        # 01-reduction-softmax.md, "partial rows change the answer": pad with the reduction's identity). Padding pl.tile.fillpad_inplace defined is read here too; undefined padding
         # is not (it has no value to read), and the checker reports the reduction.
         if getattr(x, "pad_filled", False):
             valid[axis] = x.data.shape[axis]
