@@ -18,7 +18,7 @@ import traceback
 
 from . import __version__, compat
 from .check import findings
-from .config import started_by_mpi_launcher
+from .config import parse_dfx, started_by_mpi_launcher
 from .errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError, RankInternalError
 from .runtime import program as programs
 from .source import is_internal
@@ -116,11 +116,35 @@ class _StopSignals:
             except ValueError:  # not the main thread (an embedding that forks from elsewhere): as it is
                 pass
 
+def _bare_dfx(argv: list[str]) -> list[str]:
+    """``ptodist run --dfx SCRIPT``: a ``--dfx`` followed by the script (a file, or a name ending in .py) or by
+    nothing means all outputs; the script is not its value."""
+    if argv[:1] != ["run"]:
+        return argv
+    argv, i = list(argv), 1
+    while i < len(argv) and argv[i].startswith("-"):
+        if argv[i] == "--dfx" and (i + 1 == len(argv) or os.path.isfile(argv[i + 1]) or argv[i + 1].endswith(".py")):
+            argv[i] = "--dfx=all"
+        elif argv[i] in ("--dfx", "--report-json"):
+            i += 1  # the option's value
+        i += 1
+    return argv
+
+
 
 def _run(args) -> int:
     script = args.script
     if not os.path.isfile(script):
         print(f"ptodist run: no such script: {script}", file=sys.stderr)
+    try:  # before the script runs: a bad value would stop it only at its first call
+        if args.dfx is not None:
+            parse_dfx(args.dfx, "--dfx")
+            os.environ["PTODIST_DFX"] = args.dfx  # the switch every run of the script reads
+        else:
+            parse_dfx(os.environ.get("PTODIST_DFX", ""))
+    except PtodistError as e:  # ConfigError: the value names no diagnostic output
+        print(f"ptodist run: {e}", file=sys.stderr)
+        return 2
         return 2
     compat.install()
     sys.argv = [script, *args.args]
@@ -434,6 +458,10 @@ def main(argv=None) -> int:
                           '"world_size", "output_dir", "wall_time_s", "ptodist_version", "findings": [...]} to PATH, '
                           'whatever happens')
     run.add_argument("script", help="the Python script to run")
+    run.add_argument("--dfx", metavar="KINDS", default=None,
+                     help="turn on diagnostic outputs without editing the script: all (a bare --dfx), or a "
+                          "comma-separated list of swimlane (or trace), deps, scope_stats, dump; sets PTODIST_DFX "
+                          "for the script (docs/dfx.md)")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     check = sub.add_parser("check", help="run a script under several simulated schedules and report races, "
                                          "stale signals, clobbered cells, uninitialised reads and hangs",
@@ -466,7 +494,7 @@ def main(argv=None) -> int:
     trace.add_argument("--html", metavar="FILE", default=None,
                        help="also write one self-contained HTML report (timeline, who waited on whom, critical path, "
                             "findings) to FILE")
-    args = parser.parse_args(argv)
+    args = parser.parse_args(_bare_dfx(sys.argv[1:] if argv is None else list(map(str, argv))))
     if args.command == "run":
         return _run(args)
     if args.command == "trace":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
 
@@ -84,6 +84,43 @@ def keep_outputs_setting() -> int:
         raise ConfigError(f"PTODIST_KEEP_OUTPUTS={text!r}: must be a whole number >= 0: how many of a program's "
                           f"newest output directories to keep (default {DEFAULT_KEEP_OUTPUTS}; 0 keeps them all)")
     return value
+
+
+# The diagnostic outputs ``PTODIST_DFX`` (and ``ptodist run --dfx``, which sets it) turns on: name -> RunConfig flag.
+DFX_KINDS = {"swimlane": "enable_chip_swimlane", "deps": "enable_dep_gen", "scope_stats": "enable_scope_stats",
+             "dump": "enable_dump_args"}
+DFX_ALIASES = {"trace": "swimlane"}  # what `ptodist trace` reads
+DFX_OFF = ("", "none", "0", "off")
+_DFX_NAMES = ("swimlane (or trace: timing records and the merged trace), deps (deps.json), scope_stats "
+              "(scope_stats.jsonl), dump (the tensors pl.dump_tag marks)")
+
+
+@functools.lru_cache(maxsize=16)
+def parse_dfx(text: str, where: str = "PTODIST_DFX") -> frozenset[str]:
+    """The diagnostic outputs a ``PTODIST_DFX`` / ``--dfx`` value names (keys of :data:`DFX_KINDS`); else ConfigError.
+
+    ``all`` names every one; ``none``, ``off``, ``0`` or nothing names none; else names separated by commas.
+    """
+    value = text.strip().lower()
+    if value in DFX_OFF:
+        return frozenset()
+    kinds = set()
+    for word in (w.strip() for w in value.split(",")):
+        name = DFX_ALIASES.get(word, word)
+        if name == "all":
+            kinds.update(DFX_KINDS)
+        elif name in DFX_KINDS:
+            kinds.add(name)
+        else:
+            shown = f"'{word}'" if word else "an empty name"
+            raise ConfigError(f"{where}={text!r}: {shown} is not one of ptodist's diagnostic outputs. Give all, "
+                              f"none, or a comma-separated list of: {_DFX_NAMES} (docs/dfx.md#without-editing-the-script)")
+    return frozenset(kinds)
+
+
+def dfx_setting() -> frozenset[str]:
+    """The diagnostic outputs ``PTODIST_DFX`` turns on for every run of this process (``ptodist run --dfx`` sets it)."""
+    return parse_dfx(os.environ.get("PTODIST_DFX", ""))
 
 
 @dataclass
@@ -217,9 +254,24 @@ class RunConfig:
             notice(f"platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)")
 
     def any_dfx_enabled(self) -> bool:
-        """Whether a diagnostic output is on (swimlane, tensor dump, PMU, dependency graph, scope stats)."""
-        return bool(self.enable_chip_swimlane or self.enable_dump_args or self.enable_pmu or self.enable_dep_gen
-                    or self.enable_scope_stats)
+        """Whether a diagnostic output is on (swimlane, tensor dump, PMU, dependency graph, scope stats), by this
+        config or by ``PTODIST_DFX``."""
+        cfg = self.with_dfx_setting()
+        return bool(cfg.enable_chip_swimlane or cfg.enable_dump_args or cfg.enable_pmu or cfg.enable_dep_gen
+                    or cfg.enable_scope_stats)
+
+    def with_dfx_setting(self) -> RunConfig:
+        """This config with the diagnostic outputs ``PTODIST_DFX`` names turned on as well (itself if none is added).
+
+        The environment only adds: an output the config turns on stays on (a flag left ``False`` cannot be told
+        from one set ``False``), so the script's setting and the environment's are combined.
+        """
+        kinds = dfx_setting()
+        if not kinds:
+            return self
+        changes = {flag: 1 if flag == "enable_dump_args" else True
+                   for name, flag in DFX_KINDS.items() if name in kinds and not getattr(self, flag)}
+        return replace(self, **changes) if changes else self
 
     # PyPTO's current names of two DFX flags: the same settings as enable_chip_swimlane / enable_dump_args.
     @property

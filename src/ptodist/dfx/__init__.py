@@ -46,6 +46,7 @@ _STALE = (re.compile(r"merged_swimlane_.*\.json$"), re.compile(r"findings_d\d+\.
 _RANK = re.compile(r"rank\d+$")
 _DISPATCH = re.compile(r"d\d+$")
 _told: set[str] = set()
+_told_where: set[Path] = set()
 _lock = threading.RLock()  # reentrant: a collected program's release may run while it is held
 _runs_by_owner: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # owner -> {(pid, output_dir): run}
 _runs_by_dir: dict[tuple, Path] = {}  # (pid, output_dir) -> run folder, for callers that name no owner
@@ -68,7 +69,7 @@ class DfxRequest:
 
 
 def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=None) -> DfxRequest | None:
-    """Return what ``config`` asks for, or None when no diagnostic output is enabled.
+    """Return what ``config`` (with what ``PTODIST_DFX`` adds) asks for, or None when no diagnostic output is enabled.
 
     ``output_dir`` is called only when something is enabled (it creates the directory).  ``owner`` is
     the object whose dispatches make one run (the ``CompiledProgram``): its first request takes the
@@ -76,14 +77,33 @@ def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=Non
     ``.output_dir`` from (``lambda: compiled.output_dir``); failing that, the run is this process's.
     """
     notice_build_time_switches()
+    own, config = config, config.with_dfx_setting()  # PTODIST_DFX (ptodist run --dfx): no need to edit the script
     if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats
             or config.enable_dump_args):
         return None
-    return DfxRequest(_run_dir(Path(output_dir()), owner if owner is not None else _owner_of(output_dir), config),
-                      dispatch, bool(config.enable_chip_swimlane),
+    root = _run_dir(Path(output_dir()), owner if owner is not None else _owner_of(output_dir), config)
+    if config is not own:
+        _tell_where(root, config)
+    return DfxRequest(root, dispatch, bool(config.enable_chip_swimlane),
                       # as in PyPTO, the swimlane co-enables dep_gen: a dispatch's trace comes with its task graph
                       bool(config.enable_dep_gen or config.enable_chip_swimlane), bool(config.enable_scope_stats),
                       os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0", int(config.enable_dump_args))
+
+
+def _tell_where(root: Path, config) -> None:
+    """Say once per run folder where the outputs that ``PTODIST_DFX`` turned on go (the script does not say)."""
+    if root in _told_where:
+        return
+    _told_where.add(root)
+    comm = _mpi_comm(config)
+    if comm is not None and comm.Get_rank() != 0:  # one line per job: process 0's
+        return
+    try:
+        shown = root.relative_to(Path.cwd())
+    except ValueError:
+        shown = root
+    notice(f"PTODIST_DFX={os.environ.get('PTODIST_DFX', '')}: this run's diagnostic outputs go to {shown}; "
+           f"summarise them with: ptodist trace {shown.parent}")
 
 
 def runs(path) -> list[Path]:

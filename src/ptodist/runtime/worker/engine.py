@@ -196,8 +196,9 @@ class Engine:
                 arena_key = index if self.persistent else 0
                 if self.persistent:
                     self.planner.check_layout(index, compiled, entry)
-            request = dfx.request_for(cfg, lambda: compiled.output_dir, -1) \
-                if cfg.enable_chip_swimlane or cfg.enable_dep_gen or cfg.enable_scope_stats else None
+            on = cfg.with_dfx_setting()  # what PTODIST_DFX (ptodist run --dfx) adds to the config's own outputs
+            request = dfx.request_for(on, lambda: compiled.output_dir, -1) \
+                if on.enable_chip_swimlane or on.enable_dep_gen or on.enable_scope_stats else None
             if any(t.index >= len(hosts) for t in entry.plan.host_tensors):
                 # pl.create_tensor in the host: fresh zeroed intermediates, after every parameter (scalars too)
                 hosts = hosts + self._intermediates(compiled, entry, len(hosts))
