@@ -335,7 +335,7 @@ def test_an_error_inside_a_text_names_the_texts_line():
     x = np.zeros((2, 8), np.float32)
     with pytest.raises(RankError, match=r"pl.load at scale_text:6: out of bounds on tensor 'x' \[2, 8\] FP32") as e:
         scale(x, np.zeros_like(x), config=RunConfig(backend="sim"))
-    assert 'File "scale_text", line 6, in __pl_region_1' in str(e.value)  # the text's frame is the program's
+    assert 'File "scale_text", line 6, in __pl_region_L3' in str(e.value)  # the text's frame is the program's
 
 
 @pytest.mark.parametrize("text, error, message", [

@@ -223,6 +223,7 @@ class _Outliner:
         self.filename = filename
         self.regions = regions
         self.count = 0
+        self.lines: set[int] = set()  # the lines of the regions outlined so far (each names its region)
         self.loops = 0  # pl.while_ loops rewritten
 
     def block(self, stmts: list, loop: bool = False) -> list:
@@ -316,7 +317,12 @@ class _Outliner:
                                     if name not in first_store or pos <= first_store[name]))
         assigned = sorted(stores)
         body = self.block(s.body)
-        fname, rname = f"__pl_region_{n}", f"__pl_result_{n}"
+        # Named by the line of its `with` (unique in a function: a compound statement starts its own line), so
+        # tracebacks, traces and reports say which region ran; the count keeps them apart should lines not.
+        line = item.context_expr.lineno
+        tag = f"L{line}" if line not in self.lines else f"L{line}_{n}"
+        self.lines.add(line)
+        fname, rname = f"__pl_region_{tag}", f"__pl_result_{tag}"
         result = _locals_subset(assigned) if assigned else ast.Constant(None)
         inner = [*body, ast.Return(result)]
         fdef = ast.FunctionDef(name=fname, args=_args(params), body=inner, decorator_list=[], returns=None)
