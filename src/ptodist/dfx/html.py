@@ -427,10 +427,12 @@ def _path(ranks: list[dict], devices: dict[int, int], t0: int) -> str:
     p = summary.path_summary(steps, devices, t0)
     out.append(f"<p>{_ms(p['length'])} ms over rank(s) {', '.join(map(str, p['ranks']))}, {len(steps)} steps, "
                f"{p['crossings']} cross-rank release(s); earliest first. <i>at</i>: when the step ended; "
-               "<i>on path</i>: time since the step before.</p>")
+               "<i>on path</i>: time since the step before; <i>as</i>: what the step's rank did in it (waiting: "
+               "only inside a wait record).</p>")
     out.append("<p>on path by rank: " + _e(", ".join(f"{k} {_ms(v)}" for k, v in p["by_rank"].items()))
                + "<br>on path by step: " + _e(", ".join(f"{k} {_ms(v)}" for k, v in p["by_kind"].items())) + "</p>")
-    out.append("<table><tr><th>at</th><th>dur</th><th>on path</th><th class=\"l\">rank</th><th class=\"l\">step</th>"
+    out.append("<table><tr><th>at</th><th>dur</th><th>on path</th><th class=\"l\">as</th><th class=\"l\">rank</th>"
+               "<th class=\"l\">step</th>"
                "<th class=\"l\">name</th><th class=\"l\">where</th><th class=\"l\"></th></tr>")
     rows = p["rows"]
     if len(rows) > PATH_ROWS:
@@ -442,6 +444,7 @@ def _path(ranks: list[dict], devices: dict[int, int], t0: int) -> str:
         note = " ".join(filter(None, [row["what"], "← released by the notify above" if row["released"] else ""]))
         out.append(f"<tr data-rank=\"{row['rank']}\"><td>{_ms(row['at'])}</td>"
                    f"<td>{_ms(row['dur']) if row['dur'] is not None else ''}</td><td>{_ms(row['on_path'])}</td>"
+                   f"<td class=\"l\">{_e(summary.parts_text(row['parts']))}</td>"
                    f"<td class=\"l\">{_e(row['label'])}</td><td class=\"l\">{_e(row['step'])}</td>"
                    f"<td class=\"l\">{_e(row['name'])}</td><td class=\"l\"><code>{_e(row['where'])}</code></td>"
                    f"<td class=\"l\">{_e(note)}</td></tr>")

@@ -11,7 +11,9 @@ a ``dfx_outputs.<n>`` beside it, or a ``dfx_outputs/run_<timestamp>_<pid>`` of t
 * the longest waits, each with its cell and the notify (rank, line) that
   released it (:func:`swimlane.release_pairs`);
 * the critical path: from the record that ends last, backwards, within a rank
-  to the record before, across ranks from a wait to the notify that released it.
+  to the record before, across ranks from a wait to the notify that released it
+  when the wait was blocked until then; its time by what the ranks did (waiting
+  only inside wait records).
 
 Times are milliseconds from the earliest rank's start.
 """
@@ -175,6 +177,8 @@ def timeline(data: dict) -> list[dict]:
     A step is ``{"step": "start" | "begin" | "end" | "op", "rec": record or None, "t": its instant}``;
     an operation's instant is its end.  A task or collective appears as its begin and its end (the
     operations it is made of lie between them); a notify, wait or RMA as one op step.
+    Each step also says whether the rank is inside a task or collective right after it (``"inside"``): between
+    two steps that state does not change, as every begin and end is a step.
     """
     steps = [{"step": "start", "rec": None, "t": data["start"], "rank": data["rank"]}]
     for r in data["records"]:
@@ -185,6 +189,10 @@ def timeline(data: dict) -> list[dict]:
             steps.append({"step": "op", "rec": r, "t": _end(r, data), "rank": data["rank"]})
     order = {"start": 0, "begin": 1, "op": 2, "end": 3}
     steps.sort(key=lambda s: (s["t"], order[s["step"]]))
+    depth = 0
+    for s in steps:
+        depth += {"begin": 1, "end": -1}.get(s["step"], 0)
+        s["inside"] = depth > 0
     return steps
 
 
@@ -192,7 +200,9 @@ def critical_path(ranks: list[dict]) -> list[tuple[dict, str]]:
     """Return [(step, how it links to the step before)] earliest first (steps as in :func:`timeline`).
 
     Starts at the step that happens last on any rank and walks backwards: within a rank to the step
-    before, and from a wait to the notify that released it (on any rank).  ``how`` is ``"first"``,
+    before, and from a wait that was blocked until the notify that released it to that notify (on any
+    rank).  A wait whose notify had ended before the wait began found its value there and did not wait
+    for it: the walk stays on the wait's rank, whose own work made it late.  ``how`` is ``"first"``,
     ``"then"`` (same rank) or ``"released"`` (a wait released by the notify of the step before).
     """
     lines = {data["rank"]: timeline(data) for data in ranks}
@@ -206,8 +216,9 @@ def critical_path(ranks: list[dict]) -> list[tuple[dict, str]]:
     chain, links, seen = [cur], [], {(r, i)}
     while True:
         rec = cur["rec"]
-        if cur["step"] == "op" and rec["kind"] == "wait" and id(released.get(id(rec))) in pos:
-            r, i = pos[id(released[id(rec)])]
+        notify = released.get(id(rec)) if cur["step"] == "op" and rec["kind"] == "wait" else None
+        if notify is not None and id(notify) in pos and notify["end"] > rec["start"]:
+            r, i = pos[id(notify)]
             how = "released"
         elif i > 0:
             i, how = i - 1, "then"
@@ -312,12 +323,41 @@ def wait_matrix(ranks: list[dict]) -> dict:
     return {"by_pair": by_pair, "unreleased": unreleased, "pending": pending}
 
 
+# What a rank did in its time on the critical path: in a record of an operation, else by where it was.
+OP_TIME = {"wait": "waiting", "notify": "notify", "rma": "rma"}
+BUSY, OUTSIDE = "busy", "outside tasks"  # in a task, not in an operation; start-up and orchestration
+
+
+def on_path_parts(before: dict, step: dict, how: str) -> dict[str, int]:
+    """What the step's rank did between the step ``before`` it on the path and ``step``: ``{kind: ns}``.
+
+    After a release the rank was inside its wait record (the walk crosses only to a notify that ended after the
+    wait began): all of it is waiting.  On one rank, the part inside the step's own operation record is that
+    operation's (``waiting`` only there); the rest is ``busy`` inside a task, else ``outside tasks``.
+    """
+    a, b = before["t"], step["t"]
+    if b <= a:
+        return {}
+    if how == "released":
+        return {"waiting": b - a}
+    parts: dict[str, int] = {}
+    rec = step["rec"]
+    if step["step"] == "op" and rec["start"] > a:
+        parts[BUSY if before["inside"] else OUTSIDE] = min(rec["start"], b) - a
+    if step["step"] == "op":
+        parts[OP_TIME.get(rec["kind"], rec["kind"])] = b - max(rec["start"], a)
+    else:
+        parts[BUSY if before["inside"] else OUTSIDE] = b - a
+    return {k: v for k, v in parts.items() if v > 0}
+
+
 def path_summary(path_steps: list[tuple[dict, str]], devices: dict[int, int], t0: int) -> dict:
     """The critical path as rows and totals, for the text summary and the HTML report.
 
     Returns ``{"length", "crossings", "ranks", "by_rank", "by_kind", "rows"}``; each row is a dict:
-    ``at``, ``dur`` (None for a begin or start), ``on_path`` (ns), ``rank``, ``label``, ``step``, ``name``,
-    ``where``, ``what`` (the operation in a few words), ``released`` (a wait released by the step before).
+    ``at``, ``dur`` (None for a begin or start), ``on_path`` (ns), ``parts`` (:func:`on_path_parts`), ``rank``,
+    ``label``, ``step``, ``name``, ``where``, ``what`` (the operation in a few words), ``released`` (a wait
+    released by the step before).  ``by_kind`` sums the parts: only time in wait records counts as waiting.
     """
     length = path_steps[-1][0]["t"] - path_steps[0][0]["t"] if path_steps else 0
     crossings = sum(1 for (s, how), (before, _) in zip(path_steps[1:], path_steps)
@@ -325,29 +365,32 @@ def path_summary(path_steps: list[tuple[dict, str]], devices: dict[int, int], t0
     rows, prev, by_rank, by_kind = [], None, {}, {}
     for s, how in path_steps:
         rec = s["rec"]
-        on_path = 0 if prev is None else max(s["t"] - prev, 0)
-        prev = s["t"]
+        on_path = 0 if prev is None else max(s["t"] - prev["t"], 0)
+        parts = {} if prev is None else on_path_parts(prev, s, how)
+        prev = s
         label = _label(s["rank"], devices)
         by_rank[label] = by_rank.get(label, 0) + on_path
-        if s["step"] == "start":
-            rows.append({"at": s["t"] - t0, "dur": None, "on_path": on_path, "rank": s["rank"], "label": label,
-                         "step": "start", "name": "(rank process starts)", "where": "", "what": "",
-                         "released": False})
-            continue
-        if s["step"] == "op":
-            kind = rec["kind"]
-        elif s["step"] == "begin" and "args" not in rec:  # a task begins: what came before was outside tasks
-            kind = "outside tasks"
-        else:
-            kind = "in tasks, not in an operation"
-        by_kind[kind] = by_kind.get(kind, 0) + on_path
-        dur = _end(rec, {"end": rec["start"]}) - rec["start"] if s["step"] != "begin" else None
-        what = {"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"], rec["kind"])
-        rows.append({"at": s["t"] - t0, "dur": dur, "on_path": on_path, "rank": s["rank"], "label": label,
-                     "step": what, "name": rec["name"], "where": _where(rec["where"]),
-                     "what": _describe(rec) if s["step"] == "op" else "", "released": how == "released"})
+        for kind, ns in parts.items():
+            by_kind[kind] = by_kind.get(kind, 0) + ns
+        row = {"at": s["t"] - t0, "dur": None, "on_path": on_path, "parts": parts, "rank": s["rank"],
+               "label": label, "step": "start", "name": "(rank process starts)", "where": "", "what": "",
+               "released": False}
+        if s["step"] != "start":
+            row.update(dur=_end(rec, {"end": rec["start"]}) - rec["start"] if s["step"] != "begin" else None,
+                       step={"begin": f"{rec['kind']} begins", "end": f"{rec['kind']} ends"}.get(s["step"],
+                                                                                               rec["kind"]),
+                       name=rec["name"], where=_where(rec["where"]), what=_describe(rec) if s["step"] == "op" else "",
+                       released=how == "released")
+        rows.append(row)
     return {"length": length, "crossings": crossings, "ranks": sorted({s["rank"] for s, _ in path_steps}),
             "by_rank": by_rank, "by_kind": dict(sorted(by_kind.items(), key=lambda kv: -kv[1])), "rows": rows}
+
+
+def parts_text(parts: dict[str, int]) -> str:
+    """A row's on-path time by what the rank did: ``busy`` alone, or ``busy 0.287 + notify 0.140``."""
+    if len(parts) <= 1:
+        return next(iter(parts), "")
+    return " + ".join(f"{kind} {_ms(ns)}" for kind, ns in parts.items())
 
 
 def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = False) -> str:
@@ -419,9 +462,9 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
         out.append(f"Critical path: {_ms(p['length'])} ms over rank(s) {', '.join(map(str, p['ranks']))}, "
                    f"{len(path_steps)} steps, {p['crossings']} cross-rank release(s); earliest first. 'at': when the "
                    f"step ended; 'on path': time since the step before (0 where a wait ended before its notify's "
-                   f"record did).")
+                   f"record did); 'as': what the step's rank did in it (waiting: only inside a wait record).")
         rows = [[_ms(row["at"]), _ms(row["dur"]) if row["dur"] is not None else "", _ms(row["on_path"]),
-                 row["label"], row["step"], row["name"], row["where"],
+                 parts_text(row["parts"]), row["label"], row["step"], row["name"], row["where"],
                  " ".join(filter(None, [row["what"], "<- released by the notify above" if row["released"] else ""]))]
                 for row in p["rows"]]
         out.append("  on path by rank: " + ", ".join(f"{k} {_ms(v)}" for k, v in p["by_rank"].items()))
@@ -429,7 +472,7 @@ def report(path, dispatch: int | None = None, top: int = 10, open_trace: bool = 
         skipped = rows[PATH_HEAD:-PATH_TAIL] if len(rows) > PATH_HEAD + PATH_TAIL else []
         if skipped:
             rows = rows[:PATH_HEAD] + rows[-PATH_TAIL:]
-        table = _table(["at", "dur", "on path", "rank", "step", "name", "where", ""], rows, "rrr<<<<<")
+        table = _table(["at", "dur", "on path", "as", "rank", "step", "name", "where", ""], rows, "rrr<<<<<<")
         if skipped:
             table.insert(1 + PATH_HEAD, f"  ... {len(skipped)} steps left out "
                                         f"({_ms(sum(_ns(r[2]) for r in skipped))} ms on path) ...")
