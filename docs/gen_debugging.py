@@ -29,6 +29,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ptodist import commands
+
 DOCS = Path(__file__).resolve().parent
 PAGE = DOCS / "debugging.md"
 HANG_TIMEOUT = "5"
@@ -2211,8 +2213,10 @@ _STAMP = re.compile(r"_\d{8}_\d{6}_\d{6}\b")  # an output directory's time stamp
 
 
 def normalise(text: str, workdir: Path) -> str:
-    """Drop ``workdir`` from paths (the script becomes ``prog.py``); show timings as ``N s``, time stamps as such."""
+    """Drop ``workdir`` from paths (the script becomes ``prog.py``); show timings as ``N s``, time stamps as such,
+    and the ``ptodist`` printed commands name (this interpreter's, by its path) as a checkout's ``.venv`` has it."""
     text = text.replace(str(Path(workdir).resolve()) + os.sep, "").replace(str(workdir) + os.sep, "")
+    text = text.replace(commands.ptodist() + " ", ".venv/bin/ptodist ")
     text = _TIMING.sub("N s", text)
     text = _WALL_TIME.sub(r"\1N", text)
     text = _STAMP.sub("_<YYYYmmdd_HHMMSS_ffffff>", text)

@@ -21,7 +21,7 @@ import pytest
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, HangError, RunConfig, cli, ir
+from ptodist import DistributedConfig, HangError, RunConfig, cli, commands, ir
 from ptodist.check import explore
 from ptodist.errors import CheckError
 
@@ -202,7 +202,8 @@ def test_pitfall_is_flagged_on_the_first_schedule(step, capsys, monkeypatch, tmp
     rc, err, report = check(capsys, monkeypatch, tmp_path, "--schedules", "1", str(script), *argv)
     assert rc == 1, err
     assert report["status"] == "findings" and report["seed"] == 0, report
-    assert "schedule 1/1 (seed 0" in err and "Replay exactly: ptodist check --seed 0 --schedules 1" in err, err
+    assert "schedule 1/1 (seed 0" in err and \
+        f"Replay exactly: {commands.ptodist('check', '--seed', 0, '--schedules', 1)}" in err, err
     hits = [f for f in report["findings"] if f["kind"] == kind and f"{script}:{line}" in f["locations"]]
     assert hits, f"no {kind} finding at {script}:{line}:\n{err}"
     f = hits[0]

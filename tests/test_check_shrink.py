@@ -20,7 +20,7 @@ import pytest
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 import ptodist.testing
-from ptodist import DistributedConfig, cli
+from ptodist import DistributedConfig, cli, commands
 from ptodist.backends.sim import Decisions, Scheduler
 from ptodist.check import explore, story
 
@@ -127,9 +127,10 @@ def check_cli(capsys, monkeypatch, tmp_path, source: str, *args: str) -> tuple[i
 
 
 def story_block(err: str) -> str:
-    """The story ``ptodist check`` printed: from its head line to the replay line, both included."""
+    """The story ``ptodist check`` printed: from its head line to the replay line, both included (the replay's
+    ``ptodist`` written as the word: the command names this interpreter's, by its path)."""
     start = max(err.rfind("\nThe smallest"), err.rfind("\nThe failing schedule")) + 1
-    return err[start:].strip()
+    return err[start:].strip().replace(f"Replay exactly: {commands.ptodist()} ", "Replay exactly: ptodist ")
 
 
 RACE_STORY = {

@@ -21,7 +21,7 @@ from conftest import PACKAGE_DIR, child_env
 import ptodist
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import ConfigError, DistributedConfig, RunConfig, cli, ir
+from ptodist import ConfigError, DistributedConfig, RunConfig, cli, commands, ir
 from ptodist.errors import DispatchTypeError
 
 PYPTO_RING = '''
@@ -602,7 +602,7 @@ def test_an_assertion_after_a_dispatch_is_a_script_error_that_points_at_ptodist_
     line = len(SUCCEEDS.splitlines()) - 1
     fix = ("The script's own code raised this, not ptodist. If it checks a dispatch's results, wrong numbers often "
            "come from a race, a stale signal or an uninitialised read, which `ptodist run` does not look for: "
-           f"`ptodist check {script} --flag` runs the script under many schedules and names them.")
+           f"`{commands.ptodist('check', script, '--flag')}` runs the script under many schedules and names them.")
     assert text_lines(proc.stderr) == [
         "ptodist: platform 'a2a3sim' runs on the local 'shm' backend (no NPU needed)",
         "Traceback (most recent call last):",
@@ -723,8 +723,8 @@ def test_check_a_wrong_golden_after_clean_dispatches_keeps_its_replay_seed(capsy
     script = write(tmp_path, "wrong.py", SUCCEEDS.replace("EXPECTED", "3"))
     rc, err, doc = _check_in_process(capsys, monkeypatch, tmp_path, script)
     assert rc == 1
-    assert err[-1] == f"Replay exactly: ptodist check --seed 0 --schedules 1 {script}"
-    assert doc["replay"] == f"ptodist check --seed 0 --schedules 1 {script}"
+    assert err[-1] == f"Replay exactly: {commands.ptodist('check', '--seed', 0, '--schedules', 1, script)}"
+    assert doc["replay"] == commands.ptodist("check", "--seed", 0, "--schedules", 1, script)
     assert err[-5:-1] == [
         "[script_error]", "  AssertionError: golden mismatch", f"  at {script}:{len(SUCCEEDS.splitlines()) - 1}",
         "  fix: The script's own code raised this, not ptodist, and the dispatches before it had no findings in "

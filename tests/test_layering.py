@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parent.parent / "src" / "ptodist"
 
 # Layers, bottom up: a module may import its own layer and the ones below, never one above.
 LAYERS = [
-    ("errors", "source", "context", "compat", "config", "rank_output", "backend"),
+    ("errors", "source", "context", "compat", "config", "rank_output", "backend", "commands"),
     ("language",),
     ("compiler", "collectives"),
     # check's analyses (findings, hang, hb; its session, explore, sits on top) and the status board ranks

@@ -154,7 +154,7 @@ def test_the_report_lists_each_finding_and_a_replay_that_names_this_test(request
     report = ptodist.testing.check(shift, _rows(3), config=DistributedConfig(device_ids=[0, 1, 2]), seed=5)
     assert report.seed == 5 and report.seeds == [5] and report.policy == "delay rank 0" and report.schedules == 8
     assert all(isinstance(f, Finding) for f in report.findings)
-    assert report.replay == f"PTODIST_CHECK_SEED=5 python -m pytest {shlex.quote(request.node.nodeid)}"
+    assert report.replay == f"PTODIST_CHECK_SEED=5 {shlex.quote(sys.executable)} -m pytest {shlex.quote(request.node.nodeid)}"
     text = report.render()
     assert text.startswith("ptodist check of shift: schedule 1/8 (seed 5, delay rank 0): 1 finding(s) (3 ranks)\n")
     for f in report.findings:
@@ -181,8 +181,8 @@ def test_the_replay_seed_replays_the_schedule(monkeypatch):
 def test_the_replay_goes_to_pytests_root_directory_first(request, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     report = ptodist.testing.check(shift, _rows(3), config=_cfg(range(3)))
-    assert report.replay == (f"cd {shlex.quote(str(request.config.rootpath))} && PTODIST_CHECK_SEED=0 python -m "
-                             f"pytest {shlex.quote(request.node.nodeid)}")
+    assert report.replay == (f"cd {shlex.quote(str(request.config.rootpath))} && PTODIST_CHECK_SEED=0 "
+                             f"{shlex.quote(sys.executable)} -m pytest {shlex.quote(request.node.nodeid)}")
 
 
 def test_outside_pytest_the_replay_is_a_call():
@@ -405,12 +405,11 @@ def test_a_wrong_peer_bug_fails_its_test_at_three_ranks_with_the_findings_and_th
     assert "1 failed, 1 passed" in out and "FAILED test_shift.py::test_shift_is_clean[P3]" in out, out
     assert "AssertionError: ptodist check of shift: schedule 1/3 (seed 0, random): 1 finding(s) (3 ranks)" in out
     assert "[race] ranks 0, 1, 2" in out and f"test_shift.py:{pull}" in out and "fix: Order the two accesses" in out
-    replay = "PTODIST_CHECK_SEED=0 python -m pytest 'test_shift.py::test_shift_is_clean[P3]'"
+    replay = f"PTODIST_CHECK_SEED=0 {shlex.quote(sys.executable)} -m pytest 'test_shift.py::test_shift_is_clean[P3]'"
     assert f"Replay exactly: {replay}" in out, out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["basetemp", "pytest.ini", "test_shift.py"]
-    # The replay line runs as printed (with this interpreter for `python`), and fails the same way on one schedule.
+    # The replay line runs as printed (it names this interpreter), and fails the same way on one schedule.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PTODIST_", "PYTEST_"))}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
     again = subprocess.run(["bash", "-c", f"{replay} -p no:cacheprovider --basetemp={tmp_path / 'basetemp2'}"],
                            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 1 and "1 failed in" in again.stdout, again.stdout + again.stderr

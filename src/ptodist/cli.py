@@ -9,14 +9,13 @@ import io
 import json
 import os
 import runpy
-import shlex
 import signal
 import sys
 import threading
 import time
 import traceback
 
-from . import __version__, compat
+from . import __version__, commands, compat
 from .check import findings
 from .config import parse_dfx, started_by_mpi_launcher
 from .errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError, RankInternalError
@@ -255,7 +254,7 @@ def _script_error_fix(dispatched: bool, command: list[str]) -> str:
         return "The script's own code raised this before it dispatched anything: see its traceback."
     return ("The script's own code raised this, not ptodist. If it checks a dispatch's results, wrong numbers "
             "often come from a race, a stale signal or an uninitialised read, which `ptodist run` does not look "
-            f"for: `{shlex.join(['ptodist', 'check', *command])}` runs the script under many schedules and "
+            f"for: `{commands.ptodist('check', *command)}` runs the script under many schedules and "
             "names them.")
 
 
@@ -296,7 +295,9 @@ def _check(args) -> int:
         return 2
     compat.install()
     sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
-    replay = " ".join(["ptodist check --seed {seed} --schedules 1", script, *args.args])
+    def replay(seed: int) -> str:  # the command that runs schedule `seed` alone, as a shell runs it pasted
+        return commands.ptodist("check", "--seed", seed, "--schedules", "1", script, *args.args)
+
     outcome, seed = None, args.seed
     with _StopSignals() as stop:
         try:
@@ -320,7 +321,7 @@ def _check(args) -> int:
         doc = findings.report("findings" if outcome.findings else ("error" if failed else "ok"), outcome.findings)
         doc.update(seed=outcome.session.seed, policy=outcome.session.policy,
                    replay=None if failed and _schedule_independent(outcome) else
-                   replay.format(seed=outcome.session.seed))
+                   replay(outcome.session.seed))
         shrunk = getattr(outcome, "shrunk", None)
         doc["schedule"] = shrunk.to_json() if shrunk is not None else None
         _write_json(args.report_json, doc)
@@ -341,7 +342,7 @@ def _write_json(path: str, doc: dict) -> None:
         f.write("\n")
 
 
-def _check_schedule(args, k: int, seed: int, replay: str):
+def _check_schedule(args, k: int, seed: int, replay):
     """Run schedule ``k`` of ``ptodist check`` (seed ``seed``); print its line, and its findings when it failed."""
     from .check import explore
 
@@ -379,7 +380,7 @@ def _check_schedule(args, k: int, seed: int, replay: str):
                                         outcome, enabled=not args.no_shrink)
         if outcome.shrunk is not None:
             print(outcome.shrunk.render(), file=sys.stderr)
-        print("Replay exactly: " + replay.format(seed=seed), file=sys.stderr)
+        print("Replay exactly: " + replay(seed), file=sys.stderr)
     return outcome
 
 

@@ -1,7 +1,7 @@
 """Run PyPTO scripts unmodified: make ``pypto.*`` imports resolve to ``ptodist.*``.
 
-The alias lives only in the running process (``ptodist run`` installs it);
-no ``pypto`` package is ever installed, so a real PyPTO stays untouched.
+The alias lives only in the running process (``ptodist run`` installs it, and the pytest plugin where no
+real PyPTO is importable); no ``pypto`` package is ever installed, so a real PyPTO stays untouched.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import commands
 from ..check.findings import Finding
 from ..errors import ApiTypeError, ConfigError
 
@@ -112,7 +113,8 @@ def _test_device_ids() -> list[int] | None:
 
 def _replay(seed: int, program: str) -> str:
     if _current is not None:
-        cmd = f"{REPLAY_ENV}={seed} python -m pytest {shlex.quote(_current.nodeid)}"
+        # The interpreter that runs the tests, by its path: the command works pasted where no venv is active.
+        cmd = f"{REPLAY_ENV}={seed} {commands.python('-m', 'pytest', _current.nodeid)}"
         if Path.cwd().resolve() != _current.rootdir.resolve():
             cmd = f"cd {shlex.quote(str(_current.rootdir))} && {cmd}"
         return cmd

@@ -6,22 +6,39 @@
 * every test's ptodist outputs go under its ``tmp_path``: ``PTODIST_OUTPUT_ROOT`` is
   ``tmp_path / "build_output"`` while the test runs (and is restored after it);
 * :func:`ptodist.testing.check` called in a test knows the test: it defaults to the test's
-  ``device_ids`` and names the test in its replay command.
+  ``device_ids`` and names the test in its replay command;
+* ``import pypto.language as pl`` (any ``pypto.*``) resolves to ptodist, as under ``ptodist run``,
+  unless a real PyPTO is installed: then it is PyPTO's.
 
 Disable it with ``-p no:ptodist``.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from pathlib import Path
 
 import pytest
 
+from .. import compat
 from . import _set_current_test, _Test
 
 OUTPUT_ENV = "PTODIST_OUTPUT_ROOT"
 DEFAULT_DEVICE_IDS = (0, 1)
+
+
+def _alias_pypto() -> None:
+    """Make ``pypto.*`` imports resolve to ptodist for the session, unless a real PyPTO is importable.
+
+    Done when pytest loads the plugin, before any conftest or test module is imported, so that tests written
+    as PyPTO's (``import pypto.language as pl``) run under plain pytest; a real PyPTO is never shadowed.
+    """
+    if importlib.util.find_spec("pypto") is None:
+        compat.install()
+
+
+_alias_pypto()
 
 
 def pytest_configure(config) -> None:
