@@ -19,6 +19,7 @@ from . import summary, swimlane
 
 LABEL_W = 190       # px: the row labels left of the plot
 PLOT_W = 1100       # px: the plot at zoom 1
+PLOT_PAD = 6        # px: left of the plot's time 0, in its scrolling box
 ROW_H = 22          # px: one lane of a rank
 RANK_GAP = 8        # px: between ranks
 CELL_H = 36         # px: one signal cell's counter row
@@ -36,11 +37,16 @@ th { background: #eef1f5; } td.l, th.l { text-align: left; }
 .status-ok { color: #2e7d32; } .status-error { color: #b3261e; font-weight: 600; }
 .finding { border-left: 4px solid #b3261e; padding: .2em .8em; margin: .6em 0; background: #fff6f5; }
 .finding h3 { font-size: 1em; margin: .3em 0; }
-#timeline-box { overflow-x: auto; border: 1px solid #d6dbe3; }
+#timeline-frame { display: flex; border: 1px solid #d6dbe3; }
+#timeline-labels { flex: none; border-right: 1px solid #d6dbe3; }
+#timeline-box { flex: 1 1 auto; min-width: 0; overflow-x: auto; }
 svg text { font: 11px system-ui, sans-serif; fill: #1d2330; }
-svg .grid { stroke: #e6e9ef; } svg .flow { stroke: #555; stroke-width: 1; opacity: .55; }
+svg .grid { stroke: #e6e9ef; }
+svg .flow { stroke: #1d2330; stroke-width: 1.4; } svg .flow-halo { stroke: #ffffff; stroke-width: 4; opacity: .9; }
 svg .critical { fill: none; stroke: #f2b600; stroke-width: 3; opacity: .75; }
-svg.hide-critical .critical, svg.hide-flows .flow { display: none; }
+svg.hide-critical .critical, svg.hide-flows .flow, svg.hide-flows .flow-halo { display: none; }
+svg .waited { fill: #e4572e; opacity: .18; } svg .expected { stroke: #e4572e; stroke-width: 1.2; stroke-dasharray: 4 3; }
+svg .never { fill: #b3261e; font-style: italic; }
 svg .pending { stroke: #7a0000; stroke-width: 1.5; stroke-dasharray: 3 2; }
 svg .counter { fill: none; stroke: #6a3d9a; stroke-width: 1.5; }
 svg .norecords { fill: #b3261e; font-style: italic; }
@@ -54,22 +60,44 @@ tr.selected td { background: #fff4c2; }
 SCRIPT = """
 (function () {
   var svg = document.getElementById('timeline');
+  var box = document.getElementById('timeline-box');
   var plot = document.getElementById('plot');
+  var plotW = Number(svg.dataset.plot), pad = Number(svg.dataset.pad);
   var zoom = 1;
-  function apply() {
-    plot.setAttribute('transform', 'translate(' + svg.dataset.left + ',0) scale(' + zoom + ',1)');
-    svg.setAttribute('width', Number(svg.dataset.left) + Number(svg.dataset.plot) * zoom + 20);
-    var ticks = svg.querySelectorAll('text.tick');
-    for (var i = 0; i < ticks.length; i++) {
-      ticks[i].setAttribute('x', Number(svg.dataset.left) + Number(ticks[i].dataset.x) * zoom);
+  // Zooming stretches x coordinates only: arrow heads, dots, strokes and text keep their size.
+  var X = {rect: ['x', 'width'], line: ['x1', 'x2'], circle: ['cx'], text: ['x']};
+  var items = [];
+  var els = plot.querySelectorAll('rect, line, circle, text, polyline');
+  for (var i = 0; i < els.length; i++) {
+    var el = els[i], tag = el.tagName.toLowerCase(), base = {};
+    if (tag === 'polyline') {
+      base.points = el.getAttribute('points').trim().split(/\\s+/).map(function (p) { return p.split(',').map(Number); });
+    } else {
+      (X[tag] || []).forEach(function (a) { base[a] = Number(el.getAttribute(a)); });
     }
+    items.push([el, base]);
+  }
+  function apply(oldZoom) {
+    var centre = (box.scrollLeft + box.clientWidth / 2) / oldZoom;
+    items.forEach(function (item) {
+      var el = item[0], base = item[1];
+      Object.keys(base).forEach(function (a) {
+        if (a === 'points') {
+          el.setAttribute('points', base.points.map(function (p) { return p[0] * zoom + ',' + p[1]; }).join(' '));
+        } else {
+          el.setAttribute(a, base[a] * zoom);
+        }
+      });
+    });
+    svg.setAttribute('width', pad + plotW * zoom + 20);
+    box.scrollLeft = Math.max(centre * zoom - box.clientWidth / 2, 0);  // keep the middle of the view in view
     document.getElementById('zoom-level').textContent = zoom + 'x';
   }
   document.getElementById('zoom-in').addEventListener('click', function () {
-    zoom = Math.min(zoom * 2, 256); apply();
+    var old = zoom; zoom = Math.min(zoom * 2, 256); apply(old);
   });
   document.getElementById('zoom-out').addEventListener('click', function () {
-    zoom = Math.max(zoom / 2, 1); apply();
+    var old = zoom; zoom = Math.max(zoom / 2, 1); apply(old);
   });
   document.getElementById('show-critical').addEventListener('change', function (e) {
     svg.classList.toggle('hide-critical', !e.target.checked);
@@ -78,13 +106,12 @@ SCRIPT = """
     svg.classList.toggle('hide-flows', !e.target.checked);
   });
   var rows = document.querySelectorAll('tr[data-rank]');
-  for (var i = 0; i < rows.length; i++) {
-    rows[i].addEventListener('click', function () {
+  for (var j = 0; j < rows.length; j++) {
+    rows[j].addEventListener('click', function () {
       var r = this.dataset.rank;
-      for (var j = 0; j < rows.length; j++) { rows[j].classList.toggle('selected', rows[j].dataset.rank === r); }
+      for (var k = 0; k < rows.length; k++) { rows[k].classList.toggle('selected', rows[k].dataset.rank === r); }
     });
   }
-  apply();
 })();
 """
 
@@ -226,7 +253,24 @@ def _tooltip(rec: dict, data: dict, t0: int) -> str:
     return "\n".join(lines)
 
 
+def _cells(ranks: list[dict]) -> list[dict]:
+    """Every signal cell that was notified or waited on: its counter series (``points``, empty for a cell no
+    notify reached) and the waits on it (``waits``: ``(record, waiting rank's data)``), by (buffer, owner, offset)."""
+    cells = {(c["buffer_id"], c["owner"], c["offset"]): {**c, "waits": []} for c in swimlane.counter_series(ranks)}
+    for data in ranks:
+        for rec in data["records"]:
+            if rec["kind"] == "wait":
+                a = rec["args"]
+                key = (a["buffer_id"], a["owner"], a["offset"])
+                if key not in cells:  # waited on, never notified: a wrong peer or cell, or a cell RMA writes
+                    cells[key] = {"name": swimlane.cell_name(a), "owner": a["owner"], "points": [], "waits": []}
+                cells[key]["waits"].append((rec, data))
+    return [cells[k] for k in sorted(cells)]
+
+
 def _timeline(ranks: list[dict], devices: dict[int, int], world: int, t0: int) -> str:
+    """The timeline: row labels in an SVG of their own, beside a scrolling SVG of the plot, so that zooming and
+    scrolling the plot never moves the labels out of view."""
     by_rank = {data["rank"]: data for data in ranks}
     t1 = max(max(data["end"] for data in ranks), t0 + 1)
     span = t1 - t0
@@ -244,18 +288,20 @@ def _timeline(ranks: list[dict], devices: dict[int, int], world: int, t0: int) -
         for lane in lanes:
             rows[(r, lane)] = y
             y += ROW_H
+        if data is None:
+            y += ROW_H  # room for the 'no records' line
         height = y - top
+        fill = "#fafbfc" if r % 2 else "#ffffff"
         state = "" if data is None or not data.get("stopped") else " (stopped)"
-        labels.append(f"<g class=\"rank-label\" data-rank=\"{r}\"><text x=\"6\" y=\"{top + 15}\">"
+        labels.append(f"<g class=\"rank-label\" data-rank=\"{r}\"><rect x=\"0\" y=\"{top}\" width=\"{LABEL_W}\" "
+                      f"height=\"{height}\" fill=\"{fill}\"/><text x=\"6\" y=\"{top + 15}\">"
                       f"{_e(_label(r, devices))}{state}</text>"
                       + (f"<text x=\"6\" y=\"{top + 15 + ROW_H}\" class=\"norecords\">no records</text>"
                          if data is None else "")
                       + "</g>")
         bars.append(f"<g class=\"rank\" data-rank=\"{r}\"><rect x=\"0\" y=\"{top}\" width=\"{PLOT_W}\" "
-                    f"height=\"{height}\" fill=\"{'#fafbfc' if r % 2 else '#ffffff'}\"/>")
-        if data is None:
-            y += ROW_H  # room for the 'no records' line
-        else:
+                    f"height=\"{height}\" fill=\"{fill}\"/>")
+        if data is not None:
             ordered = sorted(data["records"], key=lambda rec: rec["kind"] not in summary.CONTAINERS)
             for rec in ordered:  # tasks first, the operations over them
                 end = rec["end"] if rec["end"] is not None else data["end"]
@@ -274,8 +320,11 @@ def _timeline(ranks: list[dict], devices: dict[int, int], world: int, t0: int) -
         if ys is None or yd is None:
             continue
         x1, x2 = x(n["start"] + swimlane.arrow_inset(n)), x(w["end"] - swimlane.arrow_inset(w))
-        flows.append(f"<line class=\"flow vec\" x1=\"{x1}\" y1=\"{ys + ROW_H / 2}\" x2=\"{x2}\" "
-                     f"y2=\"{yd + ROW_H / 2}\" marker-end=\"url(#arrow)\"/>")
+        ends = f"x1=\"{x1}\" y1=\"{ys + ROW_H / 2}\" x2=\"{x2}\" y2=\"{yd + ROW_H / 2}\""
+        # a white halo under a dark line: readable over any bar; drawn last, over the bars and the path
+        flows.append(f"<line class=\"flow-halo vec\" {ends}/><line class=\"flow vec\" {ends} "
+                     f"marker-end=\"url(#arrow)\"><title>{_e(n['name'])} at {_e(summary._where(n['where']))} "
+                     f"released {_e(w['name'])} at {_e(summary._where(w['where']))}</title></line>")
     # the critical path, through each step's rank and lane
     critical = []
     for s, _how in summary.critical_path(ranks):
@@ -284,70 +333,88 @@ def _timeline(ranks: list[dict], devices: dict[int, int], world: int, t0: int) -
         if ry is not None:
             critical.append(f"{x(s['t'])},{ry + ROW_H / 2}")
     path = f"<polyline class=\"critical vec\" points=\"{' '.join(critical)}\"/>" if len(critical) > 1 else ""
-    # signal cells: one counter row each
+    # signal cells: one row each, for every cell notified or waited on
     counters = []
-    series_list = swimlane.counter_series(ranks)
-    if series_list:
+    cells = _cells(ranks)
+    if cells:
         y += 6
         labels.append(f"<text x=\"6\" y=\"{y + 10}\" class=\"muted\"><tspan font-weight=\"600\">signal cells</tspan>"
                       f"</text>")
         y += 16
-    for series in series_list:
-        values = [v for _, v in series["points"]]
+    for cell in cells:
+        waits = cell["waits"]
+        values = [v for _, v in cell["points"]] + [w["args"][k] for w, _ in waits for k in ("expected", "seen")]
         lo, hi = min(0, *values), max(1, *values)
 
         def vy(v: int, base: float = y, lo: int = lo, hi: int = hi) -> float:
             return round(base + CELL_H - 4 - (v - lo) / (hi - lo) * (CELL_H - 10), 2)
 
-        pts = []
-        prev = None
-        for t, v in series["points"]:
+        parts = [f"<g class=\"cell\" data-owner=\"{cell['owner']}\" data-cell=\"{_e(cell['name'])}\">"
+                 f"<line class=\"grid vec\" x1=\"0\" x2=\"{PLOT_W}\" y1=\"{y + CELL_H - 4}\" y2=\"{y + CELL_H - 4}\"/>"]
+        for rec, data in waits:  # when each waiter waited on this cell, and for which value
+            end = rec["end"] if rec["end"] is not None else data["end"]
+            a = rec["args"]
+            wx, ww = x(rec["start"]), max(x(end) - x(rec["start"]), 0.4)
+            parts.append(f"<rect class=\"waited\" x=\"{wx}\" y=\"{y + 2}\" width=\"{ww:.2f}\" height=\"{CELL_H - 6}\">"
+                         f"<title>rank {data['rank']} waited here at {_e(summary._where(rec['where']))}: {a['cmp']} "
+                         f"{a['expected']}, "
+                         + (f"still waiting at the stop (the cell held {a['seen']})" if a.get("pending")
+                            else f"saw {a['seen']}") + "</title></rect>"
+                         f"<line class=\"expected vec\" x1=\"{wx}\" x2=\"{round(wx + ww, 2)}\" "
+                         f"y1=\"{vy(a['expected'])}\" y2=\"{vy(a['expected'])}\"/>")
+        points = cell["points"] or [(min(rec["start"] for rec, _ in waits), waits[0][0]["args"]["seen"])]
+        pts, prev = [], None
+        for t, v in points:
             if prev is not None:
                 pts.append(f"{x(t)},{prev}")
             prev = vy(v)
             pts.append(f"{x(t)},{prev}")
         pts.append(f"{x(t1)},{prev}")
-        dots = "".join(f"<circle class=\"vec\" cx=\"{x(t)}\" cy=\"{vy(v)}\" r=\"2\" fill=\"#6a3d9a\"><title>"
-                       f"{_e(series['name'])} = {v} at {_ms(t - t0)} ms</title></circle>"
-                       for t, v in series["points"][1:])
-        counters.append(f"<g class=\"cell\" data-owner=\"{series['owner']}\"><line class=\"grid vec\" x1=\"0\" "
-                        f"x2=\"{PLOT_W}\" y1=\"{y + CELL_H - 4}\" y2=\"{y + CELL_H - 4}\"/>"
-                        f"<polyline class=\"counter vec\" points=\"{' '.join(pts)}\"/>{dots}</g>")
-        labels.append(f"<text x=\"6\" y=\"{y + CELL_H / 2 + 4}\">{_e(series['name'])}</text>"
-                      f"<text x=\"{LABEL_W - 8}\" y=\"{y + CELL_H / 2 + 4}\" text-anchor=\"end\" class=\"muted\">"
-                      f"{lo}..{hi}</text>")
+        parts.append(f"<polyline class=\"counter vec\" points=\"{' '.join(pts)}\"/>")
+        parts.extend(f"<circle class=\"vec\" cx=\"{x(t)}\" cy=\"{vy(v)}\" r=\"2\" fill=\"#6a3d9a\"><title>"
+                     f"{_e(cell['name'])} = {v} at {_ms(t - t0)} ms</title></circle>" for t, v in cell["points"][1:])
+        counters.append("".join(parts) + "</g>")
+        never = "" if cell["points"] else (f"<text x=\"6\" y=\"{y + CELL_H / 2 + 16}\" class=\"never\">"
+                                           "waited on, never notified</text>")
+        labels.append(f"<g class=\"cell-label\" data-cell=\"{_e(cell['name'])}\"><text x=\"6\" y=\"{y + CELL_H / 2 + 2}\">"
+                      f"{_e(cell['name'])}</text><text x=\"{LABEL_W - 8}\" y=\"{y + CELL_H / 2 + 2}\" "
+                      f"text-anchor=\"end\" class=\"muted\">{lo}..{hi}</text>{never}</g>")
         y += CELL_H
     height = y + 10
     # the time axis: about ten ticks at a round step
     step = _tick_step(span)
-    ticks, tick_labels = [], []
+    ticks = []
     k = 0
     while k * step <= span:
         tx = x(t0 + k * step)
-        ticks.append(f"<line class=\"grid vec\" x1=\"{tx}\" x2=\"{tx}\" y1=\"{AXIS_H - 4}\" y2=\"{height}\"/>")
-        tick_labels.append(f"<text class=\"tick\" data-x=\"{tx}\" x=\"{LABEL_W + tx}\" y=\"{AXIS_H - 8}\">"
-                           f"{_ms(k * step).rstrip('0').rstrip('.')} ms</text>")
+        ticks.append(f"<line class=\"grid vec\" x1=\"{tx}\" x2=\"{tx}\" y1=\"{AXIS_H - 4}\" y2=\"{height}\"/>"
+                     f"<text class=\"tick\" x=\"{tx}\" y=\"{AXIS_H - 8}\">"
+                     f"{_ms(k * step).rstrip('0').rstrip('.')} ms</text>")
         k += 1
     legend = "".join(f"<span><i style=\"background:{c}\"></i>{k}</span>" for k, c in COLORS.items())
     return "\n".join([
         "<section id=\"timeline-section\"><h2>Timeline</h2>",
         f"<p class=\"legend\">{legend}<span><i style=\"background:#f2b600\"></i>critical path</span>"
         "<span>dashed outline: a wait still blocked when the run was stopped</span>"
-        "<span>arrows: notify → the wait it released</span></p>",
+        "<span>arrows: notify → the wait it released</span>"
+        "<span>signal cells: shaded while a rank waited on the cell, dashed at the value it waited for</span></p>",
         "<p class=\"controls\"><button id=\"zoom-out\" type=\"button\">zoom out</button>"
         "<button id=\"zoom-in\" type=\"button\">zoom in</button> <span id=\"zoom-level\">1x</span> "
         "<label><input type=\"checkbox\" id=\"show-critical\" checked> critical path</label> "
         "<label><input type=\"checkbox\" id=\"show-flows\" checked> arrows</label> "
         "<span class=\"muted\">hover a bar for its details</span></p>",
-        f"<div id=\"timeline-box\"><svg id=\"timeline\" width=\"{LABEL_W + PLOT_W + 20}\" height=\"{height}\" "
-        f"data-left=\"{LABEL_W}\" data-plot=\"{PLOT_W}\" role=\"img\" aria-label=\"timeline of every rank\">",
-        "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerWidth=\"6\" markerHeight=\"6\" "
-        "orient=\"auto-start-reverse\"><path d=\"M 0 0 L 10 5 L 0 10 z\" fill=\"#555\"/></marker></defs>",
-        f"<g id=\"plot\" transform=\"translate({LABEL_W},0)\">",
-        *bars, *ticks, *counters, *flows, path, "</g>",
-        f"<rect x=\"0\" y=\"0\" width=\"{LABEL_W}\" height=\"{height}\" fill=\"#ffffff\"/>",
-        *labels, *tick_labels,
-        "</svg></div></section>",
+        f"<div id=\"timeline-frame\"><svg id=\"timeline-labels\" width=\"{LABEL_W}\" height=\"{height}\" "
+        "role=\"img\" aria-label=\"the timeline's rows\">",
+        *labels,
+        "</svg>",
+        f"<div id=\"timeline-box\"><svg id=\"timeline\" width=\"{PLOT_PAD + PLOT_W + 20}\" height=\"{height}\" "
+        f"data-pad=\"{PLOT_PAD}\" data-plot=\"{PLOT_W}\" role=\"img\" aria-label=\"timeline of every rank\">",
+        "<defs><marker id=\"arrow\" viewBox=\"0 0 10 10\" refX=\"9\" refY=\"5\" markerUnits=\"userSpaceOnUse\" "
+        "markerWidth=\"9\" markerHeight=\"9\" orient=\"auto-start-reverse\"><path d=\"M 0 0 L 10 5 L 0 10 z\" "
+        "fill=\"#1d2330\" stroke=\"#ffffff\" stroke-width=\"1\"/></marker></defs>",
+        f"<g id=\"plot\" transform=\"translate({PLOT_PAD},0)\">",
+        *bars, *ticks, *counters, path, *flows, "</g>",
+        "</svg></div></div></section>",
     ])
 
 
