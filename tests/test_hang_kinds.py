@@ -10,7 +10,7 @@ from conftest import source_line
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, ir, shared_array
-from ptodist.check import explore
+from ptodist.check import explore, hang
 
 SIZE = 8
 SEEDS = range(20)
@@ -530,9 +530,8 @@ def test_a_wait_on_a_cell_a_finished_rank_never_notified_names_where_its_notifie
     with pytest.raises(HangError) as info:
         wrong_cell_host.compile(y, config=cfg(2, backend, hang_timeout_s=30.0))(y)
     cause = next(line for line in str(info.value).splitlines() if line.startswith("Likely cause: "))
-    assert cause == (f"Likely cause: rank 1 finished without notifying the cell rank 0 waits on (cell [1, 0]); its "
-                     f"notifies on 'sig_buf' to rank 0 went to byte offset(s) 0 (the wait's is 4), from {wrong}: "
-                     "check the peer index and cell of its notify (a rank or index of another comm domain?), or a "
-                     "condition that skipped it.")
+    assert cause == (f"Likely cause: a notify went to the wrong cell: rank 1 notified rank 0's 'sig' cell [0, 0] at "
+                     f"{wrong}, where nobody waits on it; rank 0 waits on 'sig' cell [1, 0] at {wait} for >= 1 and "
+                     "holds 0. Did you mean to notify 'sig' cell [1, 0]?")
     (f,) = findings.from_exception(info.value)
-    assert f.kind == "hang" and f.locations == [wrong, wait]
+    assert f.kind == "hang" and f.locations == [wrong, wait] and f.fix == hang.FIX_WRONG_INDEX

@@ -456,13 +456,20 @@ def make_wrong_neighbour(nr: int):
 
 
 def test_wait_for_cycle_and_misdirected_notifies_are_reported(no_leaks):
+    from ptodist.check import hang
+
     with pytest.raises(HangError) as info:
         pl_compile(make_wrong_neighbour(3), 3)(np.zeros((3, 1), np.float32))
     msg = str(info.value)
     assert "Wait-for cycle: rank 0 -> rank 2 -> rank 1 -> rank 0" in msg
     assert msg.count("received no notify") == 3
-    assert "none of their notifies reached a cell that a blocked rank waits on" in msg
+    # Each notify reached its left neighbour's copy of the cell its right neighbour waits on.
+    assert ("Likely cause: a notify went to the wrong peer: rank 2 notified rank 1's 'sig' cell [2, 0] at "
+            f"{__file__}:{_line_of('notify(sig, left')}, where nobody waits on it (rank 1 waits on another cell); "
+            "rank 0 waits on 'sig' cell [2, 0]") in msg
+    assert "Did you mean to notify rank 0? The same holds for the waits of ranks 1 and 2: 2 more notify(s)" in msg
     assert info.value.diagnosis["cycle"] == [0, 2, 1, 0]
+    assert info.value.diagnosis["fix"] == hang.FIX_WRONG_PEER
 
 
 def make_tagged(nr: int):

@@ -9,10 +9,12 @@ cell offset, op, value, resulting value, source line).
 
 from __future__ import annotations
 
+import re
 import time
 
+from ..compiler.plan import WindowView
 from ..errors import HangError
-from ..rank.status import DONE, HISTORY, OTHER_WAITS, RUNNING, STATE_NAMES, WAIT_CMPS, WAITING
+from ..rank.status import DONE, HISTORY, OTHER_WAITS, RUNNING, STATE_NAMES, WAIT_CMPS, WAITING, cell_holds
 
 _SYMBOLS = {"Eq": "==", "Ge": ">=", "Ne": "!=", "Lt": "<", "Le": "<=", "Gt": ">"}
 
@@ -56,6 +58,14 @@ FIX_PEER_SKIPPED = ("Make the finished rank notify the cell the waiting rank wai
                     "index and any condition that skips it.")
 FIX_WRONG_CELLS = ("Make each notify's peer and offsets name the cell its receiver waits on (e.g. notify (r + 1) % n "
                    "at [r, 0] when the right neighbour waits on [left, 0]).")
+FIX_WRONG_PEER = ("Pass the waiting rank as the notify's peer: pld.system.notify(sig, peer, offsets, ...) changes the "
+                  "cell on rank peer, so peer must be the rank whose pld.system.wait counts the notify (the rank the "
+                  "report asks 'Did you mean to notify rank ...?' about).")
+FIX_WRONG_INDEX = ("Make the notify's offsets name the cell its peer waits on: pld.system.notify(sig, peer, offsets, ...) "
+                   "and the peer's pld.system.wait(sig, offsets, ...) must address the same cell (e.g. notify [me, 0] "
+                   "when the peer waits on [src, 0] for each src).")
+FIX_SHORT_COUNT = ("Wait for the number of notifies the program sends (n - 1 when a rank does not notify itself), or "
+                   "add the notify that is missing: every rank that notifies the cell has finished or already did.")
 FIX_ORDER = ("Submit the chip task that notifies before the chip task that waits for it, or give the two no host "
              "tensor in common: the host starts a chip task only once the earlier-submitted chip tasks it shares "
              "host tensors with are complete.")
@@ -103,6 +113,12 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                          "wait (its notify, or a peer's that answers it), the two wait for each other: the queued "
                          "task for the deferred wait, the deferred wait for the queued task. Pass the signal to the "
                          "queued task as pl.no_dep(sig), or submit both in a pl.manual_scope()."}
+    # The notifies the ranks sent are the evidence: ones on cells nobody waits on name the wrong peer or index,
+    # and a cell every other rank already notified says the count is short; only without either does a rank
+    # waiting before it notifies explain the hang.
+    evidence = _misdirected(states, sent) or _short_count(states, sent)
+    if evidence:
+        return evidence
     # "Waits before it notifies" is about ranks that wait for one another: not when a rank waits on a finished one.
     waits_on_finished = any(by_rank.get(s.get("cell0", -1), {}).get("state") in ("finished", "failed")
                             and s.get("cell0") != s["rank"] for s in blocked)
@@ -149,6 +165,137 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
                          "notifying the left neighbour while it waits for a notify from its left). Check each "
                          "notify's peer and offsets against the matching wait."}
     return {"kind": "hang", "culprits": [], "cycle": wait_for_cycle(states), "cause": ""}
+
+
+def _short(w: dict) -> bool:
+    """Whether wait ``w`` (a blocked rank's, or one of its others) is not satisfied by the value its cell holds."""
+    return not cell_holds(WAIT_CMPS.index(w["cmp"]), w["current"], w["expected"])
+
+
+_WAIT_TEXT = re.compile(r" on '([^']*)' \(buffer '[^']*'\) cell (\[[-\d, ]*\]|-?\d+)$")
+
+
+def _cell_text(w: dict, offset: int) -> str:
+    """The cell at byte ``offset`` of the buffer wait ``w`` waits on, named as the wait names its own cell
+    (``'sig' cell [1, 0]``), or by byte offset when the view's shape does not say which index it is."""
+    m = _WAIT_TEXT.search(w.get("wait", ""))
+    if m is None:
+        return f"byte offset {offset} of buffer '{w['buffer']}'"
+    view, cell = m.groups()
+    if offset == w["offset"]:
+        return f"'{view}' cell {cell}"
+    shape = w.get("shape")
+    if shape and offset % 4 == 0:
+        def unravel(flat: int) -> list[int]:
+            idx = []
+            for size in reversed(shape):
+                idx.append(flat % size)
+                flat //= size
+            return idx[::-1] if flat == 0 else []
+        index, own = unravel(offset // 4), unravel(w["offset"] // 4)
+        if index and own and str(own) == (cell if cell.startswith("[") else f"[{cell}]"):  # the view the wait names
+            return f"'{view}' cell {index}"
+    return f"byte offset {offset} of buffer '{w['buffer']}' (the wait's cell {cell} is at byte offset {w['offset']})"
+
+
+def _ranks(ranks) -> str:
+    """``rank 1``, ``ranks 1 and 2``, ``ranks 1, 2 and 3``."""
+    ranks = [str(r) for r in ranks]
+    if len(ranks) == 1:
+        return f"rank {ranks[0]}"
+    return f"ranks {', '.join(ranks[:-1])} and {ranks[-1]}"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
+
+
+def _misdirected(states: list[dict], sent: list[dict]) -> dict | None:
+    """The cause when notifies landed on cells nobody waits on while a wait on a cell like them is short: a wrong
+    peer (the same cell on another rank) or a wrong index (another cell of the waiting rank's buffer)."""
+    by_rank = {s["rank"]: s for s in states}
+    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
+    every = [w for s in blocked for w in waits(s)]
+    waited = {(w["buffer_id"], w["rank"], w["offset"]) for w in every}
+    short = [w for w in every if _short(w)]
+    found: dict[int, tuple[dict, str, list[dict]]] = {}  # a short wait's position -> (the wait, how, its strays)
+    for e in sent:
+        target = by_rank.get(e["owner"])
+        if (e["buffer"], e["owner"], e["offset"]) in waited or target is None or target["state"] == "running":
+            continue  # (a running rank may still come to wait on it)
+        peer = [i for i, w in enumerate(short) if w["buffer_id"] == e["buffer"] and w["offset"] == e["offset"]]
+        index = [i for i, w in enumerate(short) if w["buffer_id"] == e["buffer"] and w["rank"] == e["owner"]]
+        if peer or index:
+            i = (peer or index)[0]
+            found.setdefault(i, (short[i], "peer" if peer else "index", []))[2].append(e)
+    if not found:
+        return None
+    w, how, strays = found[min(found)]
+    groups: dict[tuple[int, int], list[int]] = {}  # (owner, offset) -> the ranks that notified it
+    for e in strays:
+        senders = groups.setdefault((e["owner"], e["offset"]), [])
+        if e["rank"] not in senders:
+            senders.append(e["rank"])
+    clauses = [f"{_ranks(sorted(senders))} notified rank {owner}'s {_cell_text(w, offset)}"
+               for (owner, offset), senders in sorted(groups.items(), key=lambda g: (min(g[1]), g[0]))]
+    if len(clauses) > 3:
+        clauses = [*clauses[:3], f"{len(clauses) - 3} more"]
+    lines = _lines(strays)
+    targets = sorted({owner for owner, _ in groups if owner != w["rank"]})
+    finished = [r for r in targets if by_rank[r]["state"] in ("finished", "failed", "not started")]
+    elsewhere = [r for r in targets if by_rank[r]["state"] == "waiting"]
+    why = [f"{_ranks(finished)} {'finished' if all(by_rank[r]['state'] == 'finished' for r in finished) else 'ended'}"
+           ] if finished else []
+    if elsewhere:
+        why.append(f"{_ranks(elsewhere)} {'waits on another cell' if len(elsewhere) == 1 else 'wait on other cells'}")
+    one = len(groups) == 1
+    meant = f"rank {w['rank']}" if how == "peer" else _cell_text(w, w["offset"])
+    cause = (f"{'a notify' if len(strays) == 1 else 'notifies'} went to the wrong "
+             f"{'peer' if how == 'peer' else 'cell'}: {_and(clauses)} at {_and(lines)}, where nobody waits on "
+             f"{'it' if one else 'them'}{f' ({_and(why)})' if why else ''}; rank {w['rank']} waits on "
+             f"{_cell_text(w, w['offset'])} at {w['where']} for {_SYMBOLS[w['cmp']]} {w['expected']} and holds "
+             f"{w['current']}. Did you mean to notify {meant}?")
+    rest = [e for i in sorted(found) if i != min(found) for e in found[i][2]]
+    if rest:
+        ranks = sorted({found[i][0]["rank"] for i in found if i != min(found)} - {w["rank"]})
+        more = f"the waits of {_ranks(ranks)}" if ranks else f"rank {w['rank']}'s other waits"
+        cause += (f" The same holds for {more}: {len(rest)} more notify(s) landed on cells nobody waits on, "
+                  f"from {_and(_lines(rest))}.")
+    return {"kind": "hang", "culprits": [*lines, *(c for c in _lines(rest) if c not in lines)],
+            "cycle": wait_for_cycle(states), "fix": FIX_WRONG_PEER if how == "peer" else FIX_WRONG_INDEX,
+            "cause": cause}
+
+
+def _short_count(states: list[dict], sent: list[dict]) -> dict | None:
+    """The cause when a wait counts more notifies than the program sends: every other rank notified its cell
+    (and no notify on its buffer went to a cell nobody waits on), yet the count stays short."""
+    by_rank = {s["rank"]: s for s in states}
+    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
+    waited = {(w["buffer_id"], w["rank"], w["offset"]) for s in blocked for w in waits(s)}
+    for w in (w for s in blocked for w in waits(s)):
+        if w["cmp"] not in ("Ge", "Eq") or w["current"] >= w["expected"]:
+            continue
+        got = received(w, sent)
+        if not got or len(got) >= HISTORY or any(e["op"] != "AtomicAdd" or e["value"] <= 0 for e in got) \
+                or sum(e["value"] for e in got) != w["current"]:
+            continue  # (a cell this dispatch's notifies do not account for, or a ring that forgot some)
+        senders = sorted({e["rank"] for e in got})
+        others = [r for r in by_rank if r != w["rank"]]
+        if any(r not in senders for r in others) or \
+                any(e["buffer"] == w["buffer_id"] and (e["buffer"], e["owner"], e["offset"]) not in waited
+                    for e in sent):
+            continue
+        ended = "finished" if all(by_rank[r]["state"] == "finished" for r in others) else "finished or is blocked"
+        cell = _cell_text(w, w["offset"])
+        return {"kind": "hang", "culprits": [w["where"], *_lines(got)], "cycle": wait_for_cycle(states),
+                "fix": FIX_SHORT_COUNT,
+                "cause": f"rank {w['rank']} waits on {cell} at {w['where']} for {_SYMBOLS[w['cmp']]} "
+                         f"{w['expected']} and holds {w['current']}, but every other rank already notified it "
+                         f"({_ranks(senders)}, at {_and(_lines(got))}) and {ended}, and no notify on "
+                         f"'{w['buffer']}' went to a cell nobody waits on: it waits for "
+                         f"{w['expected'] - w['current']} more than the program sends. Wait for "
+                         f"{w['current']} (n - 1 when a rank does not notify itself), or add the missing notify."}
+    return None
 
 
 def _running_cause(running: list[dict], blocked: list[dict], states: list[dict]) -> dict:
@@ -293,6 +440,9 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
                   cell0=int(row["wait_cell0"]), expected=int(row["wait_expected"]),
                   cmp=WAIT_CMPS[int(row["wait_cmp"])], current=cell_load(buffer_id, r, offset),
                   waiting_s=round(time.time() - float(row["since"]), 3))
+        shape = _view_shape(plan, buffer_id)
+        if shape:
+            st["shape"] = shape  # names the other cells of its buffer that notifies went to
         order = getattr(plan, "order_signal", None)
         if order is not None and buffer_id == order.id:
             st["order"] = True  # the host's order of chip tasks: the rank waits before a task, not at a program line
@@ -311,6 +461,13 @@ def rank_state(plan, r: int, row, finished: bool, cell_load, line: str | None = 
     if st["state"] == STATE_NAMES[RUNNING] and (asked or line):
         st["line"] = line  # None: asked, but the rank did not answer
     return st
+
+
+def _view_shape(plan, buffer_id: int) -> list[int] | None:
+    """The shape of the windows the host made of buffer ``buffer_id``, when they all have one (else None)."""
+    shapes = {tuple(a.shape) for tasks in plan.tasks for t in tasks for a in t.args
+              if isinstance(a, WindowView) and a.buffer.id == buffer_id}
+    return [int(n) for n in shapes.pop()] if len(shapes) == 1 else None
 
 
 def hang_from_states(states: list[dict], sent: list[dict], certain: bool, idle_s: float | None,

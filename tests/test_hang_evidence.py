@@ -1,0 +1,220 @@
+"""A hang's likely cause follows the evidence the ranks hold on the status board: the notifies they sent and where
+they landed, the cells the blocked ranks wait on, the ranks that finished.
+
+* Notifies on cells nobody waits on point at the wrong peer (the same cell on another rank) or the wrong index
+  (another cell of the waiting rank): the report says where the missing notifies went, and asks about the rank
+  or cell that waits.
+* A cell every other rank already notified, still short: the wait counts more than the program sends.
+* A cycle of waits with no misdirected notify is still a rank that waits before it notifies.
+
+The report is the same on sim (``ptodist check``) and shm (``ptodist run``) but for its first line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, HangError, RunConfig, cli
+from ptodist.check import findings, hang
+
+NR = pl.dynamic("NR")
+SIZE = 4
+
+
+def _line(marker: str) -> str:
+    hits = [i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith(f"# @{marker}")]
+    assert len(hits) == 1, marker
+    return f"{__file__}:{hits[0]}"
+
+
+def _program(body):
+    """A one-kernel program on an ``[NR, 1]`` INT32 signal window; the kernel runs ``body(sig, me, n)``."""
+    @pl.jit.incore
+    def kernel(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+        ctx = pld.get_comm_ctx(sig)
+        body(sig, pld.rank(ctx), pld.nranks(ctx))
+        return y
+
+    @pl.jit
+    def per_rank(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+        return kernel(y, sig)
+
+    @pl.jit.host
+    def host(y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
+        buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            per_rank(y[r], pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+    return host
+
+
+def _hang(body, backend: str = "sim", world: int = 3) -> HangError:
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(world))), backend=backend,
+                       hang_timeout_s=30)
+    with pytest.raises(HangError) as info:
+        _program(body)(np.zeros((world, 1, SIZE), np.float32), config=config)
+    return info.value
+
+
+def _below_head(error: HangError) -> str:
+    """The report without its first line (how the stall was detected) and with its times as N."""
+    return re.sub(r"\(waiting \d+\.\d+ s\)", "(waiting N s)", str(error).split("\n", 1)[1])
+
+
+# -- a notify to the wrong peer ------------------------------------------------------------------------------------
+
+def _to_the_next(sig, me, n) -> None:
+    """Every rank reports to the root, rank 0, which waits for n - 1 reports; the reports go to (me + 1) % n."""
+    if me == 0:
+        pld.system.wait(sig, [0, 0], n - 1, cmp=pld.WaitCmp.Ge)  # @root wait
+    else:
+        pld.system.notify(sig, (me + 1) % n, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)  # @wrong peer
+
+
+def test_a_notify_to_the_wrong_peer_is_named_with_where_it_went(backend):
+    error = _hang(_to_the_next, backend)
+    notify, wait = _line("wrong peer"), _line("root wait")
+    assert _below_head(error) == (
+        f"  rank 0 (device 0): blocked at {wait} in kernel 'kernel': pld.system.wait on 'sig' (buffer 'buf') cell "
+        "[0, 0] holds 1, needs >= 2 (waiting N s)\n"
+        f"      received 1 notify(s): +1 from rank 2 at {notify}\n"
+        "  rank 1 (device 1): finished\n"
+        "  rank 2 (device 2): finished\n"
+        f"Likely cause: a notify went to the wrong peer: rank 1 notified rank 2's 'sig' cell [0, 0] at {notify}, "
+        "where nobody waits on it (rank 2 finished); rank 0 waits on 'sig' cell [0, 0] at "
+        f"{wait} for >= 2 and holds 1. Did you mean to notify rank 0?")
+    (f,) = findings.from_exception(error)
+    assert f.kind == "hang" and f.ranks == [0] and f.docs == "docs/pitfalls.md#all-ranks-hang"
+    assert f.locations == [notify, wait] and f.fix == hang.FIX_WRONG_PEER
+
+
+def test_every_notify_that_went_astray_is_listed():
+    notify, wait = _line("wrong peer"), _line("root wait")
+    cause = _hang(_to_the_next, world=4).diagnosis["cause"]
+    assert cause == (
+        "notifies went to the wrong peer: rank 1 notified rank 2's 'sig' cell [0, 0] and rank 2 notified rank 3's "
+        f"'sig' cell [0, 0] at {notify}, where nobody waits on them (ranks 2 and 3 finished); rank 0 waits on 'sig' "
+        f"cell [0, 0] at {wait} for >= 3 and holds 1. Did you mean to notify rank 0?")
+
+
+SCRIPT = '''\
+import numpy as np
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig
+
+NR = pl.dynamic("NR")
+
+
+@pl.jit.incore
+def report(y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[1], pl.INT32]]):
+    me = pld.rank(pld.get_comm_ctx(sig))
+    n = pld.nranks(pld.get_comm_ctx(sig))
+    if me == 0:
+        pld.system.wait(sig, [0], n - 1, cmp=pld.WaitCmp.Ge)
+    else:
+        pld.system.notify(sig, (me + 1) % n, [0], 1, op=pld.NotifyOp.AtomicAdd)
+    return y
+
+
+@pl.jit
+def per_rank(y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[1], pl.INT32]]):
+    return report(y, sig)
+
+
+@pl.jit.host
+def host(y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        per_rank(y[r], pld.window(buf, [1], dtype=pl.INT32), device=r)
+
+
+host(np.zeros((3, 1, 4), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1, 2])))
+'''
+
+
+def test_ptodist_check_reports_the_wrong_peer_in_its_findings_and_json(tmp_path, capsys, monkeypatch):
+    script = tmp_path / "gather.py"
+    script.write_text(SCRIPT)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert cli.main(["check", "--schedules", "2", "--report-json", str(tmp_path / "r.json"), str(script)]) == 1
+    err = capsys.readouterr().err
+    wait, notify = f"{script}:15", f"{script}:17"
+    cause = (f"Likely cause: a notify went to the wrong peer: rank 1 notified rank 2's 'sig' cell [0] at {notify}, "
+             f"where nobody waits on it (rank 2 finished); rank 0 waits on 'sig' cell [0] at {wait} for >= 2 and "
+             "holds 1. Did you mean to notify rank 0?")
+    assert f"  {cause}\n  at {notify}, {wait}\n  fix: {hang.FIX_WRONG_PEER}\n" in err
+    (f,) = json.loads((tmp_path / "r.json").read_text())["findings"]
+    assert f["kind"] == "hang" and f["fix"] == hang.FIX_WRONG_PEER and f["locations"] == [notify, wait]
+    assert f["message"].endswith(cause)
+
+
+# -- a notify to the right rank, on the wrong cell -----------------------------------------------------------------
+
+def _to_cell_zero(sig, me, n) -> None:
+    """The root waits for each rank's report on that rank's row; the reports all go to row 0."""
+    if me == 0:
+        for src in range(1, n):
+            pld.system.wait(sig, [src, 0], 1, cmp=pld.WaitCmp.Ge)  # @row wait
+    else:
+        pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)  # @wrong row
+
+
+def test_a_notify_to_the_wrong_cell_names_the_cell_the_rank_waits_on():
+    error = _hang(_to_cell_zero)
+    notify, wait = _line("wrong row"), _line("row wait")
+    assert error.diagnosis["cause"] == (
+        f"notifies went to the wrong cell: ranks 1 and 2 notified rank 0's 'sig' cell [0, 0] at {notify}, where "
+        f"nobody waits on it; rank 0 waits on 'sig' cell [1, 0] at {wait} for >= 1 and holds 0. Did you mean to "
+        "notify 'sig' cell [1, 0]?")
+    (f,) = findings.from_exception(error)
+    assert f.kind == "hang" and f.locations == [notify, wait] and f.fix == hang.FIX_WRONG_INDEX
+
+
+# -- a wait for more notifies than the program sends ---------------------------------------------------------------
+
+def _one_too_many(sig, me, n) -> None:
+    """Every other rank reports to the root, which waits for n reports instead of n - 1."""
+    if me == 0:
+        pld.system.wait(sig, [0, 0], n, cmp=pld.WaitCmp.Ge)  # @count wait
+    else:
+        pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)  # @report
+
+
+def test_a_count_short_by_one_says_it_waits_for_more_than_will_come(backend):
+    error = _hang(_one_too_many, backend)
+    notify, wait = _line("report"), _line("count wait")
+    assert error.diagnosis["cause"] == (
+        f"rank 0 waits on 'sig' cell [0, 0] at {wait} for >= 3 and holds 2, but every other rank already notified "
+        f"it (ranks 1 and 2, at {notify}) and finished, and no notify on 'buf' went to a cell nobody waits on: it "
+        "waits for 1 more than the program sends. Wait for 2 (n - 1 when a rank does not notify itself), or add "
+        "the missing notify.")
+    assert "waits before it notifies" not in str(error)
+    (f,) = findings.from_exception(error)
+    assert f.kind == "hang" and f.locations == [wait, notify] and f.fix == hang.FIX_SHORT_COUNT
+
+
+# -- a genuine wait-for cycle stays "waits before it notifies" -----------------------------------------------------
+
+def _wait_then_notify(sig, me, n) -> None:
+    """A ring in which every rank waits for its right neighbour before it notifies its left one."""
+    pld.system.wait(sig, [(me + 1) % n, 0], 1, cmp=pld.WaitCmp.Ge)  # @cycle wait
+    pld.system.notify(sig, (me - 1 + n) % n, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+
+def test_a_cycle_of_waits_with_no_misdirected_notify_waits_before_it_notifies():
+    error = _hang(_wait_then_notify)
+    assert "Wait-for cycle: rank 0 -> rank 1 -> rank 2 -> rank 0" in str(error)
+    assert error.diagnosis["cause"].startswith("no blocked rank had notified anyone before it began to wait: every "
+                                               "rank waits before it notifies.")
+    (f,) = findings.from_exception(error)
+    assert f.kind == "hang" and f.fix == hang.FIX_WAIT_FIRST and f.locations == [_line("cycle wait")]
