@@ -174,3 +174,13 @@ def test_none_adds_nothing_and_a_bad_value_stops_the_call(tmp_path, monkeypatch)
     with pytest.raises(ConfigError) as e:
         compiled(x)
     assert str(e.value) == bad_value("PTODIST_DFX", "swimlane;deps", "swimlane;deps")
+
+
+def test_ptodist_trace_names_the_switch_that_needs_no_edit(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "ptodist", "trace", str(tmp_path)], env=child_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == (f"ptodist trace: {tmp_path} holds no DFX outputs (no dfx_outputs/ folder in it). Run the "
+                        "program with RunConfig(enable_chip_swimlane=True) (or, without editing the script, ptodist "
+                        "run --dfx SCRIPT or PTODIST_DFX=swimlane) (and its output_dir, or PTODIST_OUTPUT_ROOT, "
+                        "pointing here), then run ptodist trace on compiled.output_dir.\n")

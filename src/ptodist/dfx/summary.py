@@ -28,7 +28,8 @@ from pathlib import Path
 from .. import dfx
 from . import swimlane
 
-ENABLE_HINT = "RunConfig(enable_chip_swimlane=True)"
+ENABLE_HINT = ("RunConfig(enable_chip_swimlane=True) (or, without editing the script, ptodist run --dfx SCRIPT "
+               "or PTODIST_DFX=swimlane)")
 _RANK_DIR = re.compile(r"rank(\d+)$")
 _DISPATCH_DIR = re.compile(r"d(\d+)$")
 CONTAINERS = ("task", "collective")
