@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_mpi import _mpirun, needs_mpi
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -142,20 +143,36 @@ host(np.zeros((3, 1, 4), np.float32), config=RunConfig(distributed_config=Distri
 '''
 
 
-def test_ptodist_check_reports_the_wrong_peer_in_its_findings_and_json(tmp_path, capsys, monkeypatch):
+def _script(tmp_path: Path) -> tuple[Path, str, str, str]:
+    """SCRIPT in a file: its path, its notify's and its wait's lines, and the cause its hang report names."""
     script = tmp_path / "gather.py"
     script.write_text(SCRIPT)
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    assert cli.main(["check", "--schedules", "2", "--report-json", str(tmp_path / "r.json"), str(script)]) == 1
-    err = capsys.readouterr().err
     wait, notify = f"{script}:15", f"{script}:17"
     cause = (f"Likely cause: a notify went to the wrong peer: rank 1 notified rank 2's 'sig' cell [0] at {notify}, "
              f"where nobody waits on it (rank 2 finished); rank 0 waits on 'sig' cell [0] at {wait} for >= 2 and "
              "holds 1. Did you mean to notify rank 0?")
-    assert f"  {cause}\n  at {notify}, {wait}\n  fix: {hang.FIX_WRONG_PEER}\n" in err
+    return script, notify, wait, cause
+
+
+@pytest.mark.parametrize("command", ["check", "run"])
+def test_ptodist_check_and_run_report_the_wrong_peer_in_their_findings_and_json(command, tmp_path, capsys,
+                                                                                monkeypatch):
+    script, notify, wait, cause = _script(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert cli.main([command, "--report-json", str(tmp_path / "r.json"), str(script)]) == 1
+    err = capsys.readouterr().err
+    assert f"{cause}\n" in err and f"  at {notify}, {wait}\n  fix: {hang.FIX_WRONG_PEER}\n" in err
     (f,) = json.loads((tmp_path / "r.json").read_text())["findings"]
     assert f["kind"] == "hang" and f["fix"] == hang.FIX_WRONG_PEER and f["locations"] == [notify, wait]
-    assert f["message"].endswith(cause)
+    assert cause in f["message"]
+
+
+@needs_mpi
+def test_under_mpirun_the_report_names_the_wrong_peer(tmp_path):
+    script, notify, wait, cause = _script(tmp_path)
+    proc = _mpirun(3, [sys.executable, "-m", "ptodist", "run", str(script)])
+    assert proc.returncode != 0
+    assert f"{cause}\n" in proc.stderr and f"  fix: {hang.FIX_WRONG_PEER}\n" in proc.stderr, proc.stderr[-4000:]
 
 
 # -- a notify to the right rank, on the wrong cell -----------------------------------------------------------------
