@@ -196,6 +196,14 @@ def test_the_report_in_chromium(which, request):
             page.click("#zoom-in")
             assert float(page.locator("#timeline").get_attribute("width")) > width
             assert page.locator("#zoom-level").inner_text() == "2x"
+            # zoomed in and scrolled to the end, the plot has moved; the row labels have not
+            label = page.locator(f'g.rank-label[data-rank="{max(devices)}"] text')
+            before = label.bounding_box()
+            for _ in range(3):
+                page.click("#zoom-in")
+            page.evaluate("document.getElementById('timeline-box').scrollLeft = 1e9")
+            assert page.evaluate("document.getElementById('timeline-box').scrollLeft") > 0
+            assert label.bounding_box() == before and label.is_visible()
             page.click("#show-critical")
             assert "hide-critical" in page.locator("#timeline").get_attribute("class")
             page.locator(f'#ranks tr[data-rank="{max(devices)}"]').click()
