@@ -32,8 +32,26 @@ class ProgramError(PtodistError):
 class ProgramTypeError(ProgramError, TypeError):
     """A value's kind does not match its annotation (e.g. a window given to a ``pl.Tensor``)."""
 
-    kind = "type_mismatch"
-    pitfall = "8.3 step 03"
+    kind = "type_mismatch"  # the pitfall is the instance's: only a window/tensor mix-up is step 03
+
+
+# The SPEC §8 row of a window where a tensor is declared, or a plain tensor where a window is needed.
+WINDOW_KIND_PITFALL = "8.3 step 03"
+# What a notify's op= takes, for errors about it.
+NOTIFY_OP_FIX = ("Pass op=pld.NotifyOp.AtomicAdd (add the value to the cell: the choice for a cell several ranks "
+                 "notify, waited on with pld.WaitCmp.Ge) or op=pld.NotifyOp.Set (overwrite the cell: one writer).")
+
+
+def classified(exc: PtodistError, *, kind: str | None = None, pitfall: str | None = None,
+               fix: str | None = None) -> PtodistError:
+    """``exc`` with the finding kind, SPEC §8 row and fix of its cause, where they are not its class's."""
+    if kind is not None:
+        exc.kind = kind
+    if pitfall is not None:
+        exc.pitfall = pitfall
+    if fix is not None:
+        exc.fix = fix
+    return exc
 
 
 class ProgramValueError(ProgramError, ValueError):

@@ -19,9 +19,9 @@ from ..errors import CheckError, HangError, PtodistError, PtodistInternalError, 
 from ..source import is_internal
 
 KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
-         "shape_mismatch", "type_mismatch", "task_args_order", "dispatch_coverage", "window_too_small", "not_shared",
-         "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "state_changed", "rank_error",
-         "rank_died", "internal_error")
+         "shape_mismatch", "type_mismatch", "read_only", "task_args_order", "dispatch_coverage", "window_too_small",
+         "not_shared", "collective_in_loop", "signal_layout", "aliasing", "invalid_argument", "unknown_name",
+         "state_changed", "resource", "script_error", "rank_error", "rank_died", "internal_error")
 
 PITFALLS_PAGE = "docs/pitfalls.md"
 
@@ -89,8 +89,12 @@ FIXES = {
     "peer_out_of_range": "Keep peers in [0, world): write the left neighbour as (r - 1 + n) % n.",
     "out_of_bounds": "Make offsets + shape fit inside the tensor or window (see the bounds in the message).",
     "shape_mismatch": "Make the argument's shape match the annotation; use pl.dynamic(\"NR\") for the rank count.",
-    "type_mismatch": "Pass what the annotation asks for: a window (pld.window) for pld.DistributedTensor, a host "
-                     "tensor slice for pl.Tensor.",
+    "type_mismatch": "Pass a value of the kind and dtype that the parameter or operation named in the message "
+                     "takes, or change the parameter's annotation.",
+    "read_only": "Annotate the parameter the message names pl.Out[...] (pl.InOut[...] if it is also read) where it "
+                 "is declared, or write to an output instead.",
+    "unknown_name": "Correct the name: use one the module has (python -c \"import ptodist.language as pl; "
+                    "print(dir(pl))\" lists them).",
     "task_args_order": "Put every tensor parameter of the dispatched function before every scalar parameter (and the arguments likewise).",
     "dispatch_coverage": "Dispatch every rank exactly as `for r in pl.range(pld.world_size()): f(..., device=r)`.",
     "window_too_small": "alloc_window_buffer takes bytes: use pld.alloc_window_buffer(shape, dtype=...).",
@@ -143,6 +147,40 @@ def padding_read(rank: int, op: str, where: str, shape: tuple, valid: tuple, axi
 def misplaced(message: str, locations: list[str]) -> Finding:
     """A chip call without ``device=`` that round-robin placement put on another rank's slice (the planner's note)."""
     return Finding("dispatch_coverage", message, [], locations, "8.2 dispatch loop", FIXES["dispatch_coverage"])
+
+
+# Kinds whose fix in FIXES is general: where an error's message states its own fix, that fix is the finding's.
+_STATED_FIX_FIRST = frozenset({"invalid_argument", "type_mismatch", "shape_mismatch", "out_of_bounds",
+                               "unknown_name"})
+# The verbs a message's fix starts with ("... got 'sum'. Pass op=pld.ReduceOp.Sum."), after a sentence, a
+# semicolon or a colon, maybe behind "if/when ...," or "otherwise" / "or".
+_FIX_VERBS = ("pass", "use", "annotate", "give", "put", "call", "make", "declare", "convert", "keep", "stage",
+              "write", "add", "remove", "move", "allocate", "share", "hoist", "cast", "reshape", "dispatch",
+              "change", "replace", "define", "compile", "create", "choose", "bind", "wrap", "install", "split",
+              "load", "copy", "return", "run", "register", "import", "rename", "avoid", "start", "loop", "read",
+              "did you mean")
+_STATED_FIX = re.compile(r"(?<=[.;:]) (?P<fix>(?:(?:if|when)\b[^,;.]*,\s*|otherwise,?\s+|or\s+)?"
+                         r"(?:" + "|".join(_FIX_VERBS) + r")\b(?!-).*)", re.I | re.S)
+
+
+def stated_fix(message: str) -> str | None:
+    """The fix a message states in its own words (its clauses from the first one that says what to do), or None.
+
+    Only the message's first line counts (a rank error's traceback follows it)."""
+    m = _STATED_FIX.search(message.split("\n", 1)[0])
+    if m is None:
+        return None
+    fix = m.group("fix").strip()
+    fix = fix[0].upper() + fix[1:]
+    return fix if fix.endswith((".", "?", ")", "`")) else fix + "."
+
+
+def classify(exc: PtodistError) -> tuple[str, str | None, str]:
+    """The kind, SPEC §8 row and fix of a finding about ``exc``: the error's own fix (its class's or its
+    cause's), else the one its message states where its kind's fix is general, else its kind's."""
+    kind = exc.kind
+    fix = exc.fix or (stated_fix(str(exc)) if kind in _STATED_FIX_FIRST else None) or FIXES.get(kind, "")
+    return kind, exc.pitfall, fix
 
 
 _LOCATION = re.compile(r"((?:/|\.{0,2}/)?[\w.\-/]+\.py):(\d+)")
@@ -248,12 +286,12 @@ def from_exception(exc: BaseException) -> list[Finding]:
         return list(exc.findings)
     tb = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
     if isinstance(exc, PtodistError):
-        kind = exc.kind
+        kind, pitfall, fix = classify(exc)
         locations = list(exc.locations or [])
         locations += [loc for loc in _locations(str(exc)) if loc not in locations]
         if not locations:  # an error that names no line (a prepare() option): the user's call that raised it
             locations = [loc for loc in _user_frames(tb) if not loc.startswith("<")][:1]
-        return [Finding(kind, str(exc), [], locations, exc.pitfall, exc.fix or FIXES.get(kind, ""))]
+        return [Finding(kind, str(exc), [], locations, pitfall, fix)]
     if isinstance(exc, PtodistInternalError):
         return [Finding("internal_error", f"{type(exc).__name__}: {exc}", [], _user_frames(tb), None,
                         FIXES["internal_error"], traceback=tb)]
@@ -268,7 +306,7 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
         original = f.exception
         internal = getattr(f, "internal", False)
         if isinstance(original, PtodistError):
-            kind, pitfall, fix = original.kind, original.pitfall, original.fix or FIXES.get(original.kind, "")
+            kind, pitfall, fix = classify(original)
         elif internal:
             kind, pitfall, fix = "internal_error", None, FIXES["internal_error"]
         elif f.error_type == "RankDied":

@@ -12,7 +12,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import AliasingError, ProgramTypeError, ProgramValueError, SignalLayoutError
+from ..errors import (
+    WINDOW_KIND_PITFALL,
+    AliasingError,
+    ProgramTypeError,
+    ProgramValueError,
+    SignalLayoutError,
+    classified,
+)
 from ..language import dtypes as dt
 from ..language.distributed.types import ReduceOp
 
@@ -71,8 +78,10 @@ def check(name: str, args: tuple, kwargs: dict, world: int, where: str, host: bo
 
     def window(x, role: str):
         if not _is_window(x):
-            raise ProgramTypeError(f"{w}: {role} must be a pld.DistributedTensor (a window from pld.window), got "
-                                   f"{_describe(x)}")
+            raise classified(ProgramTypeError(f"{w}: {role} must be a pld.DistributedTensor (a window from "
+                                              f"pld.window), got {_describe(x)}"), pitfall=WINDOW_KIND_PITFALL,
+                             fix=f"Pass a window as the {role}: pld.window(buf, shape, dtype=...) of a buffer from "
+                                 "pld.alloc_window_buffer.")
         return x
 
     if name == "barrier":
@@ -105,10 +114,10 @@ def _a2a_input(x, w: str, host: bool):
     if _is_window(x) or (not host and _is_tensor(x)):
         return x
     if host:
-        raise ProgramTypeError(f"{w}: in the host orchestrator the input must be a pld.DistributedTensor (a window "
-                               f"from pld.window: every rank sends its own copy), got {_describe(x)}. Stage the "
-                               "data into a window first, or call the collective inside a kernel, where a "
-                               "pl.Tensor input is accepted.")
+        raise classified(ProgramTypeError(
+            f"{w}: in the host orchestrator the input must be a pld.DistributedTensor (a window from pld.window: "
+            f"every rank sends its own copy), got {_describe(x)}. Stage the data into a window first, or call the "
+            "collective inside a kernel, where a pl.Tensor input is accepted."), pitfall=WINDOW_KIND_PITFALL)
     raise ProgramTypeError(f"{w}: input must be a pl.Tensor or a pld.DistributedTensor, got {_describe(x)}")
 
 

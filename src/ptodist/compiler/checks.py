@@ -17,6 +17,7 @@ import warnings
 import weakref
 
 from ..errors import (
+    WINDOW_KIND_PITFALL,
     DispatchCoverageError,
     PitfallWarning,
     ProgramTypeError,
@@ -42,12 +43,16 @@ def param_where(fn: Function, spec: ParamSpec) -> str:
     return f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {param_location(fn, spec.name)})"
 
 
-def _with(exc: Exception, fix: str | None = None, locations: list[str] | None = None) -> Exception:
-    """``exc`` with a fix specific to its cause and the user lines it is about (root cause first)."""
+def _with(exc: Exception, fix: str | None = None, locations: list[str] | None = None,
+          pitfall: str | None = None) -> Exception:
+    """``exc`` with a fix specific to its cause, the user lines it is about (root cause first) and the SPEC §8 row
+    its cause matches."""
     if fix is not None:
         exc.fix = fix
     if locations is not None:
         exc.locations = locations
+    if pitfall is not None:
+        exc.pitfall = pitfall
     return exc
 
 
@@ -223,13 +228,14 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
             f"{where}: expected pld.DistributedTensor (a window-bound tensor) but got {value_kind(value)}. "
             "RMA, signals and collectives need window memory: pass pld.window(buf, shape, dtype=...) here."),
             f"Pass a window as '{spec.name}': pld.window(buf, {list(value.shape)}, dtype=pl.{value.dtype.name}) of a "
-            "buffer from pld.alloc_window_buffer; stage a host tensor's data into it inside the kernel.")
+            "buffer from pld.alloc_window_buffer; stage a host tensor's data into it inside the kernel.",
+            pitfall=WINDOW_KIND_PITFALL)
     if not ttype.distributed and is_window:
         raise _with(ProgramTypeError(
             f"{where}: expected pl.Tensor but got {value_kind(value)}. Annotate the parameter as "
             "pld.DistributedTensor[...] (wrapped in pl.InOut[...] if written) or pass a plain tensor."),
             f"Annotate '{spec.name}' as pld.DistributedTensor[...] (pl.InOut[...] if the kernel writes it), or pass "
-            "a host tensor slice instead of the window.")
+            "a host tensor slice instead of the window.", pitfall=WINDOW_KIND_PITFALL)
     if ttype.dtype is not None and value.dtype is not ttype.dtype and value.dtype.np_dtype != ttype.dtype.np_dtype:
         raise _with(ProgramTypeError(f"{where}: dtype mismatch: the argument is {value.dtype.name}, "
                                      f"the annotation says {ttype.dtype.name}."),

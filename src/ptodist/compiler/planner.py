@@ -19,6 +19,7 @@ import numpy as np
 from .. import context
 from ..collectives import spec as coll_spec
 from ..errors import (
+    WINDOW_KIND_PITFALL,
     CollectiveInLoopError,
     DispatchCoverageError,
     PitfallWarning,
@@ -27,6 +28,7 @@ from ..errors import (
     ProgramValueError,
     RankIdentityError,
     WindowTooSmallError,
+    classified,
 )
 from ..language import dtypes as dt
 from ..language.dtypes import DataType
@@ -301,9 +303,11 @@ class PlanningContext(context.Context):
                                 str(loc))
             args[1] = WindowView(buf, shape, dt.INT32, str(loc))
         if name == "allgather" and not isinstance(args[0], WindowView):
-            raise ProgramTypeError(f"pld.tensor.allgather at {loc}: in the host orchestrator the local data must be "
-                                   "a window (each rank contributes its own copy), got "
-                                   f"{checks.value_kind(args[0])}")
+            raise classified(ProgramTypeError(
+                f"pld.tensor.allgather at {loc}: in the host orchestrator the local data must be a window (each rank "
+                f"contributes its own copy), got {checks.value_kind(args[0])}"), pitfall=WINDOW_KIND_PITFALL,
+                fix="Stage each rank's local data into a window (pld.window of a pld.alloc_window_buffer) and pass "
+                    "that, or call the allgather inside a kernel.")
         call = coll_spec.check(name, tuple(args), kwargs, n, str(loc), host=True)
         if call.signal is not None:
             coll_spec.check_layout(self.layouts, call)
@@ -374,8 +378,10 @@ class PlanningContext(context.Context):
         from ..language.distributed.types import CommCtx
 
         if not isinstance(tensor, WindowView):
-            raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(3)}: needs a window "
-                                   f"(pld.DistributedTensor), got {type(tensor).__name__}")
+            raise classified(ProgramTypeError(f"pld.get_comm_ctx at {user_location(3)}: needs a window "
+                                              f"(pld.DistributedTensor), got {type(tensor).__name__}"),
+                             pitfall=WINDOW_KIND_PITFALL,
+                             fix="Pass a window (pld.window(buf, shape, dtype=...)) to pld.get_comm_ctx.")
         return CommCtx(self.world, -1)
 
     def comm_rank(self, comm):

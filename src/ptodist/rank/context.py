@@ -31,6 +31,8 @@ from ..compiler.plan import (
     domain_args,
 )
 from ..errors import (
+    NOTIFY_OP_FIX,
+    WINDOW_KIND_PITFALL,
     KernelIndexError,
     KernelStateError,
     KernelValueError,
@@ -39,6 +41,7 @@ from ..errors import (
     ProgramTypeError,
     ProgramValueError,
     RankIdentityError,
+    classified,
 )
 from ..language import dtypes as dt
 from ..language.control import loop_indices
@@ -52,7 +55,7 @@ from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
-from .tasks import Task, TaskGraph, OverlapIndex, buffer_key, overlap
+from .tasks import OverlapIndex, Task, TaskGraph, buffer_key, overlap
 from .tensors import RankTensor, WindowTensor, unit_dims_reshape
 
 try:
@@ -1009,8 +1012,10 @@ class RankContext(context.Context):
 
     def get_comm_ctx(self, tensor):
         if not isinstance(tensor, WindowTensor):
-            raise ProgramTypeError(f"pld.get_comm_ctx at {user_location(2)}: needs a pld.DistributedTensor "
-                                   f"(a window), got {checks.value_kind(tensor)}")
+            raise classified(ProgramTypeError(f"pld.get_comm_ctx at {user_location(2)}: needs a pld.DistributedTensor "
+                                              f"(a window), got {checks.value_kind(tensor)}"),
+                             pitfall=WINDOW_KIND_PITFALL,
+                             fix="Pass a window (pld.window(buf, shape, dtype=...)) to pld.get_comm_ctx.")
         group = tensor.group
         if self.rank not in group:
             raise ProgramValueError(self._outside_group_text("pld.get_comm_ctx", tensor.describe(), group,
@@ -1116,9 +1121,10 @@ class RankContext(context.Context):
     def _window(self, op: str, t, what: str) -> WindowTensor:
         if isinstance(t, WindowTensor):
             return t
-        raise ProgramTypeError(
+        raise classified(ProgramTypeError(
             f"{op} at {user_location(2)}: '{what}' must be a pld.DistributedTensor (window) — remote memory "
-            f"exists only in windows — got {checks.value_kind(t)}. Pass pld.window(buf, shape, dtype=...).")
+            f"exists only in windows — got {checks.value_kind(t)}. Pass pld.window(buf, shape, dtype=...)."),
+            pitfall=WINDOW_KIND_PITFALL)
 
     def _region(self, op: str, t: RankTensor, offsets, shape, valid_of=None, what: str = "tile") -> tuple:
         """The slices of ``t`` that the region at ``offsets`` of size ``shape`` covers, bounds-checked.
@@ -1288,9 +1294,10 @@ class RankContext(context.Context):
     def _writable(self, op: str, t: RankTensor) -> None:
         if not t.writable:
             why = t.readonly_why or "it is an input (pl.Tensor)"
-            raise ProgramTypeError(
+            raise classified(ProgramTypeError(
                 f"{op} at {user_location(2)}: {t.describe()} is read-only: {why}. If it is written, annotate "
-                "it pl.Out[...] or pl.InOut[...] where it is declared; otherwise write to an output instead.")
+                "it pl.Out[...] or pl.InOut[...] where it is declared; otherwise write to an output instead."),
+                kind="read_only")
 
     def _store(self, op, tile, offsets, tensor, atomic):
         t = self._tensor(op, tensor, "output_tensor")
@@ -1417,8 +1424,8 @@ class RankContext(context.Context):
         elif notify_op is NotifyOp.Set:
             is_set = 1
         else:
-            raise ProgramTypeError(f"{op} at {user_location(2)}: op= must be pld.NotifyOp.AtomicAdd or "
-                                   f"pld.NotifyOp.Set, got {notify_op!r}")
+            raise classified(ProgramTypeError(f"{op} at {user_location(2)}: op= must be pld.NotifyOp.AtomicAdd or "
+                                              f"pld.NotifyOp.Set, got {notify_op!r}"), fix=NOTIFY_OP_FIX)
         bid = w.buffer.id
         # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
         if self._in_collective:
@@ -1441,8 +1448,10 @@ class RankContext(context.Context):
         w = signal if isinstance(signal, WindowTensor) else self._window(op, signal, "signal")
         byte, idx = self._cell(op, w, offsets)
         if not isinstance(cmp, WaitCmp):
-            raise ProgramTypeError(f"{op} at {user_location(2)}: cmp= must be pld.WaitCmp.Eq or pld.WaitCmp.Ge, "
-                                   f"got {cmp!r}")
+            raise classified(ProgramTypeError(f"{op} at {user_location(2)}: cmp= must be pld.WaitCmp.Eq or "
+                                              f"pld.WaitCmp.Ge, got {cmp!r}"),
+                             fix=f"Pass cmp=pld.WaitCmp.Ge (the cell reaches the value) or cmp=pld.WaitCmp.Eq (the "
+                                 f"cell equals it) to {op}.")
         if type(expected) is not int:
             expected = _index(expected, op, "expected")
         if not _INT32_MIN <= expected < _INT32_END:

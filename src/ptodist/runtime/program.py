@@ -30,7 +30,15 @@ from ..compiler.plan import DispatchPlan, HostTensorSpec
 from ..compiler.scalars import PlanCache
 from ..compiler.state import ProgramState, state_of
 from ..config import DistributedConfig, RunConfig, keep_outputs_setting
-from ..errors import BuildError, ConfigError, DispatchError, DispatchTypeError, DispatchValueError, ShapeError
+from ..errors import (
+    BuildError,
+    ConfigError,
+    DispatchError,
+    DispatchTypeError,
+    DispatchValueError,
+    ShapeError,
+    classified,
+)
 from ..language import dtypes as dt
 from ..language.functions import EntryFunction, Function, Kind, Program
 from ..language.scalar import Scalar, scalar_value
@@ -39,6 +47,13 @@ from . import artifacts
 
 # What a dtype ptodist lacks is best converted to: its numpy name -> (pl dtype, torch method, numpy dtype).
 _CONVERT = {"float64": ("FP32", "float()", "float32")}
+
+
+def _unbound(message: str) -> ShapeError:
+    """An output whose shape no input binds: a shape error, but not the shape mismatch of SPEC §8."""
+    e = ShapeError(message)
+    e.pitfall = None
+    return e
 
 
 def unsupported_dtype(name: str, dtype, is_torch: bool) -> DispatchTypeError:
@@ -413,8 +428,10 @@ class CompiledProgram:
         if p.ttype is None or p.ttype.shape is None:
             return
         if p.ttype.dtype is not None and h.dtype.np_dtype != p.ttype.dtype.np_dtype:
-            raise DispatchTypeError(f"{where}: the host tensor is {h.dtype.name}, the annotation says "
-                                    f"{p.ttype.dtype.name}")
+            raise classified(DispatchTypeError(f"{where}: the host tensor is {h.dtype.name}, the annotation says "
+                                               f"{p.ttype.dtype.name}"), kind="type_mismatch",
+                             fix=f"Pass a {p.ttype.dtype.name} tensor as '{p.name}' (convert it on the host), or "
+                                 f"annotate the parameter pl.{h.dtype.name}.")
         checks.bind_shape(where, p.ttype.shape, tuple(h.shape), bindings, self.world)
 
     def _check_writable(self, p: ParamSpec, value) -> None:
@@ -458,10 +475,10 @@ class CompiledProgram:
                 if missing:
                     names = ", ".join(f"pl.dynamic('{n}')" for n in missing)
                     used = "" if isinstance(d, DynDim) else f" (in its dimension {d})"
-                    raise ShapeError(f"{self.name}: output '{p.name}' uses {names}{used}, which no input binds; "
-                                     "pass the output explicitly (all arguments), or annotate a dimension of an "
-                                     f"input with {missing[0]} so its shape binds it (the output is declared at "
-                                     f"{checks.param_location(self.host, p.name)})")
+                    raise _unbound(f"{self.name}: output '{p.name}' uses {names}{used}, which no input binds; "
+                                  "pass the output explicitly (all arguments), or annotate a dimension of an "
+                                  f"input with {missing[0]} so its shape binds it (the output is declared at "
+                                  f"{checks.param_location(self.host, p.name)})")
                 shape.append(d.evaluate(env))
             else:
                 shape.append(d)

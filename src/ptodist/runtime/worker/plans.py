@@ -15,7 +15,14 @@ from ... import context
 from ...compiler import checks, scalars
 from ...compiler.plan import DispatchPlan, HostTensorRef, WindowView, _arg_json
 from ...compiler.planner import PlanningContext
-from ...errors import DispatchTypeError, DispatchValueError, ProgramError, ProgramTypeError
+from ...errors import (
+    WINDOW_KIND_PITFALL,
+    DispatchTypeError,
+    DispatchValueError,
+    ProgramError,
+    ProgramTypeError,
+    classified,
+)
 from ...language.functions import Function, Kind
 from ...source import user_location
 
@@ -50,9 +57,10 @@ class _WorkerPlanningContext(PlanningContext):
         values = fn.bind_arguments(args, kwargs)
         for spec, v in zip(fn.params, values):
             if isinstance(v, WindowView):
-                raise ProgramTypeError(f"{fn.name}() at {loc}: parameter '{spec.name}' is given a window; windows "
-                                       "live in the ranks, a sub-worker callback runs on the host. Pass a host "
-                                       "tensor (copy the window into one in a kernel first).")
+                raise classified(ProgramTypeError(
+                    f"{fn.name}() at {loc}: parameter '{spec.name}' is given a window; windows live in the ranks, a "
+                    "sub-worker callback runs on the host. Pass a host tensor (copy the window into one in a kernel "
+                    "first)."), pitfall=WINDOW_KIND_PITFALL)
         self.host_calls.append(_HostCall(self._seq, fn, values, str(loc)))
         self._seq += 1
         return None

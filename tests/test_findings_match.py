@@ -1,0 +1,190 @@
+"""A finding's kind, pitfall link and fix match the error it reports.
+
+Each program below has one bug; it runs as a user's script (its own file, so every location is the user's), and
+the finding ptodist makes of the error it raises must name what the error is: its ``kind``, its section of
+docs/pitfalls.md (``docs``, None where no pitfall matches) and a ``fix`` for that error, never another pitfall's
+or the generic "Correct the argument named in the message." where the message states its own fix.
+"""
+
+from __future__ import annotations
+
+import re
+import runpy
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ptodist.check import findings
+from ptodist.errors import NOTIFY_OP_FIX
+
+REPO = Path(__file__).resolve().parent.parent
+PITFALLS = (REPO / "docs" / "pitfalls.md").read_text(encoding="utf-8")
+
+PREAMBLE = '''
+import numpy as np
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig
+
+NR = pl.dynamic("NR")
+CFG = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend=BACKEND, hang_timeout_s=10)
+X = np.arange(16, dtype=np.float32).reshape(2, 1, 8)
+T = pl.Tensor[[1, 8], pl.FP32]
+W = pld.DistributedTensor[[1, 8], pl.FP32]
+S = pld.DistributedTensor[[NR, 1], pl.INT32]
+
+
+def run(kernel, x=X):
+    """Run kernel(x, y, win, sig) on both ranks: x, y are [1, 8] slices, win and sig windows."""
+    @pl.jit
+    def per_rank(x: T, y: pl.Out[T], win: pl.InOut[W], sig: pl.InOut[S]):
+        return kernel(x, y, win, sig)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+        win_buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+        sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            per_rank(x[r], y[r], pld.window(win_buf, [1, 8], dtype=pl.FP32),
+                     pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+    return host(x, config=CFG)
+'''
+
+
+def kernel(body: str, params: str = "x: T, y: pl.Out[T], win: pl.InOut[W], sig: pl.InOut[S]") -> str:
+    """A program whose kernel runs ``body`` (the line marked ``# BUG``), dispatched by ``run``."""
+    return f"@pl.jit.incore\ndef kernel({params}):\n    {body}  # BUG\n\n\nrun(kernel)\n"
+
+
+STEP03 = "docs/pitfalls.md#step-03-distributedtensor-used-as-tensor"
+
+# (name, program, kind, docs, fix); the program's line marked "# BUG" is one of the finding's locations, and
+# "{decl}" in a fix stands for the line marked "# DECL".
+CASES = [
+    ("output_without_pl_out", kernel("pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)",
+                                     "x: T, y: T, win: pl.InOut[W], sig: pl.InOut[S]"),
+     "read_only", None, findings.FIXES["read_only"]),
+    ("tile_dtype_is_not_the_tensors", kernel(
+        "pl.store(pl.cast(pl.load(x, [0, 0], [1, 8]), target_type=pl.FP16), [0, 0], y)"),
+     "type_mismatch", None, "Convert with pl.cast(tile, target_type=pl.FP32)"),
+    ("notify_on_a_plain_tensor", kernel("pld.system.notify(x, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)"),
+     "type_mismatch", STEP03, "Pass pld.window(buf, shape, dtype=...)."),
+    ("comm_ctx_of_a_plain_tensor", kernel("pld.rank(pld.get_comm_ctx(x))"),
+     "type_mismatch", STEP03, "Pass a window (pld.window(buf, shape, dtype=...)) to pld.get_comm_ctx."),
+    ("notify_op_a_string", kernel("pld.system.notify(sig, 0, [0, 0], 1, op='add')"),
+     "type_mismatch", None, NOTIFY_OP_FIX),
+    ("wait_cmp_a_string", kernel("pld.system.wait(sig, [0, 0], 1, cmp='>=')"),
+     "type_mismatch", None, "Pass cmp=pld.WaitCmp.Ge (the cell reaches the value) or cmp=pld.WaitCmp.Eq (the cell "
+                            "equals it) to pld.system.wait."),
+    ("signal_on_a_float_window", kernel("pld.system.notify(win, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)"),
+     "type_mismatch", None, "Use a separate INT32 window for signals."),
+    ("tile_op_on_a_string", kernel("pl.add('x', 1)"),
+     "invalid_argument", None, "Pass tensors (pl.tensor level), tiles (pl.tile level; pl.load a region of a tensor "
+                               "into a tile), or numbers."),
+    ("load_out_of_bounds", kernel("pl.load(x, [0, 4], [1, 8])"),
+     "out_of_bounds", None, findings.FIXES["out_of_bounds"]),
+    ("users_own_error_in_a_rank", kernel("raise RuntimeError('the kernel gave up')"),
+     "rank_error", None, findings.FIXES["rank_error"]),
+    ("window_for_a_pl_tensor", '''
+@pl.jit
+def per_rank(x: T, y: pl.Out[T]):
+    pass
+
+
+@pl.jit.host
+def host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 8], pl.FP32]]):
+    buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+    for r in pl.range(pld.world_size()):
+        per_rank(pld.window(buf, [1, 8], dtype=pl.FP32), y[r], device=r)  # BUG
+
+
+host(X, config=CFG)
+''', "type_mismatch", STEP03,
+     "Annotate 'x' as pld.DistributedTensor[...] (pl.InOut[...] if the kernel writes it), or pass a host tensor "
+     "slice instead of the window."),
+    ("host_tensor_of_another_dtype", kernel("pass").replace("  # BUG", "").replace("run(kernel)", "")
+     + "run(kernel, X.astype(np.float16))\n",
+     "type_mismatch", None, "Pass a FP32 tensor as 'x' (convert it on the host), or annotate the parameter pl.FP16."),
+    ("output_shape_no_input_binds", '''
+N = pl.dynamic("N")
+
+
+@pl.jit.incore
+def copy(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]]):  # DECL
+    return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)
+
+
+x = np.ones((1, 8), np.float32)
+copy.compile(x, np.zeros((1, 8), np.float32), config=CFG)(x)
+''', "shape_mismatch", None,
+     "Pass the output explicitly (all arguments), or annotate a dimension of an input with N so its shape binds it "
+     "(the output is declared at {decl})"),
+]
+
+
+def _run(tmp_path: Path, program: str, backend: str = "sim"):
+    script = tmp_path / "prog.py"
+    script.write_text(PREAMBLE.replace("BACKEND", repr(backend)) + textwrap.dedent(program), encoding="utf-8")
+    with pytest.raises(Exception) as info:
+        runpy.run_path(str(script), run_name="__main__")
+    return script, findings.from_exception(info.value)
+
+
+def _marked(script: Path, mark: str) -> str | None:
+    """``file:line`` of the line of ``script`` that ends with ``mark``, if any."""
+    lines = script.read_text(encoding="utf-8").splitlines()
+    return next((f"{script}:{i}" for i, text in enumerate(lines, 1) if text.rstrip().endswith(mark)), None)
+
+
+@pytest.mark.parametrize("name, program, kind, docs, fix", CASES, ids=[c[0] for c in CASES])
+def test_the_finding_names_what_the_error_is(name, program, kind, docs, fix, tmp_path):
+    script, found = _run(tmp_path, program)
+    f = found[0]
+    assert (f.kind, f.docs, f.fix) == (kind, docs, fix.replace("{decl}", str(_marked(script, "# DECL")))), f.render()
+    assert f.kind in findings.KINDS
+    assert f.locations and all(loc.startswith(f"{script}:") for loc in f.locations), f.render()
+    bug = _marked(script, "# BUG")
+    assert bug is None or bug in f.locations, f.render()
+    assert f.fix != findings.FIXES["invalid_argument"]
+
+
+def test_every_pitfall_link_names_a_section_of_the_pitfalls_page():
+    anchors = {a for a in re.findall(r"^#+ (.+)$", PITFALLS, re.M)}
+    slugs = {re.sub(r"[^\w\- ]", "", a.lower()).replace(" ", "-") for a in anchors}
+    links = {c[3] for c in CASES if c[3]} | {findings.pitfall_docs(p) for p in findings.PITFALL_ANCHORS} | {
+        f"{findings.PITFALLS_PAGE}#{a}" for a in findings.STEP_ANCHORS.values()}
+    for link in links:
+        assert link.split("#", 1)[1] in slugs, link
+
+
+def test_a_message_that_states_its_fix_is_not_followed_by_a_generic_one():
+    assert findings.stated_fix("x at p.py:3: 3.5 has a fraction; pass an integer, or declare a float dtype") == \
+        "Pass an integer, or declare a float dtype."
+    assert findings.stated_fix("pl.slice at p.py:3: region at offsets [2, 3] is outside the [3, 4] tile.") is None
+    assert findings.stated_fix("index 1 is out of range. Index 1 is past the end.") is None  # not an imperative
+
+
+@pytest.mark.parametrize("backend", ["shm", "sim"])
+def test_an_output_without_pl_out_is_a_read_only_finding_on_every_backend(backend, tmp_path):
+    script, found = _run(tmp_path, CASES[0][1], backend)
+    assert [(f.kind, f.docs, f.fix) for f in found] == [("read_only", None, findings.FIXES["read_only"])] * len(found)
+    assert all(f.locations[0] == _marked(script, "# BUG") for f in found)
+
+
+def test_ptodist_run_prints_the_read_only_finding(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(PREAMBLE.replace("BACKEND", "'shm'") + CASES[0][1], encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "ptodist", "run", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    heads = [line for line in lines if line.startswith("ptodist: finding")]
+    assert heads and all(h.startswith("ptodist: finding read_only on ranks") for h in heads), proc.stderr
+    assert f"  fix: {findings.FIXES['read_only']}" in lines
+    assert "step-03" not in proc.stderr and "Pass what the annotation asks for" not in proc.stderr
+
