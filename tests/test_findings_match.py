@@ -90,6 +90,12 @@ CASES = [
      "out_of_bounds", None, findings.FIXES["out_of_bounds"]),
     ("users_own_error_in_a_rank", kernel("raise RuntimeError('the kernel gave up')"),
      "rank_error", None, findings.FIXES["rank_error"]),
+    ("typo_in_a_pl_name", kernel("pl.laod(x, [0, 0], [1, 8])"),
+     "unknown_name", None, "Did you mean pl.load? Write it instead of pl.laod."),
+    ("short_form_pld_lacks", kernel("pld.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)"),
+     "unknown_name", None, "Did you mean pld.system.notify? Write it instead of pld.notify."),
+    ("notify_without_op", kernel("pld.system.notify(sig, 0, [0, 0], 1)"),
+     "invalid_argument", None, NOTIFY_OP_FIX),
     ("window_for_a_pl_tensor", '''
 @pl.jit
 def per_rank(x: T, y: pl.Out[T]):
@@ -188,3 +194,54 @@ def test_ptodist_run_prints_the_read_only_finding(tmp_path):
     assert f"  fix: {findings.FIXES['read_only']}" in lines
     assert "step-03" not in proc.stderr and "Pass what the annotation asks for" not in proc.stderr
 
+
+# -- names the language lacks ---------------------------------------------------------------------------------------
+
+def test_a_typo_is_an_attribute_error_that_names_the_near_name():
+    import ptodist.language as pl
+    import ptodist.language.distributed as pld
+
+    with pytest.raises(AttributeError) as info:
+        pl.laod  # noqa: B018
+    here = f"{__file__}:{info.tb.tb_lineno}"
+    assert str(info.value) == (f"pl.laod at {here}: module 'ptodist.language' (pl) has no attribute 'laod'. "
+                               "Did you mean pl.load?")
+    assert info.value.name == "laod"
+    with pytest.raises(AttributeError, match=r"Did you mean pl\.tile\.load\?$"):
+        pl.tile.lod  # noqa: B018
+    with pytest.raises(AttributeError, match=r"Did you mean pld\.system\.notify\?$"):
+        pld.system.notfy  # noqa: B018
+    with pytest.raises(AttributeError, match=r"has no attribute 'xyzzy'\.$"):  # nothing near: no suggestion
+        pl.xyzzy  # noqa: B018
+    # Upstream's names that ptodist lacks say so.
+    with pytest.raises(AttributeError, match=r"upstream PyPTO has pl\.Ptr; ptodist does not have it yet\.$"):
+        pl.Ptr  # noqa: B018
+    # Probes keep working as Python's do.
+    assert not hasattr(pl, "laod") and getattr(pld, "notfy", None) is None and hasattr(pl, "load")
+    with pytest.raises(ImportError):
+        from ptodist.language import laod  # noqa: F401
+
+
+def test_notify_without_op_names_the_enum(tmp_path):
+    script, found = _run(tmp_path, kernel("pld.system.notify(sig, 0, [0, 0], 1)"))
+    (f,) = found
+    assert f.message.endswith("OperationTypeError: pld.system.notify() at " + _marked(script, "# BUG") + ": missing "
+                              "the keyword argument op=, which has no default: op= takes pld.NotifyOp.AtomicAdd (add "
+                              "value to the cell) or pld.NotifyOp.Set (overwrite the cell).")
+
+
+def test_ptodist_run_suggests_the_near_name_through_the_pypto_alias(tmp_path):
+    script = tmp_path / "prog.py"
+    program = PREAMBLE.replace("BACKEND", "'shm'").replace("import ptodist.language", "import pypto.language")
+    script.write_text(program + kernel("pl.laod(x, [0, 0], [1, 8])"), encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "ptodist", "run", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1
+    bug = _marked(script, "# BUG")
+    lines = proc.stderr.splitlines()
+    assert f"ptodist.errors.UnknownNameError: pl.laod at {bug}: module 'ptodist.language' (pl) has no attribute " \
+           "'laod'. Did you mean pl.load?" in lines, proc.stderr
+    i = lines.index("ptodist: finding unknown_name on ranks 0, 1")
+    assert lines[i + 1].startswith(f"  at {bug}")
+    assert lines[i + 2] == "  fix: Did you mean pl.load? Write it instead of pl.laod."
+    assert "Fix the error raised in the rank" not in proc.stderr

@@ -63,6 +63,29 @@ def _load_surface() -> dict:
     return json.loads((Path(__file__).parent / _SURFACE_FILE).read_text(encoding="utf-8"))
 
 
+def why_absent(module: str, name: str) -> str | None:
+    """Why ptodist lacks ``name`` of upstream module ``module`` (``pypto.language``), or None when upstream's
+    module does not export it either."""
+    from fnmatch import fnmatchcase
+
+    data = _surface_data()
+    if name not in data["modules"].get(module, ()):
+        return None
+    qualified = f"{module}.{name}"
+    return next((why for pattern, why in data["reasons"].items() if fnmatchcase(qualified, pattern)),
+                "not yet in ptodist")
+
+
+def _surface_data() -> dict:
+    global _SURFACE
+    if _SURFACE is None:
+        _SURFACE = _load_surface()
+    return _SURFACE
+
+
+_SURFACE: dict | None = None
+
+
 def _home_of(module: str):
     """Return ptodist's object for PyPTO module ``module``: the module itself, or a namespace attribute."""
     target = target_of(module)

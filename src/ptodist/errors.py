@@ -171,6 +171,12 @@ class OperationTypeError(PtodistError, TypeError):
     """A ``pl`` operation got an argument of the wrong kind (``pl.range(2.5)``, a float Scalar as an index)."""
 
 
+class UnknownNameError(PtodistError, AttributeError):
+    """A name the language's modules lack (``pl.laod``); the message names the near ones (``pl.load``)."""
+
+    kind = "unknown_name"
+
+
 class OperationValueError(PtodistError, ValueError):
     """A ``pl`` operation got a value it cannot use (``pl.yield_`` with more values than the loop carries)."""
 
@@ -244,6 +250,13 @@ class TileValueError(KernelValueError):
 
 class TileIndexError(KernelIndexError):
     """A region of a tile outside the tile (``pl.slice`` of a tile)."""
+
+
+class RankDiedError(PtodistError, RuntimeError):
+    """A rank process ended without reporting (``os._exit``, a native crash, a kill): the ``original`` of its
+    :class:`RankError`, whose ``fix`` fits how it died, where that is known."""
+
+    kind = "rank_died"
 
 
 @dataclass

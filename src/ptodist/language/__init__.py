@@ -8,10 +8,12 @@ the meaning of memory operations lives in the rank context
 
 from __future__ import annotations
 
+import sys as _sys
 import types as _types
 
 from ..errors import OperationTypeError
 from . import mixed as _mixed
+from . import names as _names
 from . import ops as _ops
 from .control import (
     ForKind,
@@ -147,3 +149,8 @@ __all__ = [
     "graph",
 ]
 __all__ += sorted(set(_top) - set(__all__))
+
+# A name pl lacks (pl.laod) is an AttributeError that names the near ones (pl.load).
+_names.install(_sys.modules[__name__], "pl")
+for _space in ("tile", "tensor", "array", "system"):
+    _names.install(_spaces[_space], f"pl.{_space}")

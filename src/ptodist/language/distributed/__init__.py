@@ -8,6 +8,9 @@ orchestrator's forms that allocate their own signal windows (``collective_api``)
 
 from __future__ import annotations
 
+import sys as _sys
+
+from .. import names as _names
 from . import system, tensor, tile
 from .collective_api import (
     all_gather,
@@ -29,3 +32,8 @@ __all__ = [
     "reduce_scatter", "get_comm_ctx", "nranks", "rank", "remote_load", "remote_store", "system",
     "tensor", "tile", "window", "world_size",
 ]
+
+# A name pld lacks (pld.notify) is an AttributeError that names where it is (pld.system.notify).
+_names.install(_sys.modules[__name__], "pld")
+for _space in (system, tensor, tile):
+    _names.install(_space, f"pld.{_space.__name__.rsplit('.', 1)[1]}")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from ... import context
+from ...errors import NOTIFY_OP_FIX
+from ..names import REQUIRED, missing_keyword
 from .types import WaitCmp
 
 _current = context.current  # the hot operations look it up once
@@ -33,8 +35,13 @@ def nranks(ctx):
     return context.current().comm_nranks(ctx)
 
 
-def notify(target, peer, offsets, value, *, op):
-    """On group rank ``peer``'s copy of signal window ``target``, add ``value`` to (or set) cell ``offsets``."""
+def notify(target, peer, offsets, value, *, op=REQUIRED):
+    """On group rank ``peer``'s copy of signal window ``target``, add ``value`` to (or set) cell ``offsets``.
+
+    ``op`` (a ``pld.NotifyOp``) has no default, as upstream's: leaving it out names what to pass."""
+    if op is REQUIRED:
+        raise missing_keyword("pld.system.notify", "op", "pld.NotifyOp.AtomicAdd (add value to the cell) or "
+                              "pld.NotifyOp.Set (overwrite the cell)", NOTIFY_OP_FIX)
     _current().notify(target, peer, offsets, value, op)
 
 
