@@ -220,6 +220,29 @@ def test_a_count_short_by_one_says_it_waits_for_more_than_will_come(backend):
     assert f.kind == "hang" and f.locations == [wait, notify] and f.fix == hang.FIX_SHORT_COUNT
 
 
+# -- a rank waiting alone, for ranks that finished without notifying ----------------------------------------------
+
+def _guarded(sig, me, n) -> None:
+    """The root waits for n - 1 reports; a guard meant as ``me > 0`` skips every report."""
+    if me == 0:
+        pld.system.wait(sig, [0, 0], n - 1, cmp=pld.WaitCmp.Ge)  # @alone wait
+    elif me > n:
+        pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+
+
+def test_a_rank_left_waiting_alone_names_the_ranks_that_never_notified_it(backend):
+    error = _hang(_guarded, backend)
+    wait = _line("alone wait")
+    assert error.diagnosis["cause"] == (
+        f"ranks 1 and 2 finished without notifying the cell rank 0 waits on ('sig' cell [0, 0] at {wait}, for >= 2, "
+        "holding 0); no notify reached it, and no rank is left to send more. Check the notify in the code those "
+        "ranks ran: a condition that skipped it, or a peer or index of another comm domain; or, if they are not "
+        "meant to notify it, wait for what the others send.")
+    assert "waits before it notifies" not in str(error)
+    (f,) = findings.from_exception(error)
+    assert f.kind == "hang" and f.locations == [wait] and f.fix == hang.FIX_PEER_SKIPPED
+
+
 # -- a genuine wait-for cycle stays "waits before it notifies" -----------------------------------------------------
 
 def _wait_then_notify(sig, me, n) -> None:

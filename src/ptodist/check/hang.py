@@ -116,7 +116,7 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
     # The notifies the ranks sent are the evidence: ones on cells nobody waits on name the wrong peer or index,
     # and a cell every other rank already notified says the count is short; only without either does a rank
     # waiting before it notifies explain the hang.
-    evidence = _misdirected(states, sent) or _short_count(states, sent)
+    evidence = _misdirected(states, sent) or _short_count(states, sent) or _left_alone(states, sent)
     if evidence:
         return evidence
     # "Waits before it notifies" is about ranks that wait for one another: not when a rank waits on a finished one.
@@ -295,6 +295,29 @@ def _short_count(states: list[dict], sent: list[dict]) -> dict | None:
                          f"'{w['buffer']}' went to a cell nobody waits on: it waits for "
                          f"{w['expected'] - w['current']} more than the program sends. Wait for "
                          f"{w['current']} (n - 1 when a rank does not notify itself), or add the missing notify."}
+    return None
+
+
+def _left_alone(states: list[dict], sent: list[dict]) -> dict | None:
+    """The cause when a rank waits alone, every other rank finished, and some of them never notified its cell:
+    nobody is left to send what it waits for (not a rank waiting before it notifies)."""
+    by_rank = {s["rank"]: s for s in states}
+    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
+    if len(blocked) != 1 or any(s["state"] != "finished" for s in states if s is not blocked[0]):
+        return None
+    for w in (w for w in waits(blocked[0]) if _short(w)):
+        got = received(w, sent)
+        silent = [r for r in by_rank if r != w["rank"] and r not in {e["rank"] for e in got}]
+        if not silent:
+            continue
+        came = (f"it received {len(got)} notify(s), from {_ranks(sorted({e['rank'] for e in got}))}"
+                if got else "no notify reached it")
+        return {"kind": "hang", "culprits": [w["where"]], "cycle": wait_for_cycle(states), "fix": FIX_PEER_SKIPPED,
+                "cause": f"{_ranks(silent)} finished without notifying the cell rank {w['rank']} waits on "
+                         f"({_cell_text(w, w['offset'])} at {w['where']}, for {_SYMBOLS[w['cmp']]} {w['expected']}, "
+                         f"holding {w['current']}); {came}, and no rank is left to send more. Check the notify in "
+                         "the code those ranks ran: a condition that skipped it, or a peer or index of another comm "
+                         "domain; or, if they are not meant to notify it, wait for what the others send."}
     return None
 
 
