@@ -224,7 +224,10 @@ def _misdirected(states: list[dict], sent: list[dict]) -> dict | None:
         if (e["buffer"], e["owner"], e["offset"]) in waited or target is None or target["state"] == "running":
             continue  # (a running rank may still come to wait on it)
         peer = [i for i, w in enumerate(short) if w["buffer_id"] == e["buffer"] and w["offset"] == e["offset"]]
-        index = [i for i, w in enumerate(short) if w["buffer_id"] == e["buffer"] and w["rank"] == e["owner"]]
+        # Another cell of the waiting rank counts only from a rank that finished: one still running may yet send
+        # the right notify, and its stray may be an earlier phase's, consumed by a wait that returned.
+        index = [i for i, w in enumerate(short) if w["buffer_id"] == e["buffer"] and w["rank"] == e["owner"]
+                 and by_rank.get(e["rank"], {}).get("state") == "finished"]
         if peer or index:
             i = (peer or index)[0]
             found.setdefault(i, (short[i], "peer" if peer else "index", []))[2].append(e)
