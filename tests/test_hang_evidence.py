@@ -105,6 +105,11 @@ def test_every_notify_that_went_astray_is_listed():
         "notifies went to the wrong peer: rank 1 notified rank 2's 'sig' cell [0, 0] and rank 2 notified rank 3's "
         f"'sig' cell [0, 0] at {notify}, where nobody waits on them (ranks 2 and 3 finished); rank 0 waits on 'sig' "
         f"cell [0, 0] at {wait} for >= 3 and holds 1. Did you mean to notify rank 0?")
+    many = _hang(_to_the_next, world=6).diagnosis["cause"]  # the first three, then how many more
+    assert many.startswith(
+        "notifies went to the wrong peer: rank 1 notified rank 2's 'sig' cell [0, 0], rank 2 notified rank 3's 'sig' "
+        f"cell [0, 0], rank 3 notified rank 4's 'sig' cell [0, 0] and 1 more like them at {notify}, where nobody "
+        "waits on them (ranks 2, 3, 4 and 5 finished); ")
 
 
 SCRIPT = '''\

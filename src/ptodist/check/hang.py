@@ -242,7 +242,7 @@ def _misdirected(states: list[dict], sent: list[dict]) -> dict | None:
     clauses = [f"{_ranks(sorted(senders))} notified rank {owner}'s {_cell_text(w, offset)}"
                for (owner, offset), senders in sorted(groups.items(), key=lambda g: (min(g[1]), g[0]))]
     if len(clauses) > 3:
-        clauses = [*clauses[:3], f"{len(clauses) - 3} more"]
+        clauses = [*clauses[:3], f"{len(clauses) - 3} more like them"]
     lines = _lines(strays)
     targets = sorted({owner for owner, _ in groups if owner != w["rank"]})
     finished = [r for r in targets if by_rank[r]["state"] in ("finished", "failed", "not started")]
