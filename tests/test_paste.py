@@ -5,6 +5,8 @@
   word: pasted into a bare shell (``env -i``, no virtual environment, a folder with a space) they reproduce the
   same finding.
 * Regions outlined from ``pl.at`` blocks are named by their line in tracebacks.
+* Under ``mpirun``, an error every process raises is reported by one process; the others print one line that
+  points at it, and no line of one process is glued to another's.
 """
 
 from __future__ import annotations
@@ -233,3 +235,44 @@ def test_a_plain_script_importing_pypto_fails_with_pythons_error_and_runs_under_
     installed.write_text("import ptodist.compat\nptodist.compat.install()\n" + script.read_text())
     run = subprocess.run([sys.executable, str(installed)], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0 and run.stdout == "FP32 is pl.FP32\n", run.stdout + run.stderr
+
+
+# -- one report under mpirun --------------------------------------------------------------------------------
+
+def _mpi():
+    """test_mpi's launcher helpers, imported only where a test needs them."""
+    import test_mpi
+
+    if test_mpi.MPIRUN is None or not test_mpi.HAVE_MPI4PY:
+        pytest.skip("needs an MPI launcher and mpi4py (see tests/test_mpi.py)")
+    return test_mpi
+
+
+@pytest.mark.parametrize("how, n", [("python", 3), ("ptodist run", 2)])
+def test_under_mpirun_one_process_prints_the_report_and_the_others_point_at_it(how, n, tmp_path):
+    mpi = _mpi()
+    script = tmp_path / "faulty.py"
+    script.write_text(mpi.FAULTY)
+    launch = [sys.executable] if how == "python" else [sys.executable, "-m", "ptodist", "run"]
+    proc = mpi._mpirun(n, [*launch, str(script), "error", str(n), str(tmp_path)])
+    assert proc.returncode != 0
+    err = proc.stderr
+    lines = err.splitlines()
+    head = "RankError: rank 1 (device 1) failed in task 'k': KernelIndexError: pl.load at"
+    # One report: the error's message and its rank's traceback, once.
+    assert sum(head in line for line in lines) == 1, err
+    assert err.count("--- traceback of rank 1 ---") == 1, err
+    if how == "python":
+        assert sum(line == "Traceback (most recent call last):" for line in lines) == 2, err  # the job's, the rank's
+        assert next(i for i, line in enumerate(lines) if head in line) > 0
+    else:
+        assert any(line.startswith(f"ptodist: {head}") for line in lines), err
+        assert sum(line == "ptodist: finding out_of_bounds on ranks 1" for line in lines) == 1, err
+    # Every other process: one whole line that points at it.
+    for r in range(n):
+        pointer = (f"ptodist: rank {r}: RankError, raised alike in every process of the MPI job: see the report "
+                   "printed by rank 0")
+        want = 0 if r == 0 else 1
+        assert lines.count(pointer) == want and err.count(pointer) == want, err
+    # Every process did raise it (each wrote what it raised).
+    assert all((tmp_path / f"report-{r}.txt").read_text().startswith(head) for r in range(n))

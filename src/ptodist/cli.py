@@ -19,6 +19,7 @@ from . import __version__, commands, compat
 from .check import findings
 from .config import parse_dfx, started_by_mpi_launcher
 from .errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError, RankInternalError
+from .rank_output import report_pointer, write_report
 from .runtime import program as programs
 from .source import is_internal
 
@@ -177,16 +178,9 @@ def _run(args) -> int:
                 found = findings.from_exception(e)
                 code = 3
             except PtodistError as e:
-                # A user-facing error: the message names rank, function and line; our frames would be noise.
-                print(f"ptodist: {type(e).__name__}: {e}", file=sys.stderr)
-                user = [f for f in traceback.extract_tb(e.__traceback__)
-                        if not _is_tool_frame(f.filename) and not f.filename.startswith("<")]
-                if user:
-                    f = user[-1]
-                    print(f"  raised by {f.filename}:{f.lineno} in {f.name}: {f.line}", file=sys.stderr)
                 found = findings.from_exception(e)  # one naming no line is located at the user's call
-                for item in found:
-                    print(item.summary(), file=sys.stderr)
+                # Under mpirun every process raised it: one prints the report, the others a pointer to it.
+                write_report(report_pointer(e) or _error_report(e, found))
             except PtodistInternalError as e:
                 traceback.print_exc()
                 found = findings.from_exception(e)
@@ -216,6 +210,18 @@ def _run(args) -> int:
             if args.report_json:
                 _write_report(args.report_json, code, found, ended_by, started)
     return code
+
+
+def _error_report(e: PtodistError, found: list) -> str:
+    """A user-facing error as ``ptodist run`` reports it: the message (it names rank, function and line; our
+    frames would be noise), the script's line that raised it, and the findings."""
+    lines = [f"ptodist: {type(e).__name__}: {e}"]
+    user = [f for f in traceback.extract_tb(e.__traceback__)
+            if not _is_tool_frame(f.filename) and not f.filename.startswith("<")]
+    if user:
+        f = user[-1]
+        lines.append(f"  raised by {f.filename}:{f.lineno} in {f.name}: {f.line}")
+    return "\n".join([*lines, *(item.summary() for item in found)])
 
 
 def _interrupted() -> int:

@@ -234,3 +234,61 @@ class ThreadTagged:
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+# -- mpi: every process of the job raises the same error; one prints its report --------------------------
+
+_REPORT = "_ptodist_report"  # on an exception: (this process, the process that prints its report)
+
+
+def report_once(error: BaseException, process: int, reporter: int = 0) -> BaseException:
+    """Mark ``error``, which every process of an MPI job raises alike, as reported by process ``reporter``.
+
+    Each process would otherwise print the same report, and a launcher forwarding their output as it comes
+    interleaves them; the others print :func:`report_pointer`'s line instead. Returns ``error``.
+    """
+    setattr(error, _REPORT, (process, reporter))
+    return error
+
+
+def report_pointer(error: BaseException) -> str | None:
+    """The one line this process prints instead of ``error``'s report (None: this process prints the report)."""
+    mark = getattr(error, _REPORT, None)
+    if mark is None or mark[0] == mark[1]:
+        return None
+    process, reporter = mark
+    return (f"ptodist: rank {process}: {type(error).__name__}, raised alike in every process of the MPI job: "
+            f"see the report printed by rank {reporter}")
+
+
+def write_report(text: str) -> None:
+    """Write ``text`` to stderr as whole lines, after everything Python held back, in writes of whole lines.
+
+    Under a launcher that forwards each process's output as it comes, a report then never starts or ends in
+    the middle of another process's line.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):  # closed, or a broken pipe: what it held is lost either way
+            pass
+    if sys.stderr is None:
+        return
+    out = RankStream(sys.stderr, "")  # whole lines, in writes of at most PIPE_BUF bytes
+    out.write(text if text.endswith("\n") else text + "\n")
+    out.flush()
+
+
+def job_excepthook(kind, error, tb, previous=sys.__excepthook__) -> None:
+    """``sys.excepthook`` of an MPI job's process: an error every process raised is reported by one process
+    (the others print a pointer to it); every other error as ``previous`` reports it."""
+    line = report_pointer(error) if isinstance(error, BaseException) else None
+    if line is not None:
+        write_report(line)
+    elif previous is sys.__excepthook__:
+        import traceback
+
+        write_report("".join(traceback.format_exception(kind, error, tb)))
+    else:
+        previous(kind, error, tb)

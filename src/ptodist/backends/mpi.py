@@ -97,6 +97,7 @@ from ..rank.status import (
     current_line,
     waited_cells,
 )
+from ..rank_output import job_excepthook, report_once
 from .base import Command, HostView, RunsNow, StallRule, notify_cell
 from .shm import GRACE_S
 
@@ -196,6 +197,9 @@ class _Session:
         # an operation aimed at a dead process may wait for ever or end this process.
         self.dead_peers_readable = (MPI.get_vendor()[0] == "Open MPI" and self.local_size == self.size
                                     and os.environ.get("OMPI_MCA_osc", "sm") == "sm")
+        if self.size > 1:  # an error every process raises and none catches: one report, the others point at it
+            previous = sys.excepthook
+            sys.excepthook = lambda kind, error, tb: job_excepthook(kind, error, tb, previous)
 
 
 def _machine(host: str) -> str:
@@ -344,7 +348,8 @@ class MpiGroup:
     def agree(self, error: BaseException | None, step: str, what: str) -> BaseException | None:
         """Every process at ``step``: exchange whether it failed here; return the error this process fails
         ``what`` with (None: it succeeded in every process).  See ``_exchange``."""
-        return _exchange(self.session, self.device_ids, step, what, error)[0]
+        error = _exchange(self.session, self.device_ids, step, what, error)[0]
+        return report_once(error, self.session.rank) if error is not None else None
 
     def execute(self, command: Command, arrays: list | None = None) -> None:
         """Run one command in this process's rank (every process of the job runs it alike).
@@ -375,6 +380,7 @@ class MpiGroup:
         if error is not None or command.last:
             self.kept = {}
         if error is not None:
+            report_once(error, self.session.rank)  # every process raises it: process 0 prints its report
             raise error
 
     def reap(self) -> list:
