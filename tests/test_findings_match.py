@@ -245,3 +245,108 @@ def test_ptodist_run_suggests_the_near_name_through_the_pypto_alias(tmp_path):
     assert lines[i + 1].startswith(f"  at {bug}")
     assert lines[i + 2] == "  fix: Did you mean pl.load? Write it instead of pl.laod."
     assert "Fix the error raised in the rank" not in proc.stderr
+
+
+# -- the user's file and line ---------------------------------------------------------------------------------------
+
+SINGLE = '''
+import numpy as np
+
+import ptodist.language as pl
+
+N = pl.dynamic("N")
+
+
+@pl.jit.incore
+def kern(x: pl.Tensor[[1, 8], pl.FP32], y: YTYPE):  # DECL
+    t = pl.load(x, [0, 0], [1, 8])
+    return pl.store(t, [0, 0], y)
+
+
+x = np.ones((1, 8), np.float32)
+CALL  # BUG
+'''
+
+SINGLE_ERRORS = [  # (y's annotation, the call): a kernel called from plain Python, with an error in its outputs
+    ("pl.Tensor[[1, 8], pl.FP32]", "kern(x, np.zeros((1, 8), np.float32))"),  # writes an input
+    ("pl.Out[pl.Tensor[[1, 8], pl.FP32]]", "kern(x, np.zeros((1, 4), np.float32))"),  # the output's shape
+    ("pl.Out[pl.Tensor[[1, 8], pl.FP32]]", "kern(x, np.zeros((1, 8), np.int32))"),  # the output's dtype
+    ("pl.Out[pl.Tensor[[1, N], pl.FP32]]", "kern.compile(x, np.zeros((1, 8), np.float32))(x)"),  # unbound N
+    ("pl.Out[pl.Tensor]", "kern(x, np.zeros((1, 4), np.float32))"),  # shape-free: out of bounds in the kernel
+]
+
+
+@pytest.mark.parametrize("ytype, call", SINGLE_ERRORS)
+def test_a_kernel_called_from_python_names_the_users_lines_only(ytype, call, tmp_path):
+    from conftest import PACKAGE_DIR
+
+    script = tmp_path / "prog.py"
+    script.write_text(SINGLE.replace("YTYPE", ytype).replace("CALL", call), encoding="utf-8")
+    with pytest.raises(Exception) as info:
+        runpy.run_path(str(script), run_name="__main__")
+    text = str(info.value).split("\n--- traceback")[0]
+    (f,) = findings.from_exception(info.value)
+    assert PACKAGE_DIR not in text and str(script) in text, text
+    assert f.locations and all(loc.startswith(f"{script}:") for loc in f.locations), f.locations
+
+
+def test_an_input_a_kernel_called_from_python_writes_is_named_at_its_declaration(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(SINGLE.replace("YTYPE", "pl.Tensor[[1, 8], pl.FP32]")
+                      .replace("CALL", "kern(x, np.zeros((1, 8), np.float32))"), encoding="utf-8")
+    with pytest.raises(Exception) as info:
+        runpy.run_path(str(script), run_name="__main__")
+    decl = _marked(script, "# DECL")
+    assert (f"tensor 'y' [1, 8] FP32 is read-only: it is parameter 'y' of kernel 'kern' ({decl}), declared "
+            "pl.Tensor[[1, 8], pl.FP32], an input. If it is written") in str(info.value)
+    assert "host orchestrator" not in str(info.value).split("\n--- traceback")[0]
+    (f,) = findings.from_exception(info.value)
+    assert decl in f.locations and f.kind == "read_only"
+
+
+def test_an_input_of_the_host_a_kernel_writes_is_named_at_its_declaration(tmp_path):
+    program = PREAMBLE + '''
+@pl.jit.incore
+def copy(x: T, y: pl.Out[T]):
+    return pl.store(pl.load(x, [0, 0], [1, 8]), [0, 0], y)  # BUG
+
+
+@pl.jit
+def per_rank(x: T, y: pl.Out[T]):
+    return copy(x, y)
+
+
+@pl.jit.host
+def host(x: pl.Tensor[[NR, 1, 8], pl.FP32], y: pl.Tensor[[NR, 1, 8], pl.FP32]):  # DECL
+    for r in pl.range(pld.world_size()):
+        per_rank(x[r], y[r], device=r)
+
+
+host(X, np.zeros_like(X), config=CFG)
+'''
+    script = tmp_path / "prog.py"
+    script.write_text(program.replace("BACKEND", "'sim'"), encoding="utf-8")
+    with pytest.raises(Exception) as info:
+        runpy.run_path(str(script), run_name="__main__")
+    decl = _marked(script, "# DECL")
+    assert (f"tensor 'y[0]' [1, 8] FP32 is read-only: it is parameter 'y' of host orchestrator 'host' ({decl}), "
+            "declared pl.Tensor[[NR, 1, 8], pl.FP32], an input.") in str(info.value)
+    (f, *_) = findings.from_exception(info.value)
+    assert f.locations[:2] == [_marked(script, "# BUG"), decl] and f.kind == "read_only"
+
+
+def test_the_orchestration_of_a_kernel_called_from_python_is_located_at_the_kernel(tmp_path):
+    # The one-kernel orchestration ptodist makes for a direct kernel call: every message that names it
+    # (its declaration, a parameter's line) names the user's file, never ptodist's.
+    from ptodist.compiler import checks
+    from ptodist.language.functions import EntryFunction
+
+    script = tmp_path / "prog.py"
+    script.write_text(SINGLE.replace("YTYPE", "pl.Out[pl.Tensor[[1, 8], pl.FP32]]").replace("CALL", "pass"),
+                      encoding="utf-8")
+    kern = runpy.run_path(str(script))["kern"]
+    orchestration = EntryFunction(kern).orchestration
+    decl = _marked(script, "# DECL")
+    assert orchestration.location == decl
+    assert checks.param_where(orchestration, orchestration.params[1]) == (
+        f"kern() parameter 'y' (declared pl.Out[pl.Tensor[[1, 8], pl.FP32]] at {decl})")

@@ -457,8 +457,10 @@ def test_writing_a_host_input_through_an_out_parameter_is_an_error(torch):
         store_into_host_input_host(x, torch.zeros(2, 1, SIZE), config=cfg(0, 1))
     msg = str(info.value)
     assert f"pl.store at {__file__}:{source_line(store_into_host_input, 'pl.store(')}" in msg
-    assert (f"tensor 'x[0]' [1, {SIZE}] FP32 is read-only: it is an input (pl.Tensor) of the host orchestrator "
-            "(parameter 'x')") in msg
+    decl = source_line(store_into_host_input_host, "def store_into_host_input_host(")
+    assert (f"tensor 'x[0]' [1, {SIZE}] FP32 is read-only: it is parameter 'x' of host orchestrator "
+            f"'store_into_host_input_host' ({__file__}:{decl}), declared pl.Tensor[[NR, 1, {SIZE}], pl.FP32], an "
+            "input") in msg
     assert "annotate it pl.Out[...] or pl.InOut[...] where it is declared" in msg
     assert (x == 1).all()
 

@@ -75,6 +75,8 @@ class HostTensorSpec:
     dtype: DataType
     direction: Direction
     layout: str = "ND"  # the annotation's pl.TensorLayout: recorded for the reader, no value depends on it
+    # How messages name it: "parameter 'x' of host orchestrator 'host' (prog.py:8), declared pl.Tensor[...]".
+    declared: str = ""
 
 
 @dataclass(frozen=True, eq=False)

@@ -242,6 +242,9 @@ class Function:
 @functools.lru_cache(maxsize=1024)
 @functools.lru_cache(maxsize=4096)
 def _source_file(fn) -> str:
+    # A wrapper made with functools.wraps (the one-kernel orchestration of a kernel called from Python) is
+    # located where the function it wraps is, as inspect finds its lines.
+    fn = inspect.unwrap(fn)
     return inspect.getsourcefile(fn) or fn.__code__.co_filename
 
 
@@ -527,6 +530,7 @@ class EntryFunction(Function):
     def __init__(self, orchestration: Function):
         super().__init__(orchestration.fn, Kind.HOST, orchestration.bound_self, orchestration.options,
                          orchestration.scope)
+        self.called = orchestration  # the function the user called: a kernel or an orchestration
         if orchestration.kind is Kind.KERNEL:
             # A kernel called directly: the chip's orchestration is the one call of it.
             orchestration = Function(_calls(orchestration), Kind.ORCHESTRATION, None, {}, orchestration.scope)

@@ -311,6 +311,7 @@ class RankContext(context.Context):
             if spec_t.direction is Direction.IN:
                 return _conform_rank(spec, RankTensor(
                     arg.name, array, spec_t.dtype, False,
+                    f"it is {spec_t.declared}, an input" if spec_t.declared else
                     f"it is an input (pl.Tensor) of the host orchestrator (parameter '{spec_t.name}')"))
             return _conform_rank(spec, RankTensor(arg.name, array, spec_t.dtype))
         if isinstance(arg, WindowView):

@@ -521,8 +521,15 @@ class CompiledProgram:
 
     def host_specs(self, hosts: list) -> list[HostTensorSpec]:
         return [HostTensorSpec(i, p.name, tuple(h.shape), _declared_dtype(p, h.dtype), p.direction,
-                               p.ttype.layout.name if isinstance(p.ttype, TensorType) else "ND")
+                               p.ttype.layout.name if isinstance(p.ttype, TensorType) else "ND", self._declared(p))
                 for i, (p, h) in enumerate(zip(self.host.params, hosts)) if h is not None]
+
+    def _declared(self, p: ParamSpec) -> str:
+        """How a rank's messages name host parameter ``p``: the function the user wrote and the line of ``p``."""
+        host = self.host
+        what = f"{host.called.kind.value} '{host.name}'" if isinstance(host, EntryFunction) else \
+            f"host orchestrator '{host.name}'"
+        return f"parameter '{p.name}' of {what} ({checks.param_location(host, p.name)}), declared {p.type_name}"
 
     @staticmethod
     def plan_key(values: list, hosts: list) -> tuple:
