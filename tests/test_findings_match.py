@@ -96,6 +96,8 @@ CASES = [
      "unknown_name", None, "Did you mean pld.system.notify? Write it instead of pld.notify."),
     ("notify_without_op", kernel("pld.system.notify(sig, 0, [0, 0], 1)"),
      "invalid_argument", None, NOTIFY_OP_FIX),
+    ("tensor_annotation_without_a_shape", "@pl.jit.incore\ndef k(x: pl.Tensor[None, pl.FP32]):  # BUG\n    pass\n",
+     "invalid_argument", None, "Write pl.Tensor[[d0, d1, ...], dtype] with each dimension an int or pl.dynamic(...)"),
     ("window_for_a_pl_tensor", '''
 @pl.jit
 def per_rank(x: T, y: pl.Out[T]):

@@ -478,6 +478,13 @@ def _tensor_type(item, distributed: bool) -> TensorType:
     shape, dtype = item[0], item[1]
     if not isinstance(dtype, DataType):
         raise DeclarationError(f"the dtype in a tensor annotation must be a pl dtype such as pl.FP32, got {dtype!r}")
+    try:
+        shape = list(shape)
+    except TypeError:  # a scalar or None where the dimensions go
+        name = "pld.DistributedTensor" if distributed else "pl.Tensor"
+        raise DeclarationError(f"{name}[shape, dtype]: the shape must be a list of dimensions, got {shape!r}; "
+                               f"write {name}[[d0, d1, ...], dtype] with each dimension an int or "
+                               "pl.dynamic(...)") from None
     dims = []
     for d in shape:
         if isinstance(d, _Dim):
