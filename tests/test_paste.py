@@ -276,3 +276,32 @@ def test_under_mpirun_one_process_prints_the_report_and_the_others_point_at_it(h
         assert lines.count(pointer) == want and err.count(pointer) == want, err
     # Every process did raise it (each wrote what it raised).
     assert all((tmp_path / f"report-{r}.txt").read_text().startswith(head) for r in range(n))
+
+
+# -- a kernel called from plain Python, as docs/language.md says ------------------------------------------------
+
+@pl.jit.incore
+def _triple(x: pl.Tensor[[2, 8], pl.FP32], y: pl.Out[pl.Tensor[[2, 8], pl.FP32]]):
+    return pl.store(pl.mul(pl.load(x, [0, 0], [2, 8]), 3.0), [0, 0], y)
+
+
+@pl.jit
+def _double(x: pl.Tensor, y: pl.Out[pl.Tensor]):
+    with pl.at(level=pl.Level.CORE_GROUP):
+        pl.store(pl.mul(pl.load(x, [0, 0], [2, 8]), 2.0), [0, 0], y)
+    return y
+
+
+def test_a_kernel_or_per_device_function_called_from_plain_python_runs_as_the_language_table_says(backend):
+    x = np.arange(16, dtype=np.float32).reshape(2, 8)
+    np.testing.assert_array_equal(_triple(x, np.zeros_like(x), config=RunConfig(backend=backend)), 3 * x)
+    np.testing.assert_array_equal(_double(x, np.zeros_like(x), config=RunConfig(backend=backend)), 2 * x)
+    # The call table and the single-device section of docs/language.md say the same.
+    text = (Path(__file__).resolve().parent.parent / "docs" / "language.md").read_text()
+    table = text[text.index("| Called function ↓ / caller →"):].split("\n\n")[0].splitlines()[2:]
+    plain = {cells[0]: cells[3] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
+    for row in ("kernel", "per-device (`@pl.jit`)"):
+        assert plain[row].startswith("compile (for `config=`, else the default `RunConfig()`) and run once as a "
+                                     "one-device program"), plain[row]
+    assert "A `@pl.jit` function (or a `@pl.jit.incore` kernel) called from plain Python\nruns as a program of one " \
+           "device" in text
