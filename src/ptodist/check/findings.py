@@ -314,7 +314,9 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
         else:
             kind, pitfall, fix = "rank_error", None, FIXES["rank_error"]
         message = f"{f.error_type}: {f.message}"
-        key = (kind, f.error_type, f.message.replace(f"rank {f.rank}", "rank ?"))
+        # The same error on each rank's own slice ('y[0]' on rank 0, 'y[1]' on rank 1) is one bug too.
+        same = re.sub(rf"'([^'\s]*)\[{f.rank}\]'", r"'\1[?]'", f.message.replace(f"rank {f.rank}", "rank ?"))
+        key = (kind, f.error_type, same)
         if key in groups:
             groups[key].ranks.append(f.rank)
             continue
