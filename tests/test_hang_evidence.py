@@ -181,6 +181,25 @@ def test_under_mpirun_the_report_names_the_wrong_peer(tmp_path):
     assert f"{cause}\n" in proc.stderr and f"  fix: {hang.FIX_WRONG_PEER}\n" in proc.stderr, proc.stderr[-4000:]
 
 
+def _next_only(sig, me, n) -> None:
+    """A barrier on one counter cell per rank, for n - 1 arrivals; each rank notifies only its next rank."""
+    pld.system.notify(sig, (me + 1) % n, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)  # @next only
+    pld.system.wait(sig, [0, 0], n - 1, cmp=pld.WaitCmp.Ge)  # @barrier wait
+
+
+def test_a_notify_that_reaches_one_of_the_ranks_waiting_for_it_names_the_others(backend):
+    error = _hang(_next_only, backend)
+    notify, wait = _line("next only"), _line("barrier wait")
+    assert error.diagnosis["cause"] == (
+        f"rank 1 notified 'sig' cell [0, 0] on rank 2 at {notify} but never on rank 0, which waits on it at {wait} "
+        "for >= 2 and holds 1 (from rank 2): a notify changes the cell on its peer only, so every rank that waits "
+        "needs its own. Did you mean to notify rank 0 as well? The waits of ranks 1 and 2 miss notifies the same "
+        "way.")
+    assert "waits before it notifies" not in str(error)
+    (f,) = findings.from_exception(error)
+    assert f.kind == "hang" and f.locations == [notify, wait] and f.fix == hang.FIX_WRONG_PEER
+
+
 # -- a notify to the right rank, on the wrong cell -----------------------------------------------------------------
 
 def _to_cell_zero(sig, me, n) -> None:

@@ -116,7 +116,8 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
     # The notifies the ranks sent are the evidence: ones on cells nobody waits on name the wrong peer or index,
     # and a cell every other rank already notified says the count is short; only without either does a rank
     # waiting before it notifies explain the hang.
-    evidence = _misdirected(states, sent) or _short_count(states, sent) or _left_alone(states, sent)
+    evidence = (_misdirected(states, sent) or _short_count(states, sent) or _left_alone(states, sent)
+                or _unreached(states, sent))
     if evidence:
         return evidence
     # "Waits before it notifies" is about ranks that wait for one another: not when a rank waits on a finished one.
@@ -322,6 +323,37 @@ def _left_alone(states: list[dict], sent: list[dict]) -> dict | None:
                          "the code those ranks ran: a condition that skipped it, or a peer or index of another comm "
                          "domain; or, if they are not meant to notify it, wait for what the others send."}
     return None
+
+
+def _unreached(states: list[dict], sent: list[dict]) -> dict | None:
+    """The cause when the ranks a short wait misses notified the same cell on other ranks only: their notify
+    reaches one peer where several wait for it."""
+    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
+    found = []  # (the wait, the ranks it misses, their notifies of its cell on other ranks)
+    for w in (w for s in blocked for w in waits(s) if _short(w)):
+        got = received(w, sent)
+        missing = [s["rank"] for s in states if s["rank"] != w["rank"] and s["rank"] not in {e["rank"] for e in got}]
+        there = [e for e in sent if e["rank"] in missing and e["buffer"] == w["buffer_id"]
+                 and e["offset"] == w["offset"] and e["owner"] != w["rank"]]
+        if missing and {e["rank"] for e in there} == set(missing):
+            found.append((w, missing, there))
+    if not found:
+        return None
+    w, missing, there = found[0]
+    pairs = sorted({(e["rank"], e["owner"]) for e in there})
+    on = (f"rank {pairs[0][1]}" if len(pairs) == 1 else
+          "other ranks (" + _and([f"rank {a} on rank {b}" for a, b in pairs[:3]]
+                                 + ([f"{len(pairs) - 3} more"] if len(pairs) > 3 else [])) + ")")
+    got = received(w, sent)
+    came = f" (from {_ranks(sorted({e['rank'] for e in got}))})" if got else ""
+    cause = (f"{_ranks(missing)} notified {_cell_text(w, w['offset'])} on {on} at {_and(_lines(there))} but never "
+             f"on rank {w['rank']}, which waits on it at {w['where']} for {_SYMBOLS[w['cmp']]} {w['expected']} and "
+             f"holds {w['current']}{came}: a notify changes the cell on its peer only, so every rank that waits "
+             f"needs its own. Did you mean to notify rank {w['rank']} as well?")
+    if len(found) > 1:
+        cause += f" The waits of {_ranks(sorted({f[0]['rank'] for f in found[1:]}))} miss notifies the same way."
+    return {"kind": "hang", "culprits": [*_lines(there), w["where"]], "cycle": wait_for_cycle(states),
+            "fix": FIX_WRONG_PEER, "cause": cause}
 
 
 def _running_cause(running: list[dict], blocked: list[dict], states: list[dict]) -> dict:
