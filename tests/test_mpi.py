@@ -871,7 +871,7 @@ def test_a_rank_that_runs_without_communicating_is_a_hang_that_names_its_line(mo
 
 
 VANISHED = re.compile(r"ptodist: RankError: rank 1 \(device 1\) failed( in task 'k')?: RankDied: the rank process "
-                      r"vanished without reporting a result \(os\._exit, a signal or the OOM killer\)")
+                      r"(vanished without reporting a result \(os\._exit, a signal or the OOM killer\)|called os\._exit)")
 
 
 @needs_mpi
@@ -896,6 +896,11 @@ def test_a_rank_process_that_vanishes_is_named_by_every_surviving_process(mode, 
     # Once per surviving process. The kernel is named where the process read rank 1's status row: a waiting
     # rank that sees the death first (Open MPI terminates the others about 1 s after a process exits) does.
     assert len(VANISHED.findall(err)) == n - 1, err
+    if mode in ("exit", "exitbusy"):  # the record rank 1's process left names its line (SIGKILL leaves none)
+        exit_line = f"{script}:{_line(script, 'no Python, no report')}"
+        # (in kernel 'k' where the process read rank 1's status row, else in its function k)
+        assert len(re.findall(rf"the rank process called os\._exit\(3\) at {re.escape(exit_line)} in (kernel 'k'|k) "
+                              r"\(its last Python line\)", err)) == n - 1, err
     assert "ptodist: finding rank_died on ranks 1" in err
     assert err.count("ptodist: the process of rank 1 (device 1) ended during the run; ") == n - 1, err
     if mode == "exitbusy":

@@ -409,7 +409,7 @@ def _notify_then_exit(y, sig, me, n) -> None:
 
     pld.system.notify(sig, 0, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)  # @before_exit
     if me == 1:
-        os._exit(3)
+        os._exit(3)  # @exit_call
     pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)
 
 
@@ -420,11 +420,12 @@ def test_a_rank_that_dies_without_a_traceback_names_its_kernel_and_last_operatio
         _signal_program(_notify_then_exit)(np.zeros((2, 1, SIZE), np.float32), config=_cfg("shm"))
     e = info.value
     assert e.failures[0].error_type == "RankDied" and e.rank == 1
-    assert str(e) == ("rank 1 (device 1) failed in task 'kernel': RankDied: the rank process exited with status 3, "
-                      "without reporting a result (so there is no traceback); it was running 'kernel', and its last "
-                      f"operation was pld.system.notify at {_line('before_exit')}")
+    assert str(e).splitlines()[0] == (
+        "rank 1 (device 1) failed in task 'kernel': RankDied: the rank process called os._exit(3) at "
+        f"{_line('exit_call')} in _notify_then_exit (its last Python line), which ends a process at once, without "
+        f"reporting a result; its last communication was pld.system.notify at {_line('before_exit')}")
     (f,) = findings.from_exception(e)
-    assert f.kind == "rank_died" and f.locations[0] == _line("before_exit")
+    assert f.kind == "rank_died" and f.locations[:2] == [_line("exit_call"), _line("before_exit")]
 
 
 # -- fixes for the cause found -------------------------------------------------------------------------------------

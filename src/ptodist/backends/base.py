@@ -20,6 +20,8 @@ from typing import Protocol
 import numpy as np
 
 from ..compiler.plan import DispatchPlan
+from ..errors import RankDiedError, RankFailure
+from ..rank.death import Death
 from ..rank.status import SAMPLE_SIGNAL, StatusBoard
 
 # A hang is certain when every unfinished rank has been blocked, with nothing changing, this long.
@@ -300,16 +302,44 @@ def died(note: str, when: str = "") -> str:
     return f"the rank process {note}, without reporting a result (so there is no traceback){when}"
 
 
-def last_activity(board: StatusBoard, rank: int) -> str:
+def rank_died(rank: int, device_id: int, task: str | None, note: str, death: Death | None,
+              activity: str = "") -> RankFailure:
+    """The failure of a rank process that ended without reporting: ``note`` says how it ended (``"was killed by
+    signal 11 (SIGSEGV)"``), ``death`` is the record it left (``rank.death``: its last Python line and stack),
+    ``activity`` what its status row says it did last (:func:`last_activity`)."""
+    if death is None:  # killed from outside (SIGKILL: a kill -9, the OOM killer): nothing more is known
+        return RankFailure(rank, device_id, task, "RankDied", died(note, activity), "")
+    at = death.at(task)
+    if death.exited:
+        message = (f"the rank process called {death.cause}{at}, which ends a process at once, without reporting "
+                   f"a result{activity}")
+    else:
+        message = f"the rank process {note}{at}, without reporting a result{activity}"
+    error = RankDiedError(message)
+    line = at.split(" in ", 1)[0].removeprefix(" at ")
+    if death.exited and line:
+        error.fix = (f"Remove the {death.cause.split('(')[0]} call at {line}: it ends the rank's process before the "
+                     "rank can report, so the dispatch fails without a result or a traceback. Return from the "
+                     "kernel instead, or raise an exception (the dispatch then fails with its traceback).")
+    elif line:
+        error.fix = (f"A native crash ({death.cause}) in the call at {line}: check what that line hands to native "
+                     "code (an address or a buffer given to ctypes, a C extension's arguments, an array's size or "
+                     "lifetime); the Python stack shows how the rank got there.")
+    return RankFailure(rank, device_id, task, "RankDied", message, death.stack(), error)
+
+
+def last_activity(board: StatusBoard, rank: int, named: bool = False) -> str:
     """What ``rank`` was doing, read off its status row, for a rank that died without reporting.
 
     Returns text to append to the death's message (``shm.died(note, last_activity(board, r))``):
     ``"; it was running 'k', and its last operation was pld.system.notify at FILE:LINE"``, or ``""`` when
-    the row holds nothing (the rank died before its first task).
+    the row holds nothing (the rank died before its first task); ``named``: the message names the task already.
     """
     row = board.rows[rank]
     task = row["task"].decode(errors="replace")
     op, where = board.last_op(rank)
+    if named:
+        return f"; its last communication was {op}" + (f" at {where}" if where else "") if op else ""
     if not task and not op:
         return ""
     parts = []

@@ -79,6 +79,7 @@ from ..errors import (
 )
 from ..language.scalar import Scalar
 from ..language.types import Direction
+from ..rank import death
 from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
@@ -98,7 +99,7 @@ from ..rank.status import (
     waited_cells,
 )
 from ..rank_output import job_excepthook, report_once
-from .base import Command, HostView, RunsNow, StallRule, notify_cell
+from .base import Command, HostView, RunsNow, StallRule, notify_cell, rank_died
 from .shm import GRACE_S
 
 ALIGN = 64
@@ -188,10 +189,21 @@ class _Session:
         self.host = MPI.Get_processor_name()
         # A helper thread may call MPI (never at the same time as the rank thread) only from this level on.
         self.threaded_progress = MPI.Query_thread() >= MPI.THREAD_SERIALIZED
-        # Every process's (pid, start time, machine): a process can tell whether a peer on its machine is alive.
-        self.processes = self.comm.allgather((os.getpid(), _start_time(os.getpid()), _machine(self.host)))
+        # os._exit and native crashes write this process's stack to a file its peers on this machine hold open.
+        self.record = death.new_file(f"rank{self.rank}")
+        death.arm(self.record)
+        # Every process's (pid, start time, machine, record file): a process can tell whether a peer on its machine
+        # is alive, and where it was if it died without reporting.
+        self.processes = self.comm.allgather((os.getpid(), _start_time(os.getpid()), _machine(self.host),
+                                              self.record))
         me = self.processes[self.rank]
         self.same_machine = [r for r, p in enumerate(self.processes) if r != self.rank and p[2] == me[2]]
+        self.peer_records = {}  # rank -> this process's descriptor of the peer's record file
+        for r in self.same_machine:
+            try:  # opened while the peer lives: the file outlives it, and vanishes with the last process of the job
+                self.peer_records[r] = os.open(f"/proc/{self.processes[r][0]}/fd/{self.processes[r][3]}", os.O_RDONLY)
+            except OSError:
+                pass  # (another pid namespace, no /proc): a death is then reported without its line
         # Whether a dead peer's window can still be read: Open MPI's shared-memory one-sided component maps
         # every window of a one-machine job, so its memory outlives the process.  Elsewhere (TCP, UCX, RDMA)
         # an operation aimed at a dead process may wait for ever or end this process.
@@ -1529,7 +1541,14 @@ class _MpiRun:
         for r in dead:
             seen = self.control.seen[r]
             task = (seen.row["task"].decode(errors="replace") or None) if seen is not None else None
-            when = "after it finished its tasks" if seen is not None and seen.arrived else "without reporting a result"
+            finished = seen is not None and seen.arrived
+            fd = self.session.peer_records.get(r)
+            record = death.read(fd) if fd is not None else None
+            if record is not None:  # it called os._exit, or died of a fatal signal: its record says where
+                note = f"vanished{' after it finished its tasks' if finished else ''} ({record.cause})"
+                failures.append(rank_died(r, self.plan.device_ids[r], task, note, record))
+                continue
+            when = "after it finished its tasks" if finished else "without reporting a result"
             failures.append(RankFailure(r, self.plan.device_ids[r], task, "RankDied",
                                         f"the rank process vanished {when} (os._exit, a signal or the OOM killer)", ""))
         error = RankError(failures)

@@ -123,7 +123,8 @@ def ensure_descriptors(program: str, needed: int) -> None:
                                                     hard))
         return
     raise ResourceError(
-        f"{program}: the run needs {needed} more open files (one channel per rank) but this process has "
+        f"{program}: the run needs {needed} more open files (two per rank: its channel and the "
+        "file where it leaves its stack if it dies) but this process has "
         f"{open_now} open and may have at most {hard} (RLIMIT_NOFILE). Raise the limit (`ulimit -n {want}` "
         "as root or in limits.conf), or use fewer ranks.")
 

@@ -46,6 +46,7 @@ from ..errors import HangError, PtodistInternalError, RankError, RankFailure, Us
 from ..language import dtypes as dt
 from ..language.regions import reduce_region
 from ..language.types import Direction
+from ..rank import death
 from ..rank.body import RankStopped, run_rank
 from ..rank.context import RankContext
 from ..rank.events import EventLog
@@ -60,7 +61,16 @@ from ..rank.status import (
     waited_cells,
 )
 from . import resources
-from .base import STOP_WRITE_S, Command, HostView, SharedHeap, StallRule, died, last_activity, sample_lines
+from .base import (
+    STOP_WRITE_S,
+    Command,
+    HostView,
+    SharedHeap,
+    StallRule,
+    last_activity,
+    rank_died,
+    sample_lines,
+)
 
 ALIGN = 64
 POLL_S = 0.02
@@ -636,13 +646,20 @@ OK, CMD_FAILED, ABORTED = 0, 1, 2
 _LIVE_GROUPS: weakref.WeakSet = weakref.WeakSet()
 
 
-def _close_group_fds() -> None:
-    """In a freshly forked rank: close the driver ends of every live group's sockets."""
+def _close_group_fds(keep: int) -> None:
+    """In a freshly forked rank: close the driver ends of every live group's sockets, and every rank's death
+    record file but ``keep`` (its own)."""
     for group in list(_LIVE_GROUPS):
         for s in group.socks:
             if s is not None:
                 try:
                     s.close()
+                except OSError:
+                    pass
+        for fd in group.fault_fds:
+            if fd != keep:
+                try:
+                    os.close(fd)
                 except OSError:
                     pass
 
@@ -930,9 +947,11 @@ class RankGroup:
         self.inherited = inherited or {}  # token -> memory mapped before the fork, which the ranks inherit
         self.once = once                  # a one-shot call's group: its ranks end after their one command
         self.layout = GroupLayout(self.world)
-        resources.ensure_descriptors(owner, self.world)
+        resources.ensure_descriptors(owner, 2 * self.world)
         self.oom_kills = resources.oom_kills()
         self.death_notes: dict[int, str] = {}  # rank -> how its process ended, once reaped
+        # rank -> the file where its process writes its stack if it dies without reporting (rank.death)
+        self.fault_fds = [death.new_file(f"rank{r}") for r in range(self.world)]
         self._mm = mmap.mmap(-1, self.layout.total)
         self.arena = np.frombuffer(self._mm, dtype=np.uint8)
         self.base = self.arena.ctypes.data
@@ -988,7 +1007,7 @@ class RankGroup:
                     for _, b in pairs:
                         if b is not own:
                             b.close()
-                    _close_group_fds()
+                    _close_group_fds(self.fault_fds[r])
                     _serve(self, r, own, parent)
                 self.pids[r] = pid
 
@@ -1047,9 +1066,10 @@ class RankGroup:
                 continue  # a one-shot call's rank that reported and ended
             why = resources.death_note(status, self.oom_kills) if status is not None else "ended (reaped elsewhere)"
             self.death_notes[r] = why
-            row = self.status.rows[r]
-            out.append(RankFailure(r, self.device_ids[r], row["task"].decode() or None, "RankDied",
-                                   died(why, last_activity(self.status, r)), ""))
+            task = self.status.rows[r]["task"].decode() or None
+            record = death.read(self.fault_fds[r]) if self.fault_fds else None
+            out.append(rank_died(r, self.device_ids[r], task, why, record,
+                                 last_activity(self.status, r, named=record is not None)))
         return out
 
     def kill(self) -> None:
@@ -1059,6 +1079,9 @@ class RankGroup:
             if s is not None:
                 s.close()
         self.socks = [None] * len(self.socks)
+        for fd in self.fault_fds:
+            os.close(fd)
+        self.fault_fds = []
         self.dead = True
         _LIVE_GROUPS.discard(self)
 
@@ -1236,7 +1259,8 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
         _enter_rank(rank, group.world, group.device_ids[rank])
         _atomics.die_with_parent()
         if os.getppid() != parent:
-            os._exit(1)
+            death.quiet_exit(1)
+        death.arm(group.fault_fds[rank])  # os._exit and native crashes leave the rank's stack for the driver
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the driver's to handle
         state = _RankState(group, rank, sock)
 
@@ -1258,16 +1282,16 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
             c = state.command + 1
             while not _atomics.wait(doorbell, group.rank_sleepers, 1, c + 1, group.ctl_spin_s, IDLE_YIELD_S, 1.0)[0]:
                 if os.getppid() != parent:
-                    os._exit(1)
+                    death.quiet_exit(1)
             state.command = c
             number, command = _read_command(state)
             code, failure = _run_command(state, number, command)
             _report(state, code, failure)
             if group.once:  # a one-shot call's rank: nothing more will come; free the core at once
-                os._exit(0)
+                death.quiet_exit(0)
             _prepare_next(state)
     except BaseException:  # noqa: BLE001 - a rank that cannot serve dies; the driver reports it
-        os._exit(70)
+        death.quiet_exit(70)
 
 
 def _rank_started(rank: int) -> None:
