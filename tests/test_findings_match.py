@@ -96,6 +96,18 @@ CASES = [
      "unknown_name", None, "Did you mean pld.system.notify? Write it instead of pld.notify."),
     ("notify_without_op", kernel("pld.system.notify(sig, 0, [0, 0], 1)"),
      "invalid_argument", None, NOTIFY_OP_FIX),
+    ("rma_call_missing_an_argument", kernel("pld.tile.remote_load(win, 0, [0, 0])"),
+     "rank_error", None, "Call pld.tile.remote_load as it is declared: "
+                         "pld.tile.remote_load(target, peer, offsets, shape, valid_shape=None)."),
+    ("window_without_dtype", '''
+@pl.jit.host
+def host(x: pl.Tensor[[NR, 1, 8], pl.FP32]):
+    buf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
+    pld.window(buf, [1, 8])  # BUG
+
+
+host(X, config=CFG)
+''', "invalid_argument", None, "Call pld.window as it is declared: pld.window(buf, shape, *, dtype)."),
     ("tensor_annotation_without_a_shape", "@pl.jit.incore\ndef k(x: pl.Tensor[None, pl.FP32]):  # BUG\n    pass\n",
      "invalid_argument", None, "Write pl.Tensor[[d0, d1, ...], dtype] with each dimension an int or pl.dynamic(...)"),
     ("window_for_a_pl_tensor", '''
@@ -155,7 +167,8 @@ def test_the_finding_names_what_the_error_is(name, program, kind, docs, fix, tmp
     f = found[0]
     assert (f.kind, f.docs, f.fix) == (kind, docs, fix.replace("{decl}", str(_marked(script, "# DECL")))), f.render()
     assert f.kind in findings.KINDS
-    assert f.locations and all(loc.startswith(f"{script}:") for loc in f.locations), f.render()
+    mine = [loc for loc in f.locations if not loc.startswith(f"{__file__}:")]  # this test runs the script
+    assert mine and all(loc.startswith(f"{script}:") for loc in mine), f.render()
     bug = _marked(script, "# BUG")
     assert bug is None or bug in f.locations, f.render()
     assert f.fix != findings.FIXES["invalid_argument"]
@@ -353,3 +366,17 @@ def test_the_orchestration_of_a_kernel_called_from_python_is_located_at_the_kern
     assert orchestration.location == decl
     assert checks.param_where(orchestration, orchestration.params[1]) == (
         f"kern() parameter 'y' (declared pl.Out[pl.Tensor[[1, 8], pl.FP32]] at {decl})")
+
+
+def test_ptodist_run_shows_what_a_misused_call_takes(tmp_path):
+    script = tmp_path / "prog.py"
+    script.write_text(PREAMBLE.replace("BACKEND", "'shm'") + CASES[[c[0] for c in CASES].index("window_without_dtype")][1],
+                      encoding="utf-8")
+    proc = subprocess.run([sys.executable, "-m", "ptodist", "run", str(script)], capture_output=True, text=True,
+                          cwd=tmp_path, timeout=300)
+    assert proc.returncode == 1
+    lines = proc.stderr.splitlines()
+    assert lines[-4:] == ["TypeError: window() missing 1 required keyword-only argument: 'dtype'",
+                          "ptodist: finding invalid_argument",
+                          f"  at {_marked(script, '# BUG')}, {script}:{len(script.read_text().splitlines())}",
+                          "  fix: Call pld.window as it is declared: pld.window(buf, shape, *, dtype)."], proc.stderr

@@ -197,7 +197,7 @@ def _run(args) -> int:
                 found = suspects + _error_findings(e, _script_error_fix(programs.dispatched()[1] is not None,
                                                                         [script, *args.args]))
                 for item in found:
-                    if item.kind == "script_error" or item in suspects:
+                    if item.kind == "script_error" or item in suspects or item.fix:
                         print(item.summary(), file=sys.stderr)
         except Terminated as e:
             # SIGTERM / SIGHUP, while the script ran (the runtime stopped its ranks on the way out) or while
@@ -244,7 +244,8 @@ def _error_findings(e: Exception, fix: str) -> list:
     :func:`findings.from_exception` makes of it.
     """
     frames = traceback.extract_tb(e.__traceback__)
-    if not frames or _is_tool_frame(frames[-1].filename):
+    called = isinstance(e, TypeError) and findings.signature_fix(str(e), "".join(traceback.format_tb(e.__traceback__)))
+    if not frames or _is_tool_frame(frames[-1].filename) or called:  # a pl/pld call whose arguments do not fit
         return findings.from_exception(e)
     where: list[str] = []
     for f in reversed(frames):

@@ -10,12 +10,15 @@ error ptodist raised into findings.
 
 from __future__ import annotations
 
+import inspect
 import os
 import re
 import traceback
 from dataclasses import asdict, dataclass, field
 
+from .. import language as pl
 from ..errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError
+from ..language import distributed as pld
 from ..source import is_internal
 
 KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
@@ -276,6 +279,37 @@ def _user_frames(tb_text: str) -> list[str]:
     return [f"{f}:{n}" for f, n in reversed(frames) if not is_internal(f)]
 
 
+# Python's own TypeError for a call its arguments do not fit ("load() missing 1 required positional argument").
+_BAD_CALL = re.compile(r"^(\w+)\(\) (?:missing \d+ required|got an unexpected keyword argument|got multiple values "
+                       r"for argument|takes (?:from )?\d+ (?:to \d+ )?positional argument)")
+
+
+def signature_fix(message: str, tb_text: str) -> str | None:
+    """For a ``pl``/``pld`` operation called with arguments that do not fit it (Python's TypeError), the fix that
+    shows what it takes: ``Call pld.tile.remote_load as it is declared: pld.tile.remote_load(target, peer, ...)``.
+
+    The operation is found as the program's innermost line spells it (``pld.tile.remote_load(``)."""
+    m = _BAD_CALL.match(message)
+    if m is None:
+        return None
+    code = [c for f, c in re.findall(r'File "([^"]+)", line \d+, in [^\n]*\n +([^\n]*)', tb_text)
+            if not is_internal(f)]
+    if not code:
+        return None
+    spelled = re.search(rf"\b(pld?(?:\.\w+)*\.{m.group(1)})\(", code[-1])
+    if spelled is None:
+        return None
+    head, *rest = spelled.group(1).split(".")
+    obj = {"pl": pl, "pld": pld}[head]
+    try:
+        for part in rest:
+            obj = getattr(obj, part)
+        sig = inspect.signature(obj)
+    except (AttributeError, TypeError, ValueError):
+        return None
+    return f"Call {spelled.group(1)} as it is declared: {spelled.group(1)}{sig}."
+
+
 def from_exception(exc: BaseException) -> list[Finding]:
     """Turn an exception ptodist raised (or any exception) into findings."""
     if isinstance(exc, RankError):
@@ -295,8 +329,8 @@ def from_exception(exc: BaseException) -> list[Finding]:
     if isinstance(exc, PtodistInternalError):
         return [Finding("internal_error", f"{type(exc).__name__}: {exc}", [], _user_frames(tb), None,
                         FIXES["internal_error"], traceback=tb)]
-    return [Finding("invalid_argument", f"{type(exc).__name__}: {exc}", [],
-                    _user_frames(tb), None, "")]
+    fix = (isinstance(exc, TypeError) and signature_fix(str(exc), tb)) or ""
+    return [Finding("invalid_argument", f"{type(exc).__name__}: {exc}", [], _user_frames(tb), None, fix)]
 
 
 def _from_rank_error(exc: RankError) -> list[Finding]:
@@ -312,7 +346,8 @@ def _from_rank_error(exc: RankError) -> list[Finding]:
         elif f.error_type == "RankDied":
             kind, pitfall, fix = "rank_died", None, FIXES["rank_died"]
         else:
-            kind, pitfall, fix = "rank_error", None, FIXES["rank_error"]
+            kind, pitfall = "rank_error", None
+            fix = (f.error_type == "TypeError" and signature_fix(f.message, f.traceback)) or FIXES["rank_error"]
         message = f"{f.error_type}: {f.message}"
         # The same error on each rank's own slice ('y[0]' on rank 0, 'y[1]' on rank 1) is one bug too.
         same = re.sub(rf"'([^'\s]*)\[{f.rank}\]'", r"'\1[?]'", f.message.replace(f"rank {f.rank}", "rank ?"))
