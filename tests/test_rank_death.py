@@ -1,8 +1,9 @@
-"""Where a rank was when it died without reporting.
+"""Where a rank was when it died without reporting, and where every rank was when the user pressed Ctrl-C.
 
 A rank that calls ``os._exit`` or dies of a native crash cannot report; the report names the rank's own last
-Python line (its faulthandler record), not the host's call.  Each test runs a complete program in a subprocess (``ptodist run``, ``python``, ``mpirun``) and compares
-the exact lines a user sees.
+Python line (its faulthandler record), not the host's call.  Ctrl-C prints each rank's state as a hang report
+does.  Each test runs a complete program in a subprocess (``ptodist run``, ``python``, ``mpirun``) and compares
+the exact lines a user sees; nothing waits on time: a blocked program says so on its output first.
 """
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ from __future__ import annotations
 import ctypes
 import inspect
 import os
+import re
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -227,3 +231,104 @@ def test_a_worker_rank_that_calls_os_exit_is_named_at_its_line_and_leaves_no_rec
     with pytest.raises(RankError):
         exit_host(np.zeros((2, 1, 4), np.float32), config=cfg)
     assert _records_open() == []
+
+
+# -- Ctrl-C ---------------------------------------------------------------------------------------------------------
+
+STUCK = '''
+import os
+import sys
+import threading
+
+import numpy as np
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, RunConfig, context
+from ptodist.rank.status import WAITING
+
+NR = pl.dynamic("NR")
+never_r, never_w = os.pipe()  # nothing is ever written: a read of never_r blocks for good
+
+
+def say_when_waiting(row) -> None:
+    """A thread of rank 0's process: write "waiting" once the rank's status row says it waits."""
+    while row["state"] != WAITING:
+        threading.Event().wait(0.001)
+    os.write(1, b"waiting\\n")
+
+
+@pl.jit.incore
+def k(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    me = pld.rank(pld.get_comm_ctx(sig))
+    if me == 0:
+        ctx = context.current()
+        threading.Thread(target=say_when_waiting, args=(ctx.memory.status.rows[ctx.rank],), daemon=True).start()
+        pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)  # @wait
+    else:
+        os.write(1, b"reading\\n") and os.read(never_r, 1)  # @read
+
+
+@pl.jit
+def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    k(sig)
+
+
+@pl.jit.host
+def host(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+host(np.zeros((2, 1), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+print("UNREACHED")
+'''
+
+
+def _interrupt_when_blocked(argv: list[str], cwd: Path) -> tuple[int, str]:
+    """Run ``argv``, send SIGINT once rank 0 waits and rank 1 reads a pipe nobody writes; its status, stderr."""
+    proc = subprocess.Popen(argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=child_env(PTODIST_BACKEND="shm", PTODIST_HANG_TIMEOUT=600))
+    try:
+        out, fd = b"", proc.stdout.fileno()
+        while b"waiting\n" not in out or b"reading\n" not in out:
+            ready, _, _ = select.select([fd], [], [], SAFETY_S)
+            chunk = os.read(fd, 4096) if ready else b""
+            assert chunk, f"the program ended, or wrote nothing for {SAFETY_S} s: {out!r}"
+            out += chunk
+        proc.send_signal(signal.SIGINT)
+        rest, err = proc.communicate(timeout=SAFETY_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert b"UNREACHED" not in out + rest
+    return proc.returncode, re.sub(r"waiting \d+\.\d+ s", "waiting # s", err.decode())
+
+
+def _where(script: Path) -> list[str]:
+    return ["where each rank was when the run was interrupted:",
+            f"  rank 0 (device 0): blocked at {_at(script, 'wait')} in kernel 'k': pld.system.wait on 'sig' "
+            "(buffer 'buf') cell [1, 0] holds 0, needs >= 1 (waiting # s)",
+            "      received no notify",
+            f"  rank 1 (device 1): running task 'k' at {_at(script, 'read')} in k (busy, not in a wait)"]
+
+
+def test_ctrl_c_during_ptodist_run_says_where_each_rank_was(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    code, err = _interrupt_when_blocked([sys.executable, "-m", "ptodist", "run", str(script)], tmp_path)
+    assert code == 130, err
+    assert err.splitlines()[-5:] == [f"ptodist: {line}" if i == 0 else line
+                                     for i, line in enumerate(_where(script))] + ["ptodist: interrupted"]
+
+
+def test_ctrl_c_during_a_plain_python_script_says_where_each_rank_was_under_its_traceback(tmp_path):
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK)
+    code, err = _interrupt_when_blocked([sys.executable, str(script)], tmp_path)
+    assert code == -signal.SIGINT, err
+    lines = err.splitlines()
+    assert lines[-5:] == ["KeyboardInterrupt", *_where(script)] if sys.version_info >= (3, 11) else \
+        lines[-1] == "KeyboardInterrupt"

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import numpy as np
 
+from ..check.hang import rank_lines
 from ..compiler.plan import DispatchPlan
 from ..errors import RankDiedError, RankFailure
 from ..rank.death import Death
@@ -211,8 +212,10 @@ class Watch(Protocol):
     def poll(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds (an in-process group runs the command now); return whether it ended."""
 
-    def interrupt(self, wait_s: float) -> None:
-        """The driver was interrupted: stop the ranks, giving them ``wait_s`` to write their records."""
+    def interrupt(self, wait_s: float) -> list[dict] | None:
+        """The driver was interrupted: stop the ranks, giving them ``wait_s`` to write their records.
+
+        Returns where each rank was before it stopped (``check.hang.rank_state``'s dicts), when known."""
 
 
 class Arena(Protocol):
@@ -285,7 +288,7 @@ class RunsNow:
         self.done = False
 
     def interrupt(self, wait_s: float) -> None:
-        pass  # the command ran in the interrupted thread: it stopped with it
+        pass  # the command ran in the interrupted thread: it stopped with it (and said where its ranks were)
 
     def poll(self, timeout: float) -> bool:
         if not self.done:
@@ -295,6 +298,22 @@ class RunsNow:
             except Exception as e:  # noqa: BLE001 - the dispatch fails with it (RankError, HangError, ...)
                 self.error = e
         return True
+
+
+INTERRUPTED_HEAD = "where each rank was when the run was interrupted:"
+
+
+def note_where(error: BaseException, states: list[dict] | None) -> None:
+    """Add where each rank was (``states``: ``check.hang.rank_state``'s, one per rank) to ``error``, the
+    interrupt (Ctrl-C; SIGTERM under ``ptodist run``) that cut a run short: Python prints it under the
+    traceback, ``ptodist run`` above its last line.  An exception is no interrupt: it is reported as itself."""
+    if not states or isinstance(error, Exception):
+        return
+    text = "\n".join([INTERRUPTED_HEAD, *rank_lines(states)])
+    if hasattr(error, "add_note"):
+        error.add_note(text)
+    else:  # Python 3.10: no notes in tracebacks, but ptodist run prints them
+        error.__notes__ = [*getattr(error, "__notes__", ()), text]
 
 
 def died(note: str, when: str = "") -> str:

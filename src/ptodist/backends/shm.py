@@ -68,6 +68,7 @@ from .base import (
     SharedHeap,
     StallRule,
     last_activity,
+    note_where,
     rank_died,
     sample_lines,
 )
@@ -388,8 +389,8 @@ class ShmBackend:
             try:
                 while not watch.poll(POLL_S):
                     pass
-            except BaseException:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, letting them write DFX records
-                watch.interrupt(STOP_WRITE_S if dfx is not None else 0.0)
+            except BaseException as e:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, letting them write DFX records
+                note_where(e, watch.interrupt(STOP_WRITE_S if dfx is not None else 0.0))
                 raise
         finally:
             if kept is None:
@@ -831,22 +832,28 @@ class CommandWatch:
                 break
         return self.over
 
-    def interrupt(self, wait_s: float) -> None:
+    def interrupt(self, wait_s: float) -> list[dict] | None:
         """The driver was interrupted (Ctrl-C, SIGTERM): stop the ranks and give them ``wait_s`` to stop.
 
         A stopped rank with an event log writes what it recorded (its pending wait included) before it
-        reports; the caller kills what is left.
+        reports; the caller kills what is left.  Returns where each rank was (as a hang report says it).
         """
         if self.over:
-            return
-        self._abort(self._done())
+            return None
+        done = self._done()
+        try:
+            where = self._watcher().hang(False, 0.0, done).ranks
+        except Exception:  # noqa: BLE001 - a report that cannot be read must not keep the ranks running
+            where = None
+        self._abort(done)
         end = time.monotonic() + wait_s
         group = self.group
         while time.monotonic() < end and _atomics.load(group.addr(group.layout.finished)) < self.target:
             if group.reap():
-                return
+                break
             _atomics.wait(group.addr(group.layout.finished), group.driver_sleepers, 1, self.target, 0.0, 0.0,
                           max(min(POLL_S, end - time.monotonic()), 0.0))
+        return where
 
     def _done(self) -> set[int]:
         done = self.group.words("done")
@@ -878,16 +885,20 @@ class CommandWatch:
             if now - self.first_failure >= GRACE_S:
                 self._abort(done)
             return
+        try:
+            self._watcher().check(done)
+        except HangError as e:
+            self.hang = e
+            self._abort(done)
+
+    def _watcher(self) -> _Monitor:
+        """The command's hang watch (made at its first use: most commands end before one)."""
         if self.monitor is None:
             group = self.group
             heap = self.heap if self.heap is not None else WindowHeap(group.arena, 0, 0, [], [])
             memory = ShmMemory(group.arena, group.layout, -1, group.world, heap, group.status)
             self.monitor = _Monitor(memory, self.plan, group.pids, self.hang_timeout)
-        try:
-            self.monitor.check(done)
-        except HangError as e:
-            self.hang = e
-            self._abort(done)
+        return self.monitor
 
     def _abort(self, done: set[int]) -> None:
         group = self.group

@@ -35,7 +35,7 @@ from ..rank.context import RankContext
 from ..rank.events import EventLog
 from ..rank.status import DONE, FAILED, RUNNING, WAITING, StatusBoard, current_line
 from . import resources
-from .base import STOP_WRITE_S, Command, HostView, RunsNow, StallRule, notify_cell
+from .base import STOP_WRITE_S, Command, HostView, RunsNow, StallRule, note_where, notify_cell
 
 ALIGN = 64
 # Operations that touch no shared memory: no reason to let another rank in before them.
@@ -575,7 +575,8 @@ class _SimRun:
             self.stalled = True
             self._stop(threads, None)
             raise
-        except BaseException:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, wait only a moment for them
+        except BaseException as e:  # Ctrl-C, SIGTERM (the CLI's): stop the ranks, wait only a moment for them
+            note_where(e, self._where(threads))
             self._stop(threads, STOP_WRITE_S if self.dfx is not None else STOP_WAIT_S)
             raise
         if self.sched.deadlock:
@@ -622,10 +623,21 @@ class _SimRun:
         while not self.sched.over.wait(WATCH_S):
             found = rule.observe(rows["progress"], time.monotonic(), lambda: False)
             if found is not None:
-                frames = sys._current_frames()
-                busy = {r: current_line(frames[t.ident]) for r, t in enumerate(threads)
-                        if rows[r]["state"] == RUNNING and t.ident in frames}
-                raise self._hang(False, found[1], busy)
+                raise self._hang(False, found[1], self._busy(threads))
+
+    def _where(self, threads) -> list[dict] | None:
+        """Where each rank is now, as a hang report says it (for a run cut short by the user)."""
+        try:
+            return self._hang(False, 0.0, self._busy(threads)).ranks
+        except Exception:  # noqa: BLE001 - a report that cannot be read must not keep the ranks running
+            return None
+
+    def _busy(self, threads) -> dict[int, str]:
+        """The line each running rank's thread is at."""
+        rows = StatusBoard(self.board_raw, self.world).rows
+        frames = sys._current_frames()
+        return {r: current_line(frames[t.ident]) for r, t in enumerate(threads)
+                if rows[r]["state"] == RUNNING and t.ident in frames}
 
     def _hang(self, certain: bool, idle: float | None = None, busy: dict | None = None):
         loader = SimMemory(self.heaps, self.plan, -1, StatusBoard(self.board_raw, self.world), self.sched)

@@ -387,22 +387,10 @@ def _lines(events: list[dict]) -> list[str]:
     return out
 
 
-def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout_s: float,
-                diagnosis: dict | None = None) -> str:
-    """Return the HangError message: every rank's state, then the likely cause and fixes.
-
-    ``idle_s`` is None when the deadlock was detected exactly (no rank could run), not by watching.
-    """
-    diagnosis = diagnosis or {}
-    waiting = [s for s in states if s["state"] == "waiting"]
-    if certain:
-        head = ("deadlock: every unfinished rank is blocked in a wait that no running rank can satisfy "
-                + (f"(nothing changed for {idle_s:.1f} s)." if idle_s is not None else
-                   "(the sim scheduler had no rank left to run)."))
-    else:
-        head = (f"no progress for {idle_s:.1f} s (hang timeout {timeout_s:g} s): no rank notified, completed a "
-                "wait or an RMA, started or finished a task, or read a changed value.")
-    lines = [head]
+def rank_lines(states: list[dict]) -> list[str]:
+    """Where each rank is, one report line each (and the lines under a blocked one): a hang report's body, and
+    what an interrupted run says of its ranks."""
+    lines: list[str] = []
     for s in states:
         who = f"  rank {s['rank']} (device {s['device_id']})"
         if s["state"] == "waiting" and s.get("order"):
@@ -443,6 +431,25 @@ def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout
                 lines.append(f"{who}: running{task} (not in a wait)")
         else:
             lines.append(f"{who}: {s['state']}")
+    return lines
+
+
+def hang_report(states: list[dict], certain: bool, idle_s: float | None, timeout_s: float,
+                diagnosis: dict | None = None) -> str:
+    """Return the HangError message: every rank's state, then the likely cause and fixes.
+
+    ``idle_s`` is None when the deadlock was detected exactly (no rank could run), not by watching.
+    """
+    diagnosis = diagnosis or {}
+    waiting = [s for s in states if s["state"] == "waiting"]
+    if certain:
+        head = ("deadlock: every unfinished rank is blocked in a wait that no running rank can satisfy "
+                + (f"(nothing changed for {idle_s:.1f} s)." if idle_s is not None else
+                   "(the sim scheduler had no rank left to run)."))
+    else:
+        head = (f"no progress for {idle_s:.1f} s (hang timeout {timeout_s:g} s): no rank notified, completed a "
+                "wait or an RMA, started or finished a task, or read a changed value.")
+    lines = [head, *rank_lines(states)]
     if diagnosis.get("cycle"):
         lines.append("Wait-for cycle: " + " -> ".join(f"rank {r}" for r in diagnosis["cycle"]))
     if diagnosis.get("cause"):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from ... import backends, dfx
 from ...backends import resources
-from ...backends.base import STOP_WRITE_S, died
+from ...backends.base import STOP_WRITE_S, died, note_where
 from ...check.hang import carried_over
 from ...compiler.plan import HostTensorRef
 from ...compiler.state import stale_message, state_of
@@ -327,7 +327,7 @@ class Engine:
         if watch is None:
             return
         try:
-            watch.interrupt(STOP_WRITE_S if d.dfx is not None else 0.0)
+            note_where(error, watch.interrupt(STOP_WRITE_S if d.dfx is not None else 0.0))
             if d.dfx is not None and not self.group.finishes_dfx:
                 dfx.finish_run(d.dfx, self.world, self.device_ids, error=error)
         except Exception:  # noqa: BLE001 - best effort: the interruption is the error to report
