@@ -186,8 +186,8 @@ def _run(args) -> int:
                 found = findings.from_exception(e)
                 print("ptodist: this is a bug in ptodist, not in your program; please report it.", file=sys.stderr)
                 code = 3
-            except KeyboardInterrupt:
-                code = _interrupted()
+            except KeyboardInterrupt as e:
+                code = _interrupted(e)
                 ended_by = "SIGINT"
             except Exception as e:
                 # The script's own error: show it as `python SCRIPT` would, without the frames of `ptodist run`.
@@ -202,6 +202,7 @@ def _run(args) -> int:
         except Terminated as e:
             # SIGTERM / SIGHUP, while the script ran (the runtime stopped its ranks on the way out) or while
             # another ending was being reported: the shell's convention, 128 + the signal number.
+            _print_notes(e)
             print(f"ptodist: {e}", file=sys.stderr)
             code = 128 + e.signum
             ended_by = e.name
@@ -210,6 +211,12 @@ def _run(args) -> int:
             if args.report_json:
                 _write_report(args.report_json, code, found, ended_by, started)
     return code
+
+
+def _print_notes(e: BaseException) -> None:
+    """What the runtime added to an interrupt that cut a run short: where each rank was."""
+    for note in getattr(e, "__notes__", ()):
+        print(f"ptodist: {note}", file=sys.stderr)
 
 
 def _error_report(e: PtodistError, found: list) -> str:
@@ -224,14 +231,17 @@ def _error_report(e: PtodistError, found: list) -> str:
     return "\n".join([*lines, *(item.summary() for item in found)])
 
 
-def _interrupted() -> int:
-    """Report Ctrl-C and return its exit status; a later Ctrl-C is ignored while the command ends.
+def _interrupted(e: BaseException | None = None) -> int:
+    """Report Ctrl-C (``e``: its KeyboardInterrupt, with where each rank was when a run was cut short) and return
+    its exit status; a later Ctrl-C is ignored while the command ends.
 
     The ranks were stopped on the way out (the runtime's clean-up); another KeyboardInterrupt now would
     only cut the report short with a traceback of whatever Python was doing (joining threads, exiting).
     """
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if e is not None:
+        _print_notes(e)
     print("ptodist: interrupted", file=sys.stderr)
     return 130
 
@@ -316,9 +326,10 @@ def _check(args) -> int:
             else:
                 print(f"ptodist check: no findings in {args.schedules} schedule(s) "
                       f"(seeds {args.seed}..{args.seed + args.schedules - 1}).", file=sys.stderr)
-        except KeyboardInterrupt:  # the schedule's ranks were stopped on the way out; no later one runs
-            return _check_stopped(args, _interrupted(), "SIGINT", seed)
+        except KeyboardInterrupt as e:  # the schedule's ranks were stopped on the way out; no later one runs
+            return _check_stopped(args, _interrupted(e), "SIGINT", seed)
         except Terminated as e:
+            _print_notes(e)
             print(f"ptodist: {e}", file=sys.stderr)
             return _check_stopped(args, 128 + e.signum, e.name, seed)
         finally:
