@@ -841,11 +841,13 @@ class CommandWatch:
         if self.over:
             return None
         done = self._done()
+        where = None
         try:
             where = self._watcher().hang(False, 0.0, done).ranks
         except Exception:  # noqa: BLE001 - a report that cannot be read must not keep the ranks running
-            where = None
-        self._abort(done)
+            pass
+        finally:  # (a second Ctrl-C while busy ranks are asked for their line: they stop all the same)
+            self._abort(done)
         end = time.monotonic() + wait_s
         group = self.group
         while time.monotonic() < end and _atomics.load(group.addr(group.layout.finished)) < self.target:
