@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import subprocess
@@ -157,6 +158,10 @@ def _assert_interrupted(rc: int, out: str, err: str) -> None:
     assert rc == 130, err
     assert err.splitlines()[-1] == "ptodist: interrupted", err
     assert err.count("ptodist: interrupted") == 1, err
+    # Where each rank was, as a hang report says it: rank 1 blocked in its wait, above the last line.
+    assert "ptodist: where each rank was when the run was interrupted:" in err, err
+    assert re.search(r"\n  rank 1 \(device 1\): blocked at .*stuck\.py:\d+ in kernel 'stuck': pld\.system\.wait on 'sig' "
+                     r"\(buffer 'buf'\) cell \[1, 0\] holds 0, needs >= 1 \(waiting \d+\.\d+ s\)\n", err), err
     assert "Traceback" not in err and "UNREACHED" not in out, err
 
 
