@@ -116,6 +116,7 @@ class _StopSignals:
             except ValueError:  # not the main thread (an embedding that forks from elsewhere): as it is
                 pass
 
+
 def _bare_dfx(argv: list[str]) -> list[str]:
     """``ptodist run --dfx SCRIPT``: a ``--dfx`` followed by the script (a file, or a name ending in .py) or by
     nothing means all outputs; the script is not its value."""
@@ -131,11 +132,11 @@ def _bare_dfx(argv: list[str]) -> list[str]:
     return argv
 
 
-
 def _run(args) -> int:
     script = args.script
     if not os.path.isfile(script):
         print(f"ptodist run: no such script: {script}", file=sys.stderr)
+        return 2
     try:  # before the script runs: a bad value would stop it only at its first call
         if args.dfx is not None:
             parse_dfx(args.dfx, "--dfx")
@@ -144,7 +145,6 @@ def _run(args) -> int:
             parse_dfx(os.environ.get("PTODIST_DFX", ""))
     except PtodistError as e:  # ConfigError: the value names no diagnostic output
         print(f"ptodist run: {e}", file=sys.stderr)
-        return 2
         return 2
     compat.install()
     sys.argv = [script, *args.args]
@@ -476,11 +476,11 @@ def main(argv=None) -> int:
                      help='write {"status": "ok" | "error", "exit_status", "program", "backend", "device_ids", '
                           '"world_size", "output_dir", "wall_time_s", "ptodist_version", "findings": [...]} to PATH, '
                           'whatever happens')
-    run.add_argument("script", help="the Python script to run")
     run.add_argument("--dfx", metavar="KINDS", default=None,
                      help="turn on diagnostic outputs without editing the script: all (a bare --dfx), or a "
                           "comma-separated list of swimlane (or trace), deps, scope_stats, dump; sets PTODIST_DFX "
                           "for the script (docs/dfx.md)")
+    run.add_argument("script", help="the Python script to run")
     run.add_argument("args", nargs=argparse.REMAINDER, help="arguments passed to the script")
     check = sub.add_parser("check", help="run a script under several simulated schedules and report races, "
                                          "stale signals, clobbered cells, uninitialised reads and hangs",
