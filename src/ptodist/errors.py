@@ -42,15 +42,18 @@ NOTIFY_OP_FIX = ("Pass op=pld.NotifyOp.AtomicAdd (add the value to the cell: the
                  "notify, waited on with pld.WaitCmp.Ge) or op=pld.NotifyOp.Set (overwrite the cell: one writer).")
 
 
-def classified(exc: PtodistError, *, kind: str | None = None, pitfall: str | None = None,
-               fix: str | None = None) -> PtodistError:
-    """``exc`` with the finding kind, SPEC §8 row and fix of its cause, where they are not its class's."""
+def classified(exc: PtodistError, fix: str | None = None, locations: list[str] | None = None, *,
+               kind: str | None = None, pitfall: str | None = None) -> PtodistError:
+    """``exc`` with the fix, user lines (root cause first), finding kind and SPEC §8 row of its cause, where
+    they are not its class's."""
+    if fix is not None:
+        exc.fix = fix
+    if locations is not None:
+        exc.locations = locations
     if kind is not None:
         exc.kind = kind
     if pitfall is not None:
         exc.pitfall = pitfall
-    if fix is not None:
-        exc.fix = fix
     return exc
 
 

@@ -24,6 +24,7 @@ from ..errors import (
     ProgramValueError,
     ShapeError,
     TaskArgsError,
+    classified,
 )
 from ..language.functions import EntryFunction, Function, Kind
 from ..language.scalar import Scalar, scalar_value
@@ -41,19 +42,6 @@ def param_location(fn: Function, name: str) -> str:
 def param_where(fn: Function, spec: ParamSpec) -> str:
     """How messages name a parameter: ``f() parameter 'x' (declared pl.Tensor[...] at FILE:LINE)``."""
     return f"{fn.name}() parameter '{spec.name}' (declared {spec.type_name} at {param_location(fn, spec.name)})"
-
-
-def _with(exc: Exception, fix: str | None = None, locations: list[str] | None = None,
-          pitfall: str | None = None) -> Exception:
-    """``exc`` with a fix specific to its cause, the user lines it is about (root cause first) and the SPEC §8 row
-    its cause matches."""
-    if fix is not None:
-        exc.fix = fix
-    if locations is not None:
-        exc.locations = locations
-    if pitfall is not None:
-        exc.pitfall = pitfall
-    return exc
 
 
 def check_task_args_order(fn: Function) -> None:
@@ -207,10 +195,10 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     where = LazyText(lambda: f"{param_where(fn, spec)}, called at {loc}")
     if spec.kind == "scalar":
         if isinstance(value, (WindowView, WindowTensor, HostTensorRef, RankTensor)):
-            raise _with(ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}."),
-                        f"Pass a scalar (a Python number, or a pl.Scalar) as '{spec.name}', or annotate the "
-                        "parameter as a tensor (in a function the host dispatches, tensor parameters come before "
-                        "scalar ones).")
+            raise classified(ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}."),
+                             f"Pass a scalar (a Python number, or a pl.Scalar) as '{spec.name}', or annotate the "
+                             "parameter as a tensor (in a function the host dispatches, tensor parameters come before "
+                             "scalar ones).")
         scalar_argument(fn, spec, value, where)
         return
     if spec.kind != "tensor":
@@ -219,28 +207,28 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     is_window = isinstance(value, (WindowView, WindowTensor))
     is_tensor = is_window or isinstance(value, (HostTensorRef, RankTensor))
     if not is_tensor:
-        raise _with(ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}."),
-                    f"Pass a tensor as '{spec.name}' (a slice of a host tensor such as x[r], or a window), or "
-                    "annotate the parameter pl.Scalar[...] (after the tensor parameters, in a function the host "
-                    "dispatches).")
+        raise classified(ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}."),
+                         f"Pass a tensor as '{spec.name}' (a slice of a host tensor such as x[r], or a window), or "
+                         "annotate the parameter pl.Scalar[...] (after the tensor parameters, in a function the host "
+                         "dispatches).")
     if ttype.distributed and not is_window:
-        raise _with(ProgramTypeError(
+        raise classified(ProgramTypeError(
             f"{where}: expected pld.DistributedTensor (a window-bound tensor) but got {value_kind(value)}. "
             "RMA, signals and collectives need window memory: pass pld.window(buf, shape, dtype=...) here."),
             f"Pass a window as '{spec.name}': pld.window(buf, {list(value.shape)}, dtype=pl.{value.dtype.name}) of a "
             "buffer from pld.alloc_window_buffer; stage a host tensor's data into it inside the kernel.",
             pitfall=WINDOW_KIND_PITFALL)
     if not ttype.distributed and is_window:
-        raise _with(ProgramTypeError(
+        raise classified(ProgramTypeError(
             f"{where}: expected pl.Tensor but got {value_kind(value)}. Annotate the parameter as "
             "pld.DistributedTensor[...] (wrapped in pl.InOut[...] if written) or pass a plain tensor."),
             f"Annotate '{spec.name}' as pld.DistributedTensor[...] (pl.InOut[...] if the kernel writes it), or pass "
             "a host tensor slice instead of the window.", pitfall=WINDOW_KIND_PITFALL)
     if ttype.dtype is not None and value.dtype is not ttype.dtype and value.dtype.np_dtype != ttype.dtype.np_dtype:
-        raise _with(ProgramTypeError(f"{where}: dtype mismatch: the argument is {value.dtype.name}, "
-                                     f"the annotation says {ttype.dtype.name}."),
-                    f"Pass a {ttype.dtype.name} argument as '{spec.name}' (or a window viewed with "
-                    f"dtype=pl.{ttype.dtype.name}), or annotate the parameter pl.{value.dtype.name}.")
+        raise classified(ProgramTypeError(f"{where}: dtype mismatch: the argument is {value.dtype.name}, "
+                                          f"the annotation says {ttype.dtype.name}."),
+                         f"Pass a {ttype.dtype.name} argument as '{spec.name}' (or a window viewed with "
+                         f"dtype=pl.{ttype.dtype.name}), or annotate the parameter pl.{value.dtype.name}.")
     if ttype.shape is not None:
         actual = tuple(value.shape)
         if len(actual) != len(ttype.shape):  # shapes that differ only by dimensions of size 1 are accepted
@@ -288,19 +276,19 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
         return _decl(declared)
 
     if len(declared) != len(actual):
-        raise _with(ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the "
-                               f"annotation {decl()} has {len(declared)} dims."),
-                    f"Pass an argument with {len(declared)} dimensions ({decl()}), or make the annotation match "
-                    f"the argument's {len(actual)}.")
+        raise classified(ShapeError(f"{where}: the argument has shape {list(actual)} ({len(actual)} dims) but the "
+                                    f"annotation {decl()} has {len(declared)} dims."),
+                         f"Pass an argument with {len(declared)} dimensions ({decl()}), or make the annotation match "
+                         f"the argument's {len(actual)}.")
     for i, (d, a) in enumerate(zip(declared, actual)):
         if isinstance(d, DynDim):
             prev = bindings.setdefault(d.name, (a, where))
             if prev[0] != a:
-                raise _with(ShapeError(f"{where}: dimension {i} is pl.dynamic('{d.name}') = {a} here, but "
-                                       f"'{d.name}' was bound to {prev[0]} by {prev[1]}; all uses of one name must "
-                                       "agree."),
-                            f"Make every use of pl.dynamic('{d.name}') the same size ({prev[0]} or {a}), or use "
-                            "separate pl.dynamic names for sizes that differ.")
+                raise classified(ShapeError(f"{where}: dimension {i} is pl.dynamic('{d.name}') = {a} here, but "
+                                            f"'{d.name}' was bound to {prev[0]} by {prev[1]}; all uses of one name must "
+                                            "agree."),
+                                 f"Make every use of pl.dynamic('{d.name}') the same size ({prev[0]} or {a}), or use "
+                                 "separate pl.dynamic names for sizes that differ.")
             if prev[1] is where:
                 _retry_pending(bindings)
         elif isinstance(d, DynExpr):
@@ -314,8 +302,8 @@ def bind_shape(where, declared: tuple, actual: tuple, bindings: dict, world: int
                         f"Use NR = pl.dynamic(\"NR\") for dimension {i} so one program runs at any P.")
                 fix = (f"Declare dimension {i} as NR = pl.dynamic(\"NR\") instead of {d}: the rank count binds "
                        "from the arguments at each call.")
-            raise _with(ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl()} fixes it at "
-                                   f"{d}, the argument has {a} (shape {list(actual)}).{hint}"), fix)
+            raise classified(ShapeError(f"{where}: shape mismatch in dimension {i}: the annotation {decl()} fixes it at "
+                                        f"{d}, the argument has {a} (shape {list(actual)}).{hint}"), fix)
 
 
 _PENDING = "__pending__"  # bindings key: expression dims whose names are not all bound yet
@@ -338,10 +326,10 @@ def _bind_expr(where, i: int, d: DynExpr, a: int, actual, bindings: dict) -> Non
     elif r[0] == "mismatch":
         values = ", ".join(f"{n} = {env[n]}" for n in d.names() if n in env)
         got = f"{d} = {r[1]} ({values})"
-        raise _with(ShapeError(f"{where}: dimension {i} is {got}, but the argument has {a} (shape "
-                               f"{list(actual)})."),
-                    f"Pass an argument whose dimension {i} is {d} for the sizes the other arguments bind, or "
-                    "change the annotation.")
+        raise classified(ShapeError(f"{where}: dimension {i} is {got}, but the argument has {a} (shape "
+                                    f"{list(actual)})."),
+                         f"Pass an argument whose dimension {i} is {d} for the sizes the other arguments bind, or "
+                         "change the annotation.")
 
 
 def _retry_pending(bindings: dict) -> None:
@@ -366,7 +354,7 @@ def finish_bindings(bindings: dict) -> None:
     missing = [n for n in d.names() if n not in env]
     names = ", ".join(f"'{n}'" for n in missing)
     one = len(missing) == 1
-    raise _with(ShapeError(
+    raise classified(ShapeError(
         f"{where}: dimension {i} is {d} = {a} (shape {list(actual)}), but pl.dynamic {names} cannot be bound: "
         f"{'it is' if one else 'they are'} not any argument's dimension on {'its' if one else 'their'} own, and "
         f"{d} = {a} does not determine {'it' if one else 'them'}."),
@@ -418,7 +406,7 @@ def check_coverage(plan: DispatchPlan, host: Function, commless: int = 0) -> Non
             extra = (f" The dispatch at {host.file}:{call} is in the loop at {host.file}:{loop} "
                      f"(`{_line_text(host.file, loop)}`), which ran no iteration.")
             locations = [f"{host.file}:{loop}", f"{host.file}:{call}", host.location]
-        raise _with(DispatchCoverageError(
+        raise classified(DispatchCoverageError(
             f"host orchestrator '{host.name}' ({host.location}) dispatched nothing: call the per-device function "
             f"with device=r for every rank.{extra}"),
             "Dispatch every rank: `for r in pl.range(pld.world_size()): per_rank(..., device=r)`.", locations)
@@ -434,7 +422,7 @@ def check_coverage(plan: DispatchPlan, host: Function, commless: int = 0) -> Non
                      " The dispatch loop must cover [0, world)")
         fix = (f"Put the dispatch at {at} in `for r in pl.range(pld.world_size()):` with device=r, so that every "
                "rank gets one.")
-    raise _with(DispatchCoverageError(
+    raise classified(DispatchCoverageError(
         f"host orchestrator '{host.name}' ({host.location}) dispatched ranks {covered} but never ranks "
         f"{missing} (devices {[plan.device_ids[r] for r in missing]}); world = len(device_ids) = {plan.world}."
         f"{loop_text}: write `for r in pl.range(pld.world_size()):`."), fix, [at, host.location])
@@ -540,7 +528,7 @@ class UnresolvedResult:
         object.__setattr__(self, "_fix", fix)
 
     def error(self) -> ProgramTypeError:
-        return _with(ProgramTypeError(self._message), self._fix)
+        return classified(ProgramTypeError(self._message), self._fix)
 
     def __iter__(self):
         raise self.error()
