@@ -155,6 +155,9 @@ def test_a_rank_that_dies_without_reporting_is_named_at_its_own_line_on_shm(mode
         script, mode, how, f"; its last communication was pld.system.notify at {_at(script, 'notify')}")
     line = _at(script, "null" if mode == "null" else mode)
     assert f"ptodist: finding rank_died on ranks 1\n  at {line}, {_at(script, 'notify')}" in proc.stderr
+    # The finding's lines are the program's: ctypes' own line, where the null address faults, is not one.
+    (at,) = [text for text in proc.stderr.splitlines() if text.startswith("  at ")]
+    assert all(loc.startswith(str(script)) for loc in at[len("  at "):].split(", ")), at
 
 
 @needs_mpi

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from .. import language as pl
 from ..errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError
 from ..language import distributed as pld
-from ..source import is_internal
+from ..source import is_internal, is_library
 
 KINDS = ("hang", "race", "uninitialized_read", "set_clobber", "stale_signal", "peer_out_of_range", "out_of_bounds",
          "shape_mismatch", "type_mismatch", "read_only", "task_args_order", "dispatch_coverage", "window_too_small",
@@ -274,9 +274,11 @@ def _with_spaces(text: str, start: int, path: str) -> str:
 
 
 def _user_frames(tb_text: str) -> list[str]:
-    """Return the user frames of a formatted traceback, innermost first."""
-    frames = re.findall(r'File "([^"]+)", line (\d+)', tb_text)
-    return [f"{f}:{n}" for f, n in reversed(frames) if not is_internal(f)]
+    """Return the user frames of a formatted traceback, innermost first: the program's own, or, where none is
+    the program's, the libraries' (a finding's lines are where to look, and numpy's or ctypes' are not)."""
+    frames = [(f, n) for f, n in reversed(re.findall(r'File "([^"]+)", line (\d+)', tb_text)) if not is_internal(f)]
+    own = [(f, n) for f, n in frames if not is_library(f)]
+    return [f"{f}:{n}" for f, n in (own or frames)]
 
 
 # Python's own TypeError for a call its arguments do not fit ("load() missing 1 required positional argument").
