@@ -30,6 +30,25 @@ from ptodist.check import findings
 
 SAFETY_S = 60
 
+# The end of each program below: kernel k on every rank of a 2-rank dispatch, with a signal window.
+DISPATCH = '''
+
+@pl.jit
+def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+    k(sig)  # @kernel
+
+
+@pl.jit.host
+def host(x: pl.Tensor[[NR, 1], pl.FP32]):
+    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
+    for r in pl.range(pld.world_size()):
+        per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+
+
+host(np.zeros((2, 1), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
+print("UNREACHED")
+'''
+
 DYING = '''
 import ctypes
 import os
@@ -62,23 +81,8 @@ def k(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
         os.kill(os.getpid(), signal.SIGSEGV)  # @segv
     elif MODE == "null":
         crash()  # @crash
+''' + DISPATCH
 
-
-@pl.jit
-def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-    k(sig)  # @kernel
-
-
-@pl.jit.host
-def host(x: pl.Tensor[[NR, 1], pl.FP32]):
-    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
-
-
-host(np.zeros((2, 1), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
-print("UNREACHED")
-'''
 
 
 def _at(script: Path, marker: str) -> str:
@@ -270,23 +274,8 @@ def k(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
         pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)  # @wait
     else:
         os.write(1, b"reading\\n") and os.read(never_r, 1)  # @read
+''' + DISPATCH
 
-
-@pl.jit
-def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-    k(sig)
-
-
-@pl.jit.host
-def host(x: pl.Tensor[[NR, 1], pl.FP32]):
-    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
-
-
-host(np.zeros((2, 1), np.float32), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1])))
-print("UNREACHED")
-'''
 
 
 def _interrupt_when_blocked(argv: list[str], cwd: Path) -> tuple[int, str]:
