@@ -6,6 +6,7 @@ real PyPTO is importable); no ``pypto`` package is ever installed, so a real PyP
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.abc
 import importlib.util
@@ -56,6 +57,7 @@ def install() -> None:
 _SURFACE_FILE = "compat_surface.json"
 
 
+@functools.cache  # read once: a typo's message consults it, and its callers only read it
 def _load_surface() -> dict:
     import json
     from pathlib import Path
@@ -63,27 +65,20 @@ def _load_surface() -> dict:
     return json.loads((Path(__file__).parent / _SURFACE_FILE).read_text(encoding="utf-8"))
 
 
+def _reason(qualified: str, reasons: dict[str, str]) -> str | None:
+    """The recorded reason ptodist lacks upstream's ``qualified`` name (its first matching pattern), or None."""
+    from fnmatch import fnmatchcase
+
+    return next((why for pattern, why in reasons.items() if fnmatchcase(qualified, pattern)), None)
+
+
 def why_absent(module: str, name: str) -> str | None:
     """Why ptodist lacks ``name`` of upstream module ``module`` (``pypto.language``), or None when upstream's
     module does not export it either."""
-    from fnmatch import fnmatchcase
-
-    data = _surface_data()
+    data = _load_surface()
     if name not in data["modules"].get(module, ()):
         return None
-    qualified = f"{module}.{name}"
-    return next((why for pattern, why in data["reasons"].items() if fnmatchcase(qualified, pattern)),
-                "not yet in ptodist")
-
-
-def _surface_data() -> dict:
-    global _SURFACE
-    if _SURFACE is None:
-        _SURFACE = _load_surface()
-    return _SURFACE
-
-
-_SURFACE: dict | None = None
+    return _reason(f"{module}.{name}", data["reasons"]) or "not yet in ptodist"
 
 
 def _home_of(module: str):
@@ -104,8 +99,6 @@ def surface() -> list[tuple[str, list[str], dict[str, str | None]]]:
         One ``(module, names, absent)`` per upstream module: its sorted names, and each name
         ptodist lacks mapped to the recorded reason (``None`` where none is recorded).
     """
-    from fnmatch import fnmatchcase
-
     data = _load_surface()
     reasons = data["reasons"]
     report = []
@@ -115,8 +108,7 @@ def surface() -> list[tuple[str, list[str], dict[str, str | None]]]:
         for name in names:
             if home is not None and hasattr(home, name):
                 continue
-            qualified = f"{module}.{name}"
-            absent[name] = next((why for pattern, why in reasons.items() if fnmatchcase(qualified, pattern)), None)
+            absent[name] = _reason(f"{module}.{name}", reasons)
         report.append((module, names, absent))
     return report
 
