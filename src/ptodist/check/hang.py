@@ -116,8 +116,9 @@ def diagnose_hang(states: list[dict], sent: list[dict]) -> dict:
     # The notifies the ranks sent are the evidence: ones on cells nobody waits on name the wrong peer or index,
     # and a cell every other rank already notified says the count is short; only without either does a rank
     # waiting before it notifies explain the hang.
-    evidence = (_misdirected(states, sent) or _short_count(states, sent) or _left_alone(states, sent)
-                or _unreached(states, sent))
+    at_lines = [s for s in blocked if not s.get("order")]  # (a wait for the host's order of chip tasks: no line)
+    evidence = next(filter(None, (cause(states, by_rank, at_lines, sent)
+                                  for cause in (_misdirected, _short_count, _left_alone, _unreached))), None)
     if evidence:
         return evidence
     # "Waits before it notifies" is about ranks that wait for one another: not when a rank waits on a finished one.
@@ -211,11 +212,10 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else f"{', '.join(items[:-1])} and {items[-1]}"
 
 
-def _misdirected(states: list[dict], sent: list[dict]) -> dict | None:
+def _misdirected(states: list[dict], by_rank: dict[int, dict], blocked: list[dict], sent: list[dict]
+                 ) -> dict | None:
     """The cause when notifies landed on cells nobody waits on while a wait on a cell like them is short: a wrong
     peer (the same cell on another rank) or a wrong index (another cell of the waiting rank's buffer)."""
-    by_rank = {s["rank"]: s for s in states}
-    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
     every = [w for s in blocked for w in waits(s)]
     waited = {(w["buffer_id"], w["rank"], w["offset"]) for w in every}
     short = [w for w in every if _short(w)]
@@ -270,11 +270,10 @@ def _misdirected(states: list[dict], sent: list[dict]) -> dict | None:
             "cause": cause}
 
 
-def _short_count(states: list[dict], sent: list[dict]) -> dict | None:
+def _short_count(states: list[dict], by_rank: dict[int, dict], blocked: list[dict], sent: list[dict]
+                 ) -> dict | None:
     """The cause when a wait counts more notifies than the program sends: every other rank notified its cell
     (and no notify on its buffer went to a cell nobody waits on), yet the count stays short."""
-    by_rank = {s["rank"]: s for s in states}
-    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
     waited = {(w["buffer_id"], w["rank"], w["offset"]) for s in blocked for w in waits(s)}
     for w in (w for s in blocked for w in waits(s)):
         if w["cmp"] not in ("Ge", "Eq") or w["current"] >= w["expected"]:
@@ -302,11 +301,10 @@ def _short_count(states: list[dict], sent: list[dict]) -> dict | None:
     return None
 
 
-def _left_alone(states: list[dict], sent: list[dict]) -> dict | None:
+def _left_alone(states: list[dict], by_rank: dict[int, dict], blocked: list[dict], sent: list[dict]
+                ) -> dict | None:
     """The cause when a rank waits alone, every other rank finished, and some of them never notified its cell:
     nobody is left to send what it waits for (not a rank waiting before it notifies)."""
-    by_rank = {s["rank"]: s for s in states}
-    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
     if len(blocked) != 1 or any(s["state"] != "finished" for s in states if s is not blocked[0]):
         return None
     for w in (w for w in waits(blocked[0]) if _short(w)):
@@ -325,10 +323,10 @@ def _left_alone(states: list[dict], sent: list[dict]) -> dict | None:
     return None
 
 
-def _unreached(states: list[dict], sent: list[dict]) -> dict | None:
+def _unreached(states: list[dict], by_rank: dict[int, dict], blocked: list[dict], sent: list[dict]
+               ) -> dict | None:
     """The cause when the ranks a short wait misses notified the same cell on other ranks only: their notify
     reaches one peer where several wait for it."""
-    blocked = [s for s in states if s["state"] == "waiting" and not s.get("order")]
     found = []  # (the wait, the ranks it misses, their notifies of its cell on other ranks)
     for w in (w for s in blocked for w in waits(s) if _short(w)):
         got = received(w, sent)
