@@ -1,5 +1,11 @@
 """Shared test fixtures and helpers.
 
+The tests are grouped by what they cover, one folder each (language, collectives, worker, backends, check,
+dfx, cli, upstream, house), so a failure's path says what broke.  Some test modules double as the program
+a subprocess runs or lend helpers to another folder's tests (``test_mpi``'s launcher); every folder is put
+on ``sys.path`` and on ``PYTHONPATH`` (for the subprocesses) here, so ``import test_mpi`` works whichever file
+pytest is given and wherever the program runs.
+
 * Every test runs in its own output directory.
 * ``torch``: the torch module, for the tests that need it (skipped where torch is not installed, so
   ``pip install -e .[dev]`` alone still collects and runs the rest of the suite).
@@ -25,7 +31,12 @@ import pytest
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 
-REPO = Path(__file__).resolve().parent.parent
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+TEST_FOLDERS = sorted(d for d in TESTS.iterdir() if d.is_dir() and any(d.glob("test_*.py")))
+sys.path[:0] = [str(d) for d in [TESTS, *TEST_FOLDERS] if str(d) not in sys.path]
+os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), *map(str, TEST_FOLDERS)]
+                                           + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 # ptodist's own files: where the package is, never a guess from a path's name (a checkout is usually
 # cloned into a folder named ptodist, which holds the tests and the user's programs too).
 PACKAGE_DIR = str(Path(pl.__file__).resolve().parent.parent) + os.sep

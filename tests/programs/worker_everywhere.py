@@ -1,4 +1,4 @@
-"""One DistributedWorker program, run the same way on every backend (tests/test_worker_backends.py).
+"""One DistributedWorker program, run the same way on every backend (tests/worker/test_worker_backends.py).
 
 Resident and stacked tensors, persistent windows, two dispatches in flight, a sub-worker callback.
 ``python worker_everywhere.py WORLD OUT_DIR`` writes ``OUT_DIR/process{p}.json``; on mpi every process

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parent.parent / "src" / "ptodist"
+SRC = Path(__file__).resolve().parents[2] / "src" / "ptodist"
 
 # Layers, bottom up: a module may import its own layer and the ones below, never one above.
 LAYERS = [

@@ -244,7 +244,7 @@ def _mpi():
     import test_mpi
 
     if test_mpi.MPIRUN is None or not test_mpi.HAVE_MPI4PY:
-        pytest.skip("needs an MPI launcher and mpi4py (see tests/test_mpi.py)")
+        pytest.skip("needs an MPI launcher and mpi4py (see tests/backends/test_mpi.py)")
     return test_mpi
 
 
@@ -297,7 +297,7 @@ def test_a_kernel_or_per_device_function_called_from_plain_python_runs_as_the_la
     np.testing.assert_array_equal(_triple(x, np.zeros_like(x), config=RunConfig(backend=backend)), 3 * x)
     np.testing.assert_array_equal(_double(x, np.zeros_like(x), config=RunConfig(backend=backend)), 2 * x)
     # The call table and the single-device section of docs/language.md say the same.
-    text = (Path(__file__).resolve().parent.parent / "docs" / "language.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "language.md").read_text()
     table = text[text.index("| Called function ↓ / caller →"):].split("\n\n")[0].splitlines()[2:]
     plain = {cells[0]: cells[3] for cells in ([c.strip() for c in row.strip("|").split("|")] for row in table)}
     for row in ("kernel", "per-device (`@pl.jit`)"):

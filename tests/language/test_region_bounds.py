@@ -6,7 +6,7 @@ remote_store, put, get, notify, wait) inside one kernel on every rank; each case
 inside the tensor must work, one outside it must raise ``KernelIndexError`` naming the operation, the user's
 line and the tensor: never a silent wrong answer (an offset near 2**63 used to overflow the native check and read
 zeros) and never a raw numpy error.  The same fuzz runs on shm and sim, and under ``mpirun -n 2``: this file is
-also the program that job runs (``python tests/test_region_bounds.py OUT_DIR``).
+also the program that job runs (``python tests/language/test_region_bounds.py OUT_DIR``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 on this machine, and errors and hangs that end the whole job with the findings ``shm`` gives.
 
 The tests start real MPI jobs (loopback only).  This file is also the program those jobs run:
-``python tests/test_mpi.py BATCH OUT_DIR`` (BATCH: ``ladder``, ``collectives`` or ``tcp``) runs a batch of
+``python tests/backends/test_mpi.py BATCH OUT_DIR`` (BATCH: ``ladder``, ``collectives`` or ``tcp``) runs a batch of
 cases in every process and writes each process's outcome per case to ``OUT_DIR/rank<r>.json``; the
 tests read those files, so every process's results are checked, not only what reaches the terminal.
 """
@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 THIS = Path(__file__).resolve()
 MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
@@ -87,7 +87,6 @@ def _run_example(stem: str, argv: list[str]) -> None:
 
 def _collective_cases(p: int) -> dict:
     """The collective property tests of test_collectives.py, with seeded draws (every process draws alike)."""
-    sys.path.insert(0, str(THIS.parent))
     import test_collectives as tc
 
     import ptodist.language as pl

@@ -5,7 +5,7 @@ is what ``result()`` raises, on every backend.  On mpi every process of the job 
 the worker: a callback (or the binding of a dispatch's arguments) that fails in one process fails that
 dispatch in every process, and the next dispatch is right everywhere.
 
-This file is also the program the mpi tests run: ``python tests/test_worker_failures.py MODE OUT_DIR``
+This file is also the program the mpi tests run: ``python tests/worker/test_worker_failures.py MODE OUT_DIR``
 runs a scenario in every process of an ``mpirun -n 2`` job and writes each process's outcomes, one per
 dispatch, to ``OUT_DIR/process<r>.json``.
 """

@@ -22,7 +22,7 @@ import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RankError, RunConfig, ir, shared_array
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NR = pl.dynamic("NR")
 
 

@@ -20,7 +20,7 @@ import pytest
 from ptodist.check import findings
 from ptodist.errors import NOTIFY_OP_FIX
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PITFALLS = (REPO / "docs" / "pitfalls.md").read_text(encoding="utf-8")
 
 PREAMBLE = '''

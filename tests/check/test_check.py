@@ -25,7 +25,7 @@ from ptodist import DistributedConfig, HangError, RunConfig, cli, commands, ir
 from ptodist.check import explore
 from ptodist.errors import CheckError
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
 BUG = "# BUG"
 

@@ -26,7 +26,7 @@ import ptodist.testing
 from ptodist import DistributedConfig, RunConfig, ir
 from ptodist.check.findings import Finding
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 EXAMPLE_DIR = REPO / "examples" / "testing"
 N = 8
 NR = pl.dynamic("NR")

@@ -2,7 +2,7 @@
 the traceback of a rank's error, what a rank that died was doing, fixes for the cause found.
 
 * ``docs/pitfalls.md`` has a section per SPEC §8 row; findings name it (``docs``), the terminal shows it; its
-  ``# check:`` blocks give, under the checker, exactly the findings shown below them (``tests/test_docs.py``
+  ``# check:`` blocks give, under the checker, exactly the findings shown below them (``tests/cli/test_docs.py``
   runs its ``# raises:`` blocks).
 * An exception raised in ptodist's own code by mistake is a ``RankInternalError`` (also a
   ``PtodistInternalError``) with the whole traceback, never the program's ``rank_error``; the rule
@@ -35,7 +35,7 @@ from ptodist.check import explore, findings, hang
 from ptodist.errors import INTERNAL_NOTE, KernelIndexError, RankInternalError
 from ptodist.rank import failures, status
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 PAGE = REPO / "docs" / "pitfalls.md"
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```[ \t]*$", re.S | re.M)
 NR = pl.dynamic("NR")

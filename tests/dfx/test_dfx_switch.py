@@ -18,7 +18,7 @@ from ptodist import DistributedConfig, RunConfig, dfx, shared_array
 from ptodist.config import DFX_KINDS, parse_dfx
 from ptodist.errors import ConfigError
 
-EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "04_barrier.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "04_barrier.py"
 # the in-script switch: every output PTODIST_DFX=all turns on, given to the example's own RunConfig
 IN_SCRIPT = "enable_chip_swimlane=True, enable_dep_gen=True, enable_scope_stats=True, enable_dump_args=1, "
 NAMES = ("swimlane (or trace: timing records and the merged trace), deps (deps.json), scope_stats "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "programs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "programs"))
 import worker_everywhere  # noqa: E402
 from test_mpi import _leftovers, _mpirun  # noqa: E402
 
