@@ -21,7 +21,7 @@ from .config import parse_dfx, started_by_mpi_launcher
 from .errors import CheckError, HangError, PtodistError, PtodistInternalError, RankError, RankInternalError
 from .rank_output import report_pointer, write_report
 from .runtime import program as programs
-from .source import is_internal
+from .source import format_script_error, is_tool_frame
 
 
 class Terminated(BaseException):
@@ -224,7 +224,7 @@ def _error_report(e: PtodistError, found: list) -> str:
     frames would be noise), the script's line that raised it, and the findings."""
     lines = [f"ptodist: {type(e).__name__}: {e}"]
     user = [f for f in traceback.extract_tb(e.__traceback__)
-            if not _is_tool_frame(f.filename) and not f.filename.startswith("<")]
+            if not is_tool_frame(f.filename) and not f.filename.startswith("<")]
     if user:
         f = user[-1]
         lines.append(f"  raised by {f.filename}:{f.lineno} in {f.name}: {f.line}")
@@ -255,12 +255,12 @@ def _error_findings(e: Exception, fix: str) -> list:
     """
     frames = traceback.extract_tb(e.__traceback__)
     called = isinstance(e, TypeError) and findings.signature_fix(str(e), "".join(traceback.format_tb(e.__traceback__)))
-    if not frames or _is_tool_frame(frames[-1].filename) or called:  # a pl/pld call whose arguments do not fit
+    if not frames or is_tool_frame(frames[-1].filename) or called:  # a pl/pld call whose arguments do not fit
         return findings.from_exception(e)
     where: list[str] = []
     for f in reversed(frames):
         loc = f"{f.filename}:{f.lineno}"
-        if not _is_tool_frame(f.filename) and not f.filename.startswith("<") and loc not in where:
+        if not is_tool_frame(f.filename) and not f.filename.startswith("<") and loc not in where:
             where.append(loc)
     return [findings.Finding("script_error", f"{type(e).__name__}: {e}", [], where, None, fix)]
 
@@ -294,12 +294,6 @@ def _run_facts(code: int, started: float | None) -> dict:
     facts["wall_time_s"] = round(time.monotonic() - started, 3) if started is not None else None
     facts["ptodist_version"] = __version__
     return facts
-
-
-def format_script_error(e: BaseException) -> str:
-    """The script's own error as ``python SCRIPT`` would print it, without the frames of this tool."""
-    return ("Traceback (most recent call last):\n" + "".join(_script_frames(e).format())
-            + "".join(traceback.format_exception_only(type(e), e)))
 
 
 def _check(args) -> int:
@@ -446,24 +440,6 @@ def _trace(args) -> int:
     if written is not None:
         sys.stdout.write(f"\nHTML report: {written} (one self-contained file: open it in any browser, offline)\n")
     return 0
-
-
-def _script_frames(e: BaseException) -> traceback.StackSummary:
-    """Return the frames of ``e``'s traceback that belong to the script.
-
-    An error raised in the script's own code loses every ptodist and runpy frame; one raised inside
-    ptodist keeps ptodist's frames below the script's call (they may show a bug), losing only the
-    frames of ``ptodist run`` above the script.
-    """
-    frames = traceback.extract_tb(e.__traceback__)
-    if frames and not _is_tool_frame(frames[-1].filename):
-        return traceback.StackSummary.from_list([f for f in frames if not _is_tool_frame(f.filename)])
-    first = next((i for i, f in enumerate(frames) if not _is_tool_frame(f.filename)), 0)
-    return traceback.StackSummary.from_list(frames[first:])
-
-
-def _is_tool_frame(filename: str) -> bool:
-    return is_internal(filename) or filename == runpy.__file__
 
 
 def main(argv=None) -> int:

@@ -10,9 +10,11 @@ import ast
 import functools
 import linecache
 import os
+import runpy
 import sys
 import sysconfig
 import threading
+import traceback
 from dataclasses import dataclass
 
 _PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
@@ -184,3 +186,28 @@ class call_site:  # noqa: N801 - used as a function: ``with call_site(loc):``
 
 def where(loc: Location | None) -> str:
     return f" at {loc}" if loc else ""
+
+
+def format_script_error(e: BaseException) -> str:
+    """The script's own error as ``python SCRIPT`` would print it, without the frames of this tool."""
+    return ("Traceback (most recent call last):\n" + "".join(_script_frames(e).format())
+            + "".join(traceback.format_exception_only(type(e), e)))
+
+
+def _script_frames(e: BaseException) -> traceback.StackSummary:
+    """Return the frames of ``e``'s traceback that belong to the script.
+
+    An error raised in the script's own code loses every ptodist and runpy frame; one raised inside
+    ptodist keeps ptodist's frames below the script's call (they may show a bug), losing only the
+    frames of ``ptodist run`` above the script.
+    """
+    frames = traceback.extract_tb(e.__traceback__)
+    if frames and not is_tool_frame(frames[-1].filename):
+        return traceback.StackSummary.from_list([f for f in frames if not is_tool_frame(f.filename)])
+    first = next((i for i, f in enumerate(frames) if not is_tool_frame(f.filename)), 0)
+    return traceback.StackSummary.from_list(frames[first:])
+
+
+def is_tool_frame(filename: str) -> bool:
+    """Whether ``filename`` belongs to the tool running a script (ptodist, runpy) rather than to the script."""
+    return is_internal(filename) or filename == runpy.__file__

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from ..errors import CheckError, ConfigError, PtodistError
+from ..source import format_script_error
 from . import findings as findings_mod
 from . import story as story_mod
 
@@ -136,8 +137,6 @@ def run_checked(target: Callable[[], object], seed: int, decisions=None) -> Outc
         except CheckError:
             code = 1  # its findings are the session's already
         except Exception as e:  # noqa: BLE001 - whatever the target raised is part of this schedule's outcome
-            from ..cli import format_script_error
-
             code, error = 1, e
             found = findings_mod.from_exception(e)
             if not isinstance(e, PtodistError):  # ptodist's own errors are whole in their findings
