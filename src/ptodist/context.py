@@ -3,7 +3,9 @@
 ``pl``/``pld`` operations are thin: they look up the context of the calling
 thread and let it give the operation its meaning (the planner records, a rank
 executes).  The base class is plain Python, where every distributed operation
-fails with a message saying where it belongs.
+fails with a message saying where it belongs.  What a context's ``region()``
+returns, :class:`RegionResult`, lives here so that every context (plain
+Python, the planner, a rank) makes one without importing the language.
 """
 
 from __future__ import annotations
@@ -19,6 +21,38 @@ _local = threading.local()
 
 _KERNEL = "inside a kernel (a @pl.jit.incore function) running on a rank"
 _HOST = "inside the host orchestrator (a @pl.jit.host function)"
+
+
+class RegionResult:
+    """The task id of a submitted region and, when it ran at once, the names it assigned."""
+
+    __slots__ = ("tid", "values", "where")
+
+    def __init__(self, tid, values: dict | None, where: str = ""):
+        self.tid = tid
+        self.values = values or {}
+        self.where = where
+
+    def later(self, name: str) -> Later:
+        return Later(name, self.where)
+
+
+class Later:
+    """A name a region assigns, read after a region that runs later (on a chip, or after its deps): no value here."""
+
+    def __init__(self, name: str, where: str):
+        self.name, self.where = name, where
+
+    def _refuse(self, *_args, **_kwargs):
+        raise ProgramError(
+            f"'{self.name}' is assigned inside the region at {self.where or '?'}, which runs later (on a chip, or "
+            "once its deps= are complete), so it has no value where it is read. Pass results out through tensors "
+            "the region writes (pl.Out parameters, slice assignment), not through names.")
+
+    __getattr__ = __getitem__ = __call__ = __iter__ = __index__ = __bool__ = __add__ = __radd__ = _refuse
+
+    def __repr__(self) -> str:
+        return f"<'{self.name}': assigned by the region at {self.where}, which runs later>"
 
 
 class Context:
@@ -59,8 +93,6 @@ class Context:
 
     # Regions (pl.at / pl.spmd blocks) and task scopes. Plain Python runs a region's block as it stands.
     def region(self, region, body, args):
-        from .language.regions import RegionResult
-
         return RegionResult(None, body(*args))
 
     def region_begin(self, region):

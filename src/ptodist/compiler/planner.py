@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import context
 from ..collectives import spec as coll_spec
+from ..context import RegionResult
 from ..errors import (
     WINDOW_KIND_PITFALL,
     CollectiveInLoopError,
@@ -33,7 +34,6 @@ from ..errors import (
 from ..language import dtypes as dt
 from ..language.dtypes import DataType
 from ..language.functions import EntryFunction, Function, Kind
-from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
 from ..language.types import Direction, ParamSpec, TensorType
 from ..source import is_internal, user_location

@@ -30,6 +30,7 @@ import textwrap
 import types
 
 from .. import context
+from ..context import RegionResult
 from ..errors import ProgramError
 
 _REGION_CALLS = {"at", "spmd"}
@@ -72,38 +73,6 @@ class Region:
 
     def __repr__(self) -> str:
         return f"<pl.{self.kind} region level={getattr(self.level, 'name', self.level)} deps={self.deps}>"
-
-
-class RegionResult:
-    """The task id of a submitted region and, when it ran at once, the names it assigned."""
-
-    __slots__ = ("tid", "values", "where")
-
-    def __init__(self, tid, values: dict | None, where: str = ""):
-        self.tid = tid
-        self.values = values or {}
-        self.where = where
-
-    def later(self, name: str) -> Later:
-        return Later(name, self.where)
-
-
-class Later:
-    """A name a region assigns, read after a region that runs later (on a chip, or after its deps): no value here."""
-
-    def __init__(self, name: str, where: str):
-        self.name, self.where = name, where
-
-    def _refuse(self, *_args, **_kwargs):
-        raise ProgramError(
-            f"'{self.name}' is assigned inside the region at {self.where or '?'}, which runs later (on a chip, or "
-            "once its deps= are complete), so it has no value where it is read. Pass results out through tensors "
-            "the region writes (pl.Out parameters, slice assignment), not through names.")
-
-    __getattr__ = __getitem__ = __call__ = __iter__ = __index__ = __bool__ = __add__ = __radd__ = _refuse
-
-    def __repr__(self) -> str:
-        return f"<'{self.name}': assigned by the region at {self.where}, which runs later>"
 
 
 # -- outlining -------------------------------------------------------------------------------------
