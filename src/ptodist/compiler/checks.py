@@ -28,7 +28,7 @@ from ..errors import (
 )
 from ..language.functions import EntryFunction, Function, Kind
 from ..language.scalar import Scalar, scalar_value
-from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve
+from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve, unit_dims_reshape
 from ..source import enclosing_loop_line, param_lines
 from .plan import DispatchPlan, HostTensorRef, WindowView, resolve_groups
 
@@ -232,8 +232,6 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     if ttype.shape is not None:
         actual = tuple(value.shape)
         if len(actual) != len(ttype.shape):  # shapes that differ only by dimensions of size 1 are accepted
-            from ..rank.tensors import unit_dims_reshape
-
             actual = unit_dims_reshape(tuple(ttype.shape), actual) or actual
         bind_shape(where, ttype.shape, actual, bindings, world)
 

@@ -304,6 +304,26 @@ def value_of(dim: _Dim) -> int:
         f"{name} (e.g. pl.Tensor[[{name}, ...], ...]), or pass the size as a pl.Scalar parameter.")
 
 
+def unit_dims_reshape(declared: tuple, actual: tuple) -> tuple | None:
+    """The shape ``actual`` takes under ``declared`` when they differ only by dimensions of size 1, else None.
+
+    ``[SIZE]`` under ``[1, SIZE]`` is ``(1, SIZE)``; ``[1, SIZE]`` under ``[SIZE]`` is ``(SIZE,)``. A dynamic
+    dimension of ``declared`` (``pl.dynamic``, or arithmetic on it) takes the matching size of ``actual``; it never
+    stands for an inserted or dropped 1.
+    """
+    fixed = [None if isinstance(d, (DynDim, DynExpr)) else d.__index__() for d in declared]
+    core = [a for a in actual if a != 1]
+    slots = [i for i, d in enumerate(fixed) if d != 1]
+    if len(core) != len(slots):
+        return None
+    shape = [1] * len(declared)
+    for i, a in zip(slots, core):
+        if fixed[i] is not None and fixed[i] != a:
+            return None
+        shape[i] = a
+    return tuple(shape)
+
+
 Dim = "int | DynDim"
 
 

@@ -50,13 +50,13 @@ from ..language.functions import Function, Kind
 from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
-from ..language.types import Direction
+from ..language.types import Direction, unit_dims_reshape
 from ..source import call_site, is_internal, user_frame, user_location
 from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
 from .tasks import OverlapIndex, Task, TaskGraph, buffer_key, overlap
-from .tensors import RankTensor, WindowTensor, unit_dims_reshape
+from .tensors import RankTensor, WindowTensor
 
 try:
     from numpy.lib.array_utils import byte_bounds

@@ -13,7 +13,6 @@ from ..errors import KernelIndexError, KernelValueError
 from ..language.dtypes import DataType
 from ..language.memory_ops import load, store
 from ..language.tile_ops import Tile
-from ..language.types import DynDim, DynExpr
 from ..source import user_location
 
 
@@ -65,26 +64,6 @@ def _subscript(t, idx) -> tuple:
                                        f"index in that range")
             out.append(j % d)
     return tuple(out)
-
-
-def unit_dims_reshape(declared: tuple, actual: tuple) -> tuple | None:
-    """The shape ``actual`` takes under ``declared`` when they differ only by dimensions of size 1, else None.
-
-    ``[SIZE]`` under ``[1, SIZE]`` is ``(1, SIZE)``; ``[1, SIZE]`` under ``[SIZE]`` is ``(SIZE,)``. A dynamic
-    dimension of ``declared`` (``pl.dynamic``, or arithmetic on it) takes the matching size of ``actual``; it never
-    stands for an inserted or dropped 1.
-    """
-    fixed = [None if isinstance(d, (DynDim, DynExpr)) else d.__index__() for d in declared]
-    core = [a for a in actual if a != 1]
-    slots = [i for i, d in enumerate(fixed) if d != 1]
-    if len(core) != len(slots):
-        return None
-    shape = [1] * len(declared)
-    for i, a in zip(slots, core):
-        if fixed[i] is not None and fixed[i] != a:
-            return None
-        shape[i] = a
-    return tuple(shape)
 
 
 class RankTensor:
