@@ -14,13 +14,15 @@ pytest is given and wherever the program runs.
   does; subprocesses inherit it).  The mpi backend needs ``mpirun`` and is test_mpi.py's.
 * Examples: ``load_example`` imports ``examples/<stem>.py``, ``run_example`` runs its ``main``,
   ``ptodist_cli`` runs ``python -m ptodist ...`` in a subprocess.
-* ``on_every_rank(kernel)``: the host program that runs a signal-only kernel on every rank.
+* ``on_every_rank(kernel)``: the host program that runs a kernel on every rank (its tensors stacked per rank
+  on the host, its windows allocated); ``run_in_rank(body, *arrays)`` runs a body on one rank.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import inspect
+import linecache
 import os
 import subprocess
 import sys
@@ -173,25 +175,57 @@ def source_line(fn, text: str) -> int:
 
 # -- small programs -------------------------------------------------------------------------------
 
-def on_every_rank(kernel):
-    """The host program ``<kernel>_host(x: [NR, 1] FP32)`` that runs ``kernel(sig)`` on every rank.
+def on_every_rank(kernel, name: str | None = None):
+    """The host program ``<name>(...)`` that runs ``kernel`` on every rank, built from the kernel's parameters.
 
-    ``kernel`` is a ``@pl.jit.incore`` function of one signal window, ``sig`` [NR, 1] INT32 (buffer
-    ``buf``), through the per-device function ``<kernel>_rank``.
+    The scaffold most distributed tests need and none is about: a per-device function
+    ``<name>_rank`` that calls ``kernel`` (a ``@pl.jit.incore`` function), and a host orchestrator
+    that calls it on every rank (``name`` defaults to ``<kernel>_host``).  Per kernel parameter:
+
+    * ``pl.Tensor[S, dt]`` (``pl.Out``/``pl.InOut`` too): the host's parameter of the same name and
+      direction, ``pl.Tensor[[NR, *S], dt]``; rank ``r`` gets row ``r``;
+    * ``pld.DistributedTensor[S, dt]``: a window of the buffer ``<param>_buf``, with every
+      ``pl.dynamic`` dimension of ``S`` the world size (a signal ``[NR, 1]`` has a row per rank);
+    * ``pl.Scalar[dt]``: the rank's index ``r``.
+
+    A kernel without a plain tensor parameter gets the host parameter ``x: pl.Tensor[[NR, 1], pl.FP32]``,
+    which says how many ranks there are (its rows are not used).
     """
+    from ptodist.language.types import Direction
 
-    def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-        return kernel(sig)
-
-    def host(x: pl.Tensor[[NR, 1], pl.FP32]):
-        buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            rank_fn(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
-
-    per_rank.__name__ = per_rank.__qualname__ = f"{kernel.name}_rank"
-    host.__name__ = host.__qualname__ = f"{kernel.name}_host"
-    rank_fn = pl.jit(per_rank)
-    return pl.jit.host(host)
+    host_params, rank_params, args, windows = [], [], [], []
+    scope = {"pl": pl, "pld": pld, "NR": NR, "kernel": kernel}
+    for i, spec in enumerate(kernel.params):
+        t = spec.ttype
+        wrap = {Direction.OUT: "pl.Out[{}]", Direction.INOUT: "pl.InOut[{}]"}.get(spec.direction, "{}")
+        if spec.kind == "scalar":
+            scope[f"S{i}"] = t
+            rank_params.append(f"{spec.name}: S{i}")
+            args.append("r")
+            continue
+        scope[f"T{i}"] = (pld.DistributedTensor if t.distributed else pl.Tensor)[list(t.shape), t.dtype]
+        scope[f"D{i}"] = t.dtype
+        rank_params.append(f"{spec.name}: {wrap.format(f'T{i}')}")
+        if t.distributed:
+            dims = ", ".join(str(d) if isinstance(d, int) else "pld.world_size()" for d in t.shape)
+            windows.append(f"    {spec.name}_buf = pld.alloc_window_buffer([{dims}], dtype=D{i})\n")
+            args.append(f"pld.window({spec.name}_buf, [{dims}], dtype=D{i})")
+        else:
+            scope[f"H{i}"] = pl.Tensor[[NR, *t.shape], t.dtype]
+            host_params.append(f"{spec.name}: {wrap.format(f'H{i}')}")
+            args.append(f"{spec.name}[r]")
+    rank = f"{name or kernel.name}_rank"
+    name = name or f"{kernel.name}_host"
+    source = (f"def {rank}({', '.join(rank_params)}):\n"
+              f"    return kernel({', '.join(p.split(':')[0] for p in rank_params)})\n"
+              f"def {name}({', '.join(host_params or ['x: pl.Tensor[[NR, 1], pl.FP32]'])}):\n{''.join(windows)}"
+              f"    for r in pl.range(pld.world_size()):\n        {rank}({', '.join(args)}, device=r)\n")
+    # A file name of its own, its text in linecache: ptodist reads a window buffer's name from its line.
+    filename = f"<on_every_rank {name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    exec(compile(source, filename, "exec"), scope)
+    scope[rank] = pl.jit(scope[rank])
+    return pl.jit.host(scope[name])
 
 
 def run_in_rank(body, *arrays, backend: str = "sim"):

@@ -704,7 +704,7 @@ def test_critical_path_crosses_from_the_wait_to_the_late_notify(tmp_path):
     assert summary.rank_times(ranks[0])["busy"] >= notify["start"] - task0["start"]  # its time before the notify
     text = summary.report(out, top=1)
     assert re.search(r"Longest waits \(1 of 1\):\n\s+\d+\.\d+ ms  rank 1 \(device 7\) at .*test_dfx\.py:\d+: "
-                     r"buf cell \[0, 0\] Ge 1, saw 1\n\s+released by rank 0 \(device 2\) notify", text)
+                     r"sig_buf cell \[0, 0\] Ge 1, saw 1\n\s+released by rank 0 \(device 2\) notify", text)
 
 
 @pl.jit.incore
@@ -833,7 +833,7 @@ def test_a_hang_leaves_every_rank_records_up_to_the_hang(tmp_path, how):
     counters = {}
     for c in (e for e in events if e["ph"] == "C"):
         counters.setdefault(c["name"], []).append(c["args"]["value"])
-    assert counters == {f"buf[{r},0] on rank {(r + 1) % len(IDS)}": [0, 1, 2, 3] for r in range(len(IDS))}
+    assert counters == {f"sig_buf[{r},0] on rank {(r + 1) % len(IDS)}": [0, 1, 2, 3] for r in range(len(IDS))}
     # the run's error, beside the merged trace (a DistributedWorker's driver does not pass it on yet)
     ending = summary.findings_for(run_dir(out), 0)
     if how != "worker":
@@ -844,7 +844,7 @@ def test_a_hang_leaves_every_rank_records_up_to_the_hang(tmp_path, how):
     text = summary.report(out)
     assert "stopped before the dispatch ended: rank 0 (device 3), rank 1 (device 5), rank 2 (device 9)" in text
     assert text.count("still waiting when the run was stopped (the cell held 3)") == len(IDS)
-    assert re.search(r"buf cell \[\d, 0\] Ge 100, saw 3 \(iteration 2\)", text)
+    assert re.search(r"sig_buf cell \[\d, 0\] Ge 100, saw 3 \(iteration 2\)", text)
 
 
 def press_ctrl_c_when_every_rank_waits_at(where: str) -> None:

@@ -74,8 +74,8 @@ class Elements(HTMLParser):
 def test_every_cell_waited_on_has_a_row_even_if_never_notified(report):
     cells = {a["data-cell"]: a["data-owner"] for a, _ in Elements(report).with_class("cell")}
     # round 1's cells, the cell rank 1 notified by mistake (its own), and the one rank 0 waited on in vain
-    assert cells == {"buf[0,0] on rank 1": "1", "buf[1,0] on rank 0": "0", "buf[0,0] on rank 0": "0"}
-    label = report[report.index('<g class="cell-label" data-cell="buf[0,0] on rank 0">'):]
+    assert cells == {"sig_buf[0,0] on rank 1": "1", "sig_buf[1,0] on rank 0": "0", "sig_buf[0,0] on rank 0": "0"}
+    label = report[report.index('<g class="cell-label" data-cell="sig_buf[0,0] on rank 0">'):]
     assert label[:label.index("</g>")].endswith('class="never">waited on, never notified</text>')
     assert report.count("waited on, never notified") == 1
     assert "<title>rank 0 waited here at " in report
