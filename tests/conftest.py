@@ -15,7 +15,8 @@ pytest is given and wherever the program runs.
 * Examples: ``load_example`` imports ``examples/<stem>.py``, ``run_example`` runs its ``main``,
   ``ptodist_cli`` runs ``python -m ptodist ...`` in a subprocess.
 * ``on_every_rank(kernel)``: the host program that runs a kernel on every rank (its tensors stacked per rank
-  on the host, its windows allocated); ``run_in_rank(body, *arrays)`` runs a body on one rank.
+  on the host, its windows allocated); ``window_program(nr, body)``: the class-form program whose kernel runs
+  ``body(w)`` with a data and a signal window; ``run_in_rank(body, *arrays)`` runs a body on one rank.
 """
 
 from __future__ import annotations
@@ -226,6 +227,43 @@ def on_every_rank(kernel, name: str | None = None):
     exec(compile(source, filename, "exec"), scope)
     scope[rank] = pl.jit(scope[rank])
     return pl.jit.host(scope[name])
+
+
+def window_program(nr: int, body, size: int = 8):
+    """The ``@pl.program`` class ``P`` whose one kernel runs ``body(w)`` on each of ``nr`` ranks.
+
+    ``w`` has the rank's ``x`` (in) and ``y`` (out), ``[1, size]`` FP32 rows of the host's
+    ``[nr, 1, size]`` tensors, its windows ``data`` (``[1, size]`` FP32, buffer ``data_buf``) and
+    ``sig`` (``[nr, 1]`` INT32, buffer ``sig_buf``), and ``me``/``n``, the rank and the rank count.
+    """
+    from types import SimpleNamespace
+
+    @pl.program
+    class P:
+        @pl.function(type=pl.FunctionType.InCore)
+        def k(self, x: pl.Tensor[[1, size], pl.FP32], y: pl.Out[pl.Tensor[[1, size], pl.FP32]],
+              data: pl.InOut[pld.DistributedTensor[[1, size], pl.FP32]],
+              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            ctx = pld.get_comm_ctx(data)
+            body(SimpleNamespace(x=x, y=y, data=data, sig=sig, me=pld.rank(ctx), n=pld.nranks(ctx)))
+            return y
+
+        @pl.function(type=pl.FunctionType.Orchestration)
+        def chip(self, x: pl.Tensor[[1, size], pl.FP32], y: pl.Out[pl.Tensor[[1, size], pl.FP32]],
+                 data: pl.InOut[pld.DistributedTensor[[1, size], pl.FP32]],
+                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+            return self.k(x, y, data, sig)
+
+        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
+        def host(self, x: pl.Tensor[[nr, 1, size], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, size], pl.FP32]]):
+            data_buf = pld.alloc_window_buffer([1, size], dtype=pl.FP32)
+            sig_buf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
+            for r in pl.range(pld.world_size()):
+                self.chip(x[r], y[r], pld.window(data_buf, [1, size], dtype=pl.FP32),
+                          pld.window(sig_buf, [nr, 1], dtype=pl.INT32), device=r)
+            return y
+
+    return P
 
 
 def run_in_rank(body, *arrays, backend: str = "sim"):

@@ -14,10 +14,10 @@ import runpy
 import sys
 import textwrap
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -400,40 +400,10 @@ def test_sim_stops_a_rank_that_never_reaches_an_operation_after_the_hang_timeout
 
 # -- more findings: uninitialised reads, clobbered Sets, races inside collectives ------------------------------
 
-def _program(nr: int, body):
-    """A one-kernel program: ``body(w)`` runs on every rank with ``w.x, w.y, w.data, w.sig, w.me, w.n``."""
-    @pl.program
-    class P:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-              data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            body(SimpleNamespace(x=x, y=y, data=data, sig=sig, me=pld.rank(ctx), n=pld.nranks(ctx)))
-            return y
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.k(x, y, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
-            data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
-            sig_buf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], pld.window(data_buf, [1, SIZE], dtype=pl.FP32),
-                          pld.window(sig_buf, [nr, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return P
-
-
 def _checked(nr: int, body, seed: int = 0) -> list:
     """Run the program on ``nr`` ranks under ``ptodist check``'s session for ``seed``; return its findings."""
     x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
-    compiled = ir.compile(_program(nr, body), distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    compiled = ir.compile(window_program(nr, body), distributed_config=DistributedConfig(device_ids=list(range(nr))))
     with explore.checking(seed) as session:
         try:
             compiled(x, np.zeros_like(x))
@@ -516,7 +486,7 @@ def test_recording_for_the_checker_does_not_change_a_schedule(monkeypatch):
 
     nr = 4
     x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE) + 1
-    compiled = ir.compile(_program(nr, body), distributed_config=DistributedConfig(device_ids=list(range(nr))))
+    compiled = ir.compile(window_program(nr, body), distributed_config=DistributedConfig(device_ids=list(range(nr))))
     results = set()
     for seed in range(6):
         plain = np.zeros_like(x)
@@ -546,7 +516,7 @@ def _pull_after_barrier(w) -> None:
 def test_check_explores_a_prepared_worker_like_one_shot_calls(persistent):
     x = np.arange(2 * SIZE, dtype=np.float32).reshape(2, 1, SIZE)
     for body, racy in ((_pull_without_barrier, True), (_pull_after_barrier, False)):
-        compiled = ir.compile(_program(2, body), distributed_config=DistributedConfig(device_ids=[0, 1]))
+        compiled = ir.compile(window_program(2, body), distributed_config=DistributedConfig(device_ids=[0, 1]))
         outcomes = []
         with explore.checking(0) as session:
             with compiled.prepare(persistent=persistent) as rt:

@@ -15,10 +15,10 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from conftest import window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -199,36 +199,6 @@ def test_outside_pytest_the_replay_is_a_call():
 
 # -- what check runs and what it reports ---------------------------------------------------------------------
 
-def _program(nr: int, body):
-    """A ``@pl.program`` whose kernel runs ``body(w)`` with ``w.x, w.y, w.data, w.sig, w.me, w.n``."""
-    @pl.program
-    class P:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
-              data: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            body(SimpleNamespace(x=x, y=y, data=data, sig=sig, me=pld.rank(ctx), n=pld.nranks(ctx)))
-            return y
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.k(x, y, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, N], pl.FP32]]):
-            data_buf = pld.alloc_window_buffer([1, N], dtype=pl.FP32)
-            sig_buf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], pld.window(data_buf, [1, N], dtype=pl.FP32),
-                          pld.window(sig_buf, [nr, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return P
-
-
 def _gather_sum(w) -> None:
     """Correct: stage, a full barrier, then sum every rank's row."""
     pl.store(pl.load(w.x, [0, 0], [1, N]), [0, 0], w.data)
@@ -259,7 +229,7 @@ def _fails_on_rank_1(w) -> None:
 def test_a_clean_program_runs_every_schedule_and_returns_its_result():
     x = _rows(3)
     y = np.full_like(x, -1)
-    compiled = ir.compile(_program(3, _gather_sum), distributed_config=DistributedConfig(device_ids=[0, 1, 2]))
+    compiled = ir.compile(window_program(3, _gather_sum), distributed_config=DistributedConfig(device_ids=[0, 1, 2]))
     report = ptodist.testing.check(compiled, x, y)
     assert report.clean and report.findings == [] and report.seed is None and report.replay == ""
     assert report.seeds == list(range(8)) and report.world == 3 and report.dispatches == 1
@@ -272,7 +242,7 @@ def test_a_clean_program_runs_every_schedule_and_returns_its_result():
 
 def test_check_takes_a_host_function_a_pl_program_and_a_compiled_program(device_ids):
     x = _rows(2)
-    prog = _program(2, _gather_sum)
+    prog = window_program(2, _gather_sum)
     for target, config in ((prog, None), (prog, DistributedConfig(device_ids=[0, 1])),
                            (ir.compile(prog, distributed_config=DistributedConfig(device_ids=[0, 1])), None),
                            (shift.compile(x, config=_cfg([0, 1])), _cfg([0, 1])), (shift, None)):
@@ -281,7 +251,7 @@ def test_check_takes_a_host_function_a_pl_program_and_a_compiled_program(device_
 
 
 def test_a_deadlock_is_a_hang_finding():
-    compiled = ir.compile(_program(3, _wait_first), distributed_config=DistributedConfig(device_ids=[0, 1, 2]))
+    compiled = ir.compile(window_program(3, _wait_first), distributed_config=DistributedConfig(device_ids=[0, 1, 2]))
     report = ptodist.testing.check(compiled, _rows(3), seed=5)
     assert [f.kind for f in report.findings] == ["hang"] and report.seeds == [5]
     f = report.findings[0]
@@ -292,7 +262,7 @@ def test_a_deadlock_is_a_hang_finding():
 
 
 def test_a_kernel_error_is_a_rank_error_finding():
-    compiled = ir.compile(_program(2, _fails_on_rank_1), distributed_config=DistributedConfig(device_ids=[0, 1]))
+    compiled = ir.compile(window_program(2, _fails_on_rank_1), distributed_config=DistributedConfig(device_ids=[0, 1]))
     report = ptodist.testing.check(compiled, _rows(2))
     assert [f.kind for f in report.findings] == ["rank_error"] and report.seeds == [0]
     f = report.findings[0]

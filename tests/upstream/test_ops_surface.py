@@ -6,10 +6,9 @@ Every program runs on both local backends (the ``backend`` fixture) and its numb
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import numpy as np
 import pytest
+from conftest import window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -85,36 +84,6 @@ def test_an_unknown_atomic_mode_is_an_error_not_a_plain_store():
                 "or pl.AtomicType.None_ (the default) to overwrite it" in str(info.value)), str(info.value)
 
 
-def _window_program(nr: int, body):
-    """A one-kernel program: ``body(w)`` runs on every rank with ``w.x, w.y, w.data, w.sig, w.me, w.n``."""
-    @pl.program
-    class P:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-              data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            body(SimpleNamespace(x=x, y=y, data=data, sig=sig, me=pld.rank(ctx), n=pld.nranks(ctx)))
-            return y
-
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.k(x, y, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
-            dbuf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
-            sbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], pld.window(dbuf, [1, SIZE], dtype=pl.FP32),
-                          pld.window(sbuf, [nr, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return P
-
-
 def _barrier(w):
     for p in pl.range(w.n):
         pld.system.notify(w.sig, p, [w.me, 0], 1, op=pld.NotifyOp.AtomicAdd)
@@ -136,7 +105,7 @@ def _add_into_rank_0(atomic):
 
 def check_atomic_window(config: RunConfig, nr: int) -> None:
     x = (np.arange(nr * SIZE, dtype=np.float32) + 1).reshape(nr, 1, SIZE)
-    y = ir.compile(_window_program(nr, _add_into_rank_0(pl.AtomicType.Add)), config=config)(x)
+    y = ir.compile(window_program(nr, _add_into_rank_0(pl.AtomicType.Add)), config=config)(x)
     np.testing.assert_array_equal(y[0], x.sum(axis=0))
 
 
@@ -147,11 +116,11 @@ def test_atomic_stores_from_every_rank_into_one_window_sum_exactly(backend, nr):
 
 def test_the_checker_allows_atomic_adds_into_one_region_but_reports_a_plain_store_among_them():
     x = np.ones((3, 1, SIZE), np.float32)
-    atomic = ir.compile(_window_program(3, _add_into_rank_0(pl.AtomicType.Add)), config=cfg("sim", 3))
+    atomic = ir.compile(window_program(3, _add_into_rank_0(pl.AtomicType.Add)), config=cfg("sim", 3))
     for seed in range(3):
         out = explore.run_checked(lambda: atomic(x), seed)
         assert out.exit_code == 0 and not out.findings, [f.message for f in out.findings]
-    plain = ir.compile(_window_program(3, _add_into_rank_0(pl.AtomicType.None_)), config=cfg("sim", 3))
+    plain = ir.compile(window_program(3, _add_into_rank_0(pl.AtomicType.None_)), config=cfg("sim", 3))
     out = explore.run_checked(lambda: plain(x), 0)
     races = [f for f in out.findings if f.kind == "race"]
     assert races, [f.message for f in out.findings]
@@ -211,10 +180,10 @@ def _atomic_puts(w):
 
 def check_tile_put_get(config: RunConfig, nr: int) -> None:
     x = np.arange(nr * SIZE, dtype=np.float32).reshape(nr, 1, SIZE)
-    y = ir.compile(_window_program(nr, _ring_through_stages), config=config)(x)
+    y = ir.compile(window_program(nr, _ring_through_stages), config=config)(x)
     for r in range(nr):
         np.testing.assert_array_equal(y[r], x[(r - 2) % nr])  # rank r reads rank r-1's window: x of rank r-2
-    y = ir.compile(_window_program(nr, _atomic_puts), config=config)(x)
+    y = ir.compile(window_program(nr, _atomic_puts), config=config)(x)
     np.testing.assert_array_equal(y[0], x.sum(axis=0))
 
 
@@ -228,14 +197,14 @@ def test_the_checker_sees_a_tile_put_racing_the_peers_read():
         pld.tile.put(w.data, (w.me + 1) % w.n, w.x, pl.tile.create([1, SIZE], pl.FP32))
         pl.store(pl.load(w.data, [0, 0], [1, SIZE]), [0, 0], w.y)  # no barrier: the put may not have landed
 
-    run = ir.compile(_window_program(2, unsynchronised), config=cfg("sim", 2))
+    run = ir.compile(window_program(2, unsynchronised), config=cfg("sim", 2))
     out = explore.run_checked(lambda: run(np.ones((2, 1, SIZE), np.float32)), 0)
     races = [f for f in out.findings if f.kind == "race"]
     assert races and "pld.tile.put (write of 'data')" in races[0].message, [f.message for f in out.findings]
 
 
 def test_a_tile_put_needs_a_tile_to_stage_through():
-    run = ir.compile(_window_program(2, lambda w: pld.tile.put(w.data, 0, w.x, w.x)), config=cfg("sim", 2))
+    run = ir.compile(window_program(2, lambda w: pld.tile.put(w.data, 0, w.x, w.x)), config=cfg("sim", 2))
     with pytest.raises(RankError) as info:
         run(np.ones((2, 1, SIZE), np.float32))
     assert isinstance(info.value.original, TypeError)
