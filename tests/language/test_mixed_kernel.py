@@ -19,10 +19,10 @@ import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, ir
 from ptodist.errors import KernelValueError, ProgramError, TileTypeError, TileValueError
 from ptodist.language import mixed as M
+from ptodist.language.core_group import CoreGroup, run_core_group
 from ptodist.language.ops import pipes as P
 from ptodist.language.regions import Region
 from ptodist.language.tile_ops import Tile
-from ptodist.rank.pipes import CoreGroup, run_core_group
 
 HERE = re.escape(__file__)
 EXPORTED = hasattr(pl, "split_aiv")

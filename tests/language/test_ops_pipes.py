@@ -11,9 +11,9 @@ from conftest import run_in_rank
 
 import ptodist.language as pl
 from ptodist.errors import KernelValueError, ProgramError, TileTypeError, TileValueError
+from ptodist.language.core_group import CoreGroup, defer_half, is_group, kernel_body, run_core_group
 from ptodist.language.ops import pipes as P
 from ptodist.language.tile_ops import Tile
-from ptodist.rank.pipes import CoreGroup, defer_half, is_group, kernel_body, run_core_group
 
 HERE = re.escape(__file__)
 
@@ -275,8 +275,8 @@ def test_block_identity():
 
 # -- the protocol's errors -------------------------------------------------------------------------------------
 OUTSIDE = ("pl.{op} at SITE: called outside a mixed kernel; it runs only in {want} of a core group (a "
-           "pl.FunctionType.Group function calling its AIC and AIV functions, or ptodist.rank.pipes.run_core_group). "
-           "Move the call into that function.")
+           "pl.FunctionType.Group function calling its AIC and AIV functions, or "
+           "ptodist.language.core_group.run_core_group). Move the call into that function.")
 
 
 @pytest.mark.parametrize("op,call,want", [
@@ -644,7 +644,7 @@ class _Fn:
 
 
 def test_group_function_runs_its_halves_together():
-    from ptodist.rank import pipes as R
+    from ptodist.language import core_group as R
 
     def aic_fn(n):
         for i in range(n):

@@ -14,7 +14,7 @@ joined by a cross-core pipe.  On the CPU the arithmetic needs no such split, so:
   in them, every crossing is named, all crossings agree on split vs no-split) are checked on the source
   when the first region of a function runs.
 - ``pl.system.syncall`` is a barrier across the running core group's halves (AIC and AIV functions run as
-  threads by :mod:`ptodist.rank.pipes`).  Outside a core group everything before the call has already run
+  threads by :mod:`ptodist.language.core_group`).  Outside a core group everything before the call has already run
   in program order, so it holds at once; inside a region (whose lanes run one after the other) it cannot be
   met and is an error.
 - ``with pl.cluster():`` co-schedules the AIC and AIV functions called in the block: they run together as
@@ -208,7 +208,7 @@ def run_as_task(name: str, fn, args=()):
 
 def cluster():
     """Co-schedule the AIC and AIV functions called in the ``with`` block as one core group (one task)."""
-    from ..rank.pipes import cluster as _cluster
+    from .core_group import cluster as _cluster  # core_group imports this module
 
     return _cluster()
 

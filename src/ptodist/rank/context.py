@@ -43,6 +43,7 @@ from ..errors import (
     RankIdentityError,
     classified,
 )
+from ..language import core_group
 from ..language import dtypes as dt
 from ..language.control import loop_indices
 from ..language.distributed.types import AsyncEvent, AsyncSession, AtomicType, CommCtx, NotifyOp, WaitCmp
@@ -52,7 +53,6 @@ from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction, unit_dims_reshape
 from ..source import call_site, is_internal, user_frame, user_location
-from . import pipes
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
 from .tasks import OverlapIndex, Task, TaskGraph, buffer_key, overlap
@@ -357,8 +357,8 @@ class RankContext(context.Context):
             raise ProgramError(f"{fn.name}(..., device=...) at {user_location(2)}: device= is only for the host "
                                "orchestrator's dispatch; inside a rank call the function without it.")
         if fn.kind is Kind.KERNEL:
-            if pipes.collecting(fn):  # an AIC/AIV function called by a group function: runs with its peers
-                return pipes.defer_half(fn, args, kwargs)
+            if core_group.collecting(fn):  # an AIC/AIV function called by a group function: runs with its peers
+                return core_group.defer_half(fn, args, kwargs)
             if not self._kernel_depth and not self._manual and (self._open_actors or not self.graph.idle):
                 self._await_overlapping(_tracked(fn, args, kwargs))
             return self._run_kernel(fn, args, kwargs)
@@ -402,7 +402,7 @@ class RankContext(context.Context):
             self._block_idx = b
             parent = self._enter_block(b, fn.name, loc, blocks) if blocks is not None else None
             try:
-                result = self._task_body(fn.name, pipes.kernel_body(fn, values), where=loc, info=info, deps=deps,
+                result = self._task_body(fn.name, core_group.kernel_body(fn, values), where=loc, info=info, deps=deps,
                                          tid=tid if i == 0 else None, lazy=lazy, tensors=named, dumps=dumps)
             finally:
                 if parent is not None:
@@ -632,7 +632,7 @@ class RankContext(context.Context):
 
         return run_as_actor
 
-    # -- the checker's actors for a mixed kernel's halves (rank/pipes.py, language/ops/pipes.py) -----------------
+    # -- the checker's actors for a mixed kernel's halves (language/core_group.py, language/ops/pipes.py) -------
     def hb_halves(self, labels: list) -> tuple | None:
         """Under the checker: fork one actor per half of a mixed kernel (``labels``: AIC, AIV0, ...) from the
         running one; returns ``(running actor, [the halves' actors])``, None when not checking."""

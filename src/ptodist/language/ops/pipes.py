@@ -1,7 +1,7 @@
 """Cross-core transfer: the pipes between a core group's cube half (AIC) and its vector lanes (AIV).
 
 A mixed kernel runs as one AIC half and ``lanes`` AIV halves (two on Ascend), concurrently; the
-scheduler that runs them is :mod:`ptodist.rank.pipes`.  This module holds what the halves share
+scheduler that runs them is :mod:`ptodist.language.core_group`.  This module holds what the halves share
 (:class:`GroupState`: the rings, the pipe set-ups, the reserved buffers) and the ops on it.
 
 A pipe (one ``id``, one direction) is a ring of ``slot_num`` slots per AIV lane.  A push takes a free
@@ -102,7 +102,7 @@ def _need_half(op_name: str, role: str | None) -> Half:
         raise ProgramError(
             f"pl.{op_name} at {_site()}: called outside a mixed kernel; it runs only in {want} of a core group "
             "(a pl.FunctionType.Group function calling its AIC and AIV functions, or "
-            "ptodist.rank.pipes.run_core_group). Move the call into that function.")
+            "ptodist.language.core_group.run_core_group). Move the call into that function.")
     if role is not None and half.role != role:
         other = {"tpush_to_aiv": "tpush_to_aic", "tpush_to_aic": "tpush_to_aiv", "tpop_from_aic": "tpop_from_aiv",
                  "tpop_from_aiv": "tpop_from_aic", "tfree_to_aic": "tfree_to_aiv", "tfree_to_aiv": "tfree_to_aic",
