@@ -157,7 +157,7 @@ class Backend:
     """Switches the class the shm backend's rank processes build (they are forked: they see the switch)."""
 
     def __init__(self, baseline_cls):
-        import ptodist.backends.shm as shm
+        import ptodist.backends.shm.server as shm  # where the rank processes build their context
 
         self.shm = shm
         self.current = shm.RankContext

@@ -73,12 +73,12 @@ def test_a_constant_changed_between_calls_gives_the_same_answer_kept_or_after_th
                                                                                             restore):
     compiled = scale_all.compile(config=cfg(backend))
     if pause:
-        restore.setattr(shm, "KEPT_IDLE_S", 0.01)  # the idle limit, shortened: the pause is waited for, not slept
+        restore.setattr(shm.kept, "KEPT_IDLE_S", 0.01)  # the idle limit, shortened: the pause is waited for, not slept
     first = compiled(ones())
     restore.setattr(sys.modules[__name__], "SCALE", 3.0)
     if pause:
         deadline = time.monotonic() + 30
-        while shm._KEPT.groups:  # the kept ranks are closed by the idle timer
+        while shm.kept._KEPT.groups:  # the kept ranks are closed by the idle timer
             assert time.monotonic() < deadline, "the idle kept group was not closed"
             time.sleep(0.01)
     second = compiled(ones())
@@ -207,7 +207,7 @@ def test_state_a_rank_changes_is_refused_on_every_call_and_backend(backend, kern
         assert f"the rank's code changed Python state the program reads: '{__name__}.{changed}' (read by " \
                f"{kernel.name} ({__file__}:" in str(error)
         assert "Pass what a kernel needs as arguments" in str(error)
-    assert shm._KEPT.groups == {}, "ranks whose state changed must not be kept"
+    assert shm.kept._KEPT.groups == {}, "ranks whose state changed must not be kept"
 
 
 # -- a DistributedWorker keeps the state it was started with ---------------------------------------

@@ -93,10 +93,10 @@ def open_files() -> set[str]:
 
 @pytest.fixture
 def clean():
-    shm._KEPT.close_all()
+    shm.kept._KEPT.close_all()
     before, files = shm_segments(), open_files()
     yield
-    shm._KEPT.close_all()
+    shm.kept._KEPT.close_all()
     assert children() == [], "rank processes were left running"
     assert shm_segments() == before, "shared-memory segments were left behind"
     left = {f for f in open_files() - files if f.startswith(("socket:", "/memfd:"))}
@@ -163,7 +163,7 @@ def test_the_group_goes_with_its_program_and_after_its_idle_time(clean, monkeypa
     assert len(children()) == 2
     del compiled  # collected: its ranks are stopped at once
     assert children() == []
-    monkeypatch.setattr(shm, "KEPT_IDLE_S", 0.05)
+    monkeypatch.setattr(shm.kept, "KEPT_IDLE_S", 0.05)
     kept = ir.compile(step, config=cfg())
     kept(inputs(OK))
     wait_for(lambda: children() == [], "an idle group was not closed after its idle time")

@@ -247,7 +247,7 @@ def big_plan(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], 
 def test_a_plan_larger_than_the_command_frame(no_leaks):
     compiled = big_plan.compile(config=cfg())
     with compiled.prepare() as rt:
-        assert len(rt._core.group.encode_plan(([list(range(300_000))], []))) > shm.FRAME_BYTES
+        assert len(rt._core.group.encode_plan(([list(range(300_000))], []))) > shm.wire.FRAME_BYTES
         for _ in range(2):
             out = rt(shared(torch.zeros(2, 1, 4)))
             assert torch.equal(out, torch.full((2, 1, 4), 300_000.0))
@@ -610,7 +610,7 @@ def test_a_rank_that_does_not_come_up_in_time_ends_prepare(no_leaks, monkeypatch
         if rank == 1:
             os.read(rfd, 1)  # never written: this rank never comes up
 
-    monkeypatch.setattr(shm, "_rank_started", slow_start)
+    monkeypatch.setattr(shm.server, "_rank_started", slow_start)
     compiled = double.compile(config=cfg())
     with pytest.raises(RankError) as info:
         compiled.prepare(startup_timeout_s=0.3)

@@ -31,6 +31,8 @@ CERTAIN_HANG_S = 0.5
 WATCH_GAP_S = 1.0
 # Ranks of a run cut short (a hang, an interrupt, a failure) that keep DFX records get this long to write them.
 STOP_WRITE_S = 1.0
+# After the first failure, wait this long for the other ranks' reports before stopping them.
+GRACE_S = 0.2
 # How long a driver waits for ranks to answer a request for their current line.
 SAMPLE_WAIT_S = 0.5
 
