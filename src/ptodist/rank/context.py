@@ -17,9 +17,8 @@ import sys
 
 import numpy as np
 
-from .. import _atomics, collectives, context
+from .. import _atomics, context
 from ..check.findings import padding_read
-from ..collectives import spec as coll_spec
 from ..compiler import checks
 from ..compiler.plan import (
     BuiltinCall,
@@ -28,7 +27,6 @@ from ..compiler.plan import (
     HostTensorRef,
     ScalarArg,
     WindowView,
-    domain_args,
 )
 from ..errors import (
     NOTIFY_OP_FIX,
@@ -52,7 +50,8 @@ from ..language.regions import RegionResult
 from ..language.scalar import Scalar, as_int
 from ..language.tile_ops import Tile
 from ..language.types import Direction, unit_dims_reshape
-from ..source import call_site, is_internal, user_frame, user_location
+from ..source import is_internal, user_frame, user_location
+from .collective_calls import CollectiveCalls, CollectiveState
 from .events import EventLog, now_ns
 from .status import LAST_OP_CODES, OTHER_WAITS, WAIT_CMPS
 from .tasks import OverlapIndex, Task, TaskGraph, buffer_key, overlap
@@ -89,7 +88,7 @@ def _site_text(site) -> str:
     return str(site) if site else "?"
 
 
-class RankContext(context.Context):
+class RankContext(CollectiveCalls, context.Context):
     """The context of one running rank."""
 
     kind = "rank"
@@ -111,7 +110,6 @@ class RankContext(context.Context):
         # (id(code), instruction offset) -> (code, (site, slot word)) or (code, None) for ptodist's own: _here's cache
         self._call_sites: dict = {}
         self._site_slot = memory.status.site_slot
-        self._coll_site: tuple = (None, 0, None)  # while a collective runs: its call site, as _here gives it
         self.host_arrays = host_arrays
         self.scalars: tuple = ()  # the dispatch's scalar arguments, by host parameter (its backend sets them)
         self.wait_slice_s = wait_slice_s
@@ -125,13 +123,11 @@ class RankContext(context.Context):
         self._checked_args: dict = checked_args if checked_args is not None else {}
         self._spmd_blocks = 0
         self._region_blocks = 0  # the block count of the outlined pl.spmd region running (get_block_num)
-        self.signal_layouts: dict = {}  # window buffer id -> the collective layout it serves
         self.hand_signals: dict = {}    # window buffer id -> (shape, line) of the program's own notify/wait
         self._in_collective = 0
+        self._coll = CollectiveState()  # the collectives' checked calls and layouts, the running one's call site
         # The plan is fixed for the run: window views and checked builtin calls are made once and reused.
         self._windows: dict = {}
-        self._builtins: dict = {}
-        self._collectives: dict = {}  # the kernels' collectives, checked: see collective()
         # The event log, when a diagnostic output asked for one; every hook below is skipped when None.
         self.events = events
         # Under `ptodist check` the log also takes every window access (for the happens-before checker).
@@ -242,14 +238,14 @@ class RankContext(context.Context):
     def _order_notify(self, peer: int, cell: int, value: int, location: str) -> None:
         """Add ``value`` to cell ``cell`` of ``peer``'s order signal, attributed to the host's dispatch line."""
         file, _, line = location.rpartition(":")
-        outer = self._coll_site
-        self._coll_site = self._site_entry((file, int(line)) if line.isdigit() else None)
+        outer = self._coll.site
+        self._coll.site = self._site_entry((file, int(line)) if line.isdigit() else None)
         self._in_collective += 1  # the host's signalling, not the program's: no hand-rolled signal, no last op
         try:
             self.notify(self._order_window(), peer, [cell], value, NotifyOp.AtomicAdd)
         finally:
             self._in_collective -= 1
-            self._coll_site = outer
+            self._coll.site = outer
 
     def _host_piece(self, p: HostPiece) -> np.ndarray:
         a = self.host_arrays[p.tensor]
@@ -281,28 +277,6 @@ class RankContext(context.Context):
     def _order_window(self) -> WindowTensor:
         buf = self.plan.order_signal
         return self._materialize(WindowView(buf, (self.world,), dt.INT32, buf.location), None)
-
-    def _run_builtin(self, b: BuiltinCall) -> None:
-        """Run a collective the host orchestrator called, as a task of this rank."""
-        key = b.key
-        entry = self._builtins.get(key)
-        if entry is None:
-            args = tuple(self._materialize(a, None) for a in b.args)
-            kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
-            # It runs over its windows' comm domain: checked against, and run on, that group's ranks.
-            group = self._call_group(b.describe(), args, kwargs, b.name, b.loc)
-            call = coll_spec.check(b.name, args, kwargs, len(group), str(b.loc), host=True)
-            coll_spec.check_layout(self.signal_layouts, call)
-            entry = self._builtins[key] = (call, group, self._site_entry((b.loc.file, b.loc.line) if b.loc else None))
-        call, group, site = entry
-        coll_spec.check_hand_rolled(self.hand_signals, call)
-        self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), site[0])
-        with call_site(b.loc):
-            info = [self._tensor_info(role, "inout", t) for role, t in
-                    (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
-                if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._run_collective(call, group, True, site),
-                            kind="collective", where=str(b.loc), info=info)
 
     def _materialize(self, arg, spec):
         if isinstance(arg, HostTensorRef):
@@ -472,97 +446,6 @@ class RankContext(context.Context):
         """Record an operation; ``where`` defaults to the user's line that called it."""
         return self.events.op(kind, name, start, self._task_id, self._block_idx,
                               str(where if where is not None else user_location(2)), **args)
-
-    def collective(self, name, args, kwargs):
-        if not self._kernel_depth and (self._open_actors or not self.graph.idle):
-            self._await_all()  # a collective of the orchestration runs after the tasks submitted before it
-        # A call checked once is not checked again: per line, collective and argument objects, the checked call,
-        # its comm domain and its line's site entry (a collective in a loop pays for its checks once).
-        here = _call_site(self._call_sites, 1)  # collective <- pld.tensor.<name> <- the program
-        if type(here) is not tuple:
-            here = self._site_at(here, 1)
-        key = _collective_key(name, here, args, kwargs)
-        entry = self._collectives.get(key) if key is not None else None
-        if entry is None:
-            entry = self._check_collective(name, args, kwargs)
-            if key is not None:
-                if len(self._collectives) >= 1024:  # views made per call never hit again: let them go
-                    self._collectives.clear()
-                self._collectives[key] = entry
-        call, group, site = entry[:3]
-        coll_spec.check_hand_rolled(self.hand_signals, call)
-        self._mark(LAST_OP_CODES.get(f"pld.tensor.{name}", 0), site[0])
-        if self.events is None:
-            return self._run_collective(call, group, False, site)
-        # A slice around the collective, opened before the notifies, waits and RMA it is made of.
-        t = call.target
-        rec = self._log("collective", f"pld.tensor.{name}", now_ns(), target=t.buffer.name if t is not None else None,
-                        signal=call.signal.buffer.name, bytes=int(t.array.nbytes) if t is not None else 0)
-        try:
-            return self._run_collective(call, group, False, site)
-        finally:
-            rec["end"] = now_ns()
-
-    def _check_collective(self, name, args, kwargs) -> tuple:
-        """``(call, comm domain, site entry, args)`` of a kernel's collective, checked (``args``: kept, so that
-        their ids stay theirs while the entry is cached)."""
-        loc = user_location(2)
-        if name == "allreduce" and args[1] is None:
-            raise ProgramError(f"pld.tensor.allreduce at {loc}: inside a kernel the signal is required "
-                               "(a [NR, 1] INT32 window for mesh, [2*(NR-1), NR] for ring); only the host "
-                               "orchestrator may omit it.")
-        group = self._call_group(f"pld.tensor.{name}", args, kwargs, name, loc)
-        call = coll_spec.check(name, args, kwargs, len(group), str(loc), host=False)
-        coll_spec.check_layout(self.signal_layouts, call)
-        return call, group, self._site_entry((loc.file, loc.line) if loc is not None else None), args
-
-    def _run_collective(self, call, group: tuple, host: bool, site: tuple):
-        # Signal operations inside a collective are its own, not hand-rolled uses of the window.
-        # It runs over the comm domain of its windows: this rank's group rank among the group's ranks.
-        # Its notifies are attributed to the program's line that called it (``site``: that line's site entry; for a
-        # host collective, the host's line), known here once rather than found per notify.
-        outer = self._coll_site
-        if not self._in_collective:
-            self._coll_site = site
-        self._in_collective += 1
-        try:
-            return collectives.run(call, group.index(self.rank), len(group), host=host)
-        finally:
-            self._in_collective -= 1
-            self._coll_site = outer
-
-    def _call_group(self, op: str, args, kwargs, name: str, loc) -> tuple:
-        """The comm domain a collective runs over: that of its target and signal windows, which must agree.
-
-        The input of allgather / all_to_all / all_to_all_v (and all_to_all_v's send_counts) is read on this rank
-        only, and need not share it.
-        """
-        windows = [a for a in domain_args(name, args, kwargs) if isinstance(a, WindowTensor)]
-        if not windows:
-            return tuple(range(self.world))
-        group = windows[0].group
-        for w in windows:
-            if w.group != group:
-                raise ProgramValueError(
-                    f"{op} at {loc}: {w.describe()} lives on ranks {w.group_text()} but "
-                    f"{windows[0].describe()} on ranks {windows[0].group_text()}: a collective runs over one comm "
-                    "domain, so its target and signal windows must be dispatched to the same ranks.")
-        if self.rank not in group:
-            raise ProgramValueError(self._outside_group_text(op, windows[0].describe(), group, loc))
-        return group
-
-    def _outside_group_text(self, op: str, what: str, group, loc=None) -> str:
-        """The message for a window used on a rank outside its comm domain."""
-        ranks = "{" + ", ".join(map(str, group)) + "}"
-        return (f"{op} at {loc if loc is not None else user_location(2)}: {what} belongs to the comm domain of ranks "
-                f"{ranks}, but rank {self.rank} is not in it. A window buffer lives on the ranks the host "
-                "dispatched its windows to (device=r); dispatch it to this rank too, or use a window of this "
-                "rank's domain.")
-
-    def _hand_rolled(self, w: WindowTensor) -> None:
-        """Remember a signal window used by the program's own notify/wait (not a collective's)."""
-        if not self._in_collective and w.buffer.id not in self.hand_signals:
-            self.hand_signals[w.buffer.id] = (tuple(w.shape), str(user_location(2)))
 
     def _new_tid(self) -> int:
         tid = self._tasks_started
@@ -1430,7 +1313,7 @@ class RankContext(context.Context):
         bid = w.buffer.id
         # Kept for hang reports: which notifies did each cell receive, from whom, from which line.
         if self._in_collective:
-            slot, word = self._coll_site[2], 0  # the collective's mark stands for its notifies
+            slot, word = self._coll.site[2], 0  # the collective's mark stands for its notifies
         else:
             if bid not in self.hand_signals:
                 self._hand_rolled(w)
@@ -2014,19 +1897,6 @@ def _conform_rank(spec, v):
 
 def _window_bytes(memory, buffer_id: int, rank: int):
     return memory.window_bytes(buffer_id, rank)
-
-
-def _collective_key(name: str, here, args, kwargs) -> tuple | None:
-    """What makes two calls of a kernel's collective the same checked call: its line, name, argument objects and
-    options; None for a call not to be cached (no program line found; all_to_all_v, whose counts are data; an
-    option other than a plain constant)."""
-    if here is None or name == "all_to_all_v":
-        return None
-    options = tuple(kwargs.items())
-    for _, v in options:
-        if not (v is None or type(v) in (int, str, bool) or isinstance(v, enum.Enum)):
-            return None
-    return (here[0], name, *map(id, args), *options)
 
 
 _MANUAL_DEP: dict = {}  # id(a kernel's params) -> (params, indices of its pl.ManualDep parameters)
