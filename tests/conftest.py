@@ -3,8 +3,8 @@
 The tests are grouped by what they cover, one folder each (language, collectives, worker, backends, check,
 dfx, cli, upstream, house), so a failure's path says what broke.  Some test modules double as the program
 a subprocess runs or lend helpers to another folder's tests (``test_mpi``'s launcher); every folder is put
-on ``sys.path`` and on ``PYTHONPATH`` (for the subprocesses) here, so ``import test_mpi`` works whichever file
-pytest is given and wherever the program runs.
+on ``sys.path`` and on ``PYTHONPATH`` (for the subprocesses) here, with ``programs/`` (whole programs the
+tests import or run), so ``import test_mpi`` works whichever file pytest is given and wherever the program runs.
 
 * Every test runs in its own output directory.
 * ``torch``: the torch module, for the tests that need it (skipped where torch is not installed, so
@@ -36,9 +36,10 @@ import ptodist.language.distributed as pld
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+PROGRAMS = TESTS / "programs"  # whole programs that tests import and run as scripts, none a test module
 TEST_FOLDERS = sorted(d for d in TESTS.iterdir() if d.is_dir() and any(d.glob("test_*.py")))
-sys.path[:0] = [str(d) for d in [TESTS, *TEST_FOLDERS] if str(d) not in sys.path]
-os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), *map(str, TEST_FOLDERS)]
+sys.path[:0] = [str(d) for d in [TESTS, PROGRAMS, *TEST_FOLDERS] if str(d) not in sys.path]
+os.environ["PYTHONPATH"] = os.pathsep.join([str(TESTS), str(PROGRAMS), *map(str, TEST_FOLDERS)]
                                            + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 # ptodist's own files: where the package is, never a guess from a path's name (a checkout is usually
 # cloned into a folder named ptodist, which holds the tests and the user's programs too).

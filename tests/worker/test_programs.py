@@ -258,64 +258,34 @@ def test_host_dtype_mismatch_names_parameter_and_both_dtypes(torch):
 # ---------------------------------------------------------------------------
 
 
-def make_ring(nr):
-    @pl.program
-    class Ring:
-        @pl.function(type=pl.FunctionType.InCore)
-        def step(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            me = pld.rank(ctx)
-            n = pld.nranks(ctx)
-            data = pl.store(pl.load(x, [0, 0], [1, SIZE]), [0, 0], data)
-            for p in pl.range(n):
-                pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            for p in pl.range(n):
-                pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
-            left = (me - 1 + n) % n
-            got = pld.tile.remote_load(data, left, [0, 0], [1, SIZE])
-            return pl.store(got, [0, 0], y)
+@pytest.fixture
+def ring(torch):
+    """programs/pypto_ring.py, the PyPTO script the cli tests run unmodified (it imports torch)."""
+    import pypto_ring
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.step(x, y, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
-            dbuf = pld.alloc_window_buffer(SIZE * pl.FP32.get_byte())
-            sbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                d = pld.window(dbuf, [1, SIZE], dtype=pl.FP32)
-                s = pld.window(sbuf, [nr, 1], dtype=pl.INT32)
-                self.chip(x[r], y[r], d, s, device=r)
-            return y
-
-    return Ring
+    return pypto_ring
 
 
 @pytest.mark.parametrize("nr", [2, 3])
-def test_class_form_factory_with_ir_compile(torch, nr):
-    compiled = ir.compile(make_ring(nr), platform="a2a3sim",
+def test_class_form_factory_with_ir_compile(torch, ring, nr):
+    compiled = ir.compile(ring.make(nr), platform="a2a3sim",
                           distributed_config=DistributedConfig(device_ids=list(range(nr))))
-    x = torch.randn(nr, 1, SIZE)
+    x = torch.randn(nr, 1, ring.SIZE)
     y = compiled(x)
     assert torch.equal(y, torch.roll(x, 1, 0))
 
 
-def test_class_form_plan_lists_windows_ranks_and_tasks(torch):
-    compiled = ir.compile(make_ring(2), platform="a2a3", distributed_config=DistributedConfig(device_ids=[0, 1]))
-    x = torch.randn(2, 1, SIZE)
-    y = torch.zeros(2, 1, SIZE)
+def test_class_form_plan_lists_windows_ranks_and_tasks(torch, ring):
+    compiled = ir.compile(ring.make(2), platform="a2a3", distributed_config=DistributedConfig(device_ids=[0, 1]))
+    x = torch.randn(2, 1, ring.SIZE)
+    y = torch.zeros(2, 1, ring.SIZE)
     compiled(x, y)
     assert torch.equal(y, torch.roll(x, 1, 0))
     plan = json.loads((compiled.output_dir / "dispatch_plan.json").read_text())
     assert plan["program"] == "Ring"
-    assert [(w["name"], w["nbytes"]) for w in plan["windows"]] == [("dbuf", SIZE * 4), ("sbuf", 2 * 4)]
-    assert plan["windows"][1]["offset"] >= plan["windows"][0]["offset"] + SIZE * 4
-    assert all("test_programs.py:" in w["defined_at"] for w in plan["windows"])
+    assert [(w["name"], w["nbytes"]) for w in plan["windows"]] == [("dbuf", ring.SIZE * 4), ("sbuf", 2 * 4)]
+    assert plan["windows"][1]["offset"] >= plan["windows"][0]["offset"] + ring.SIZE * 4
+    assert all("pypto_ring.py:" in w["defined_at"] for w in plan["windows"])
     for rank in plan["ranks"]:
         (task,) = rank["tasks"]
         assert task["function"] == "chip"
@@ -324,10 +294,10 @@ def test_class_form_plan_lists_windows_ranks_and_tasks(torch):
         assert task["args"][3] == {"kind": "window", "buffer": "sbuf", "shape": [2, 1], "dtype": "INT32"}
 
 
-def test_compiled_output_dir_option(torch):
-    compiled = ir.compile(make_ring(2), distributed_config=DistributedConfig(device_ids=[0, 1]),
+def test_compiled_output_dir_option(torch, ring):
+    compiled = ir.compile(ring.make(2), distributed_config=DistributedConfig(device_ids=[0, 1]),
                           output_dir=None)
-    compiled(torch.randn(2, 1, SIZE))
+    compiled(torch.randn(2, 1, ring.SIZE))
     assert (compiled.output_dir / "dispatch_plan.json").is_file()
 
 

@@ -12,10 +12,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "programs"))
-import worker_everywhere  # noqa: E402
-from test_mpi import _leftovers, _mpirun  # noqa: E402
+import worker_everywhere
+from test_mpi import _leftovers, _mpirun
 
 MPIRUN = shutil.which("mpirun") or shutil.which("mpiexec")
 
