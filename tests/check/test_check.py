@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import window_program
+from conftest import on_every_rank, window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -587,21 +587,7 @@ def _one_d_signal_program(nr: int):
             pld.system.wait(sig, src, 1, cmp=pld.WaitCmp.Ge)  # @int_wait
         return pl.store(pld.tile.remote_load(data, (me + 1) % n, [0, 0], [1, SIZE]), [0, 0], y)
 
-    @pl.jit
-    def per_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
-        return ring(x, y, data, sig)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[nr, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
-        data_buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
-        sig_buf = pld.alloc_window_buffer([nr], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            per_rank(x[r], y[r], pld.window(data_buf, [1, SIZE], dtype=pl.FP32),
-                     pld.window(sig_buf, [nr], dtype=pl.INT32), device=r)
-
-    return host
+    return on_every_rank(ring)
 
 
 def test_a_1d_signal_with_integer_offsets_is_checked_like_any_other():

@@ -16,6 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -305,18 +306,7 @@ def shift_kernel(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.F
     return pl.store(pld.tile.remote_load(data, (me + 1) % n, [0, 0], [1, N]), [0, 0], y)
 
 
-@pl.jit
-def shift_chip(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
-               data: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
-    return shift_kernel(x, y, data)
-
-
-@pl.jit.host
-def shift(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]]):
-    buf = pld.alloc_window_buffer([1, N], dtype=pl.FP32)
-    for r in pl.range(pld.world_size()):
-        shift_chip(x[r], y[r], pld.window(buf, [1, N], dtype=pl.FP32), device=r)
-    return y
+shift = on_every_rank(shift_kernel, name="shift")
 
 
 def test_testing_check_tells_the_smallest_schedule_on_failure():

@@ -14,6 +14,7 @@ import re
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -322,16 +323,7 @@ def test_a_tile_error_in_a_kernel_is_the_rank_errors_original_and_not_a_ptodist_
         t = pl.add(t, pl.full([1, SIZE - 1], 1.0, pl.FP32))
         return pl.store(t, [0, 0], y)
 
-    @pl.jit
-    def per_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
-        return bad_add(x, y)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-        for r in pl.range(pld.world_size()):
-            per_rank(x[r], y[r], device=r)
-        return y
-
+    host = on_every_rank(bad_add)
     config = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend="sim")
     with pytest.raises(RankError) as info:
         host(np.zeros((2, 1, SIZE), np.float32), np.zeros((2, 1, SIZE), np.float32), config=config)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 from test_mpi import _mpirun, needs_mpi
 
 import ptodist.language as pl
@@ -44,18 +45,7 @@ def _program(body, cols: int = 1):
         body(sig, pld.rank(ctx), pld.nranks(ctx))
         return y
 
-    @pl.jit
-    def per_rank(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[NR, cols], pl.INT32]]):
-        return kernel(y, sig)
-
-    @pl.jit.host
-    def host(y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-        buf = pld.alloc_window_buffer([pld.world_size(), cols], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            per_rank(y[r], pld.window(buf, [pld.world_size(), cols], dtype=pl.INT32), device=r)
-
-    return host
+    return on_every_rank(kernel, name="host")
 
 
 def _hang(body, backend: str = "sim", world: int = 3, cols: int = 1) -> HangError:
@@ -85,7 +75,7 @@ def test_a_notify_to_the_wrong_peer_is_named_with_where_it_went(backend):
     error = _hang(_to_the_next, backend)
     notify, wait = _line("wrong peer"), _line("root wait")
     assert _below_head(error) == (
-        f"  rank 0 (device 0): blocked at {wait} in kernel 'kernel': pld.system.wait on 'sig' (buffer 'buf') cell "
+        f"  rank 0 (device 0): blocked at {wait} in kernel 'kernel': pld.system.wait on 'sig' (buffer 'sig_buf') cell "
         "[0, 0] holds 1, needs >= 2 (waiting N s)\n"
         f"      received 1 notify(s): +1 from rank 2 at {notify}\n"
         "  rank 1 (device 1): finished\n"
@@ -256,7 +246,7 @@ def test_a_count_short_by_one_says_it_waits_for_more_than_will_come(backend):
     notify, wait = _line("report"), _line("count wait")
     assert error.diagnosis["cause"] == (
         f"rank 0 waits on 'sig' cell [0, 0] at {wait} for >= 3 and holds 2, but every other rank already notified "
-        f"it (ranks 1 and 2, at {notify}) and finished, and no notify on 'buf' went to a cell nobody waits on: it "
+        f"it (ranks 1 and 2, at {notify}) and finished, and no notify on 'sig_buf' went to a cell nobody waits on: it "
         "waits for 1 more than the program sends. Wait for 2 (n - 1 when a rank does not notify itself), or add "
         "the missing notify.")
     assert "waits before it notifies" not in str(error)

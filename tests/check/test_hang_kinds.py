@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import source_line
+from conftest import on_every_rank, source_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -441,16 +441,7 @@ def barrier_kernel(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.D
     return y
 
 
-@pl.jit
-def barrier_once(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
-    return barrier_kernel(y, sig)
-
-
-@pl.jit.host
-def barrier_host(y: pl.Out[pl.Tensor[[2, 1, SIZE], pl.FP32]]):
-    sig_buf = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        barrier_once(y[r], pld.window(sig_buf, [2, 1], dtype=pl.INT32), device=r)
+barrier_host = on_every_rank(barrier_kernel, name="barrier_host")
 
 
 def _two_dispatches(backend: str, reset: bool) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PACKAGE_DIR
+from conftest import PACKAGE_DIR, on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -216,17 +216,7 @@ def _signal_program(body):
         body(y, sig, pld.rank(ctx), pld.nranks(ctx))
         return y
 
-    @pl.jit
-    def per_rank(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-        return kernel(y, sig)
-
-    @pl.jit.host
-    def host(y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-        buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            per_rank(y[r], pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
-
-    return host
+    return on_every_rank(kernel, name="host")
 
 
 def _notify_next(y, sig, me, n) -> None:

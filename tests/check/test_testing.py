@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import window_program
+from conftest import on_every_rank, window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -48,21 +48,7 @@ def shift_kernel(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.F
     return pl.store(pld.tile.remote_load(data, right, [0, 0], [1, N]), [0, 0], y)  # @pull
 
 
-@pl.jit
-def shift_chip(x: pl.Tensor[[1, N], pl.FP32], y: pl.Out[pl.Tensor[[1, N], pl.FP32]],
-               data: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]],
-               ready: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-    return shift_kernel(x, y, data, ready)
-
-
-@pl.jit.host
-def shift(x: pl.Tensor[[NR, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, N], pl.FP32]]):
-    data_buf = pld.alloc_window_buffer([1, N], dtype=pl.FP32)
-    ready_buf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        shift_chip(x[r], y[r], pld.window(data_buf, [1, N], dtype=pl.FP32),
-                   pld.window(ready_buf, [1, 1], dtype=pl.INT32), device=r)
-    return y
+shift = on_every_rank(shift_kernel, name="shift")
 
 
 def _rows(nr: int) -> np.ndarray:
