@@ -5,17 +5,30 @@ from __future__ import annotations
 import functools
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from .errors import ConfigError
 
 PLATFORMS = ("a2a3sim", "a2a3", "a5sim", "a5")
-BACKENDS = ("shm", "sim", "mpi")
+# The registered backends' names: the backends' registry (backends/registry.py) hands its listing down at import,
+# as config lies below the backends and imports nothing of them.
+_backend_names: list[Callable[[], tuple[str, ...]]] = []
 # Set by MPI launchers (Open MPI, MPICH/Hydra and Intel MPI, PMIx-based launchers, MVAPICH) in each process.
 MPI_LAUNCHER_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MV2_COMM_WORLD_SIZE")
 DEFAULT_HANG_TIMEOUT_S = 60.0
 DEFAULT_KEEP_OUTPUTS = 20
 _announced: set[str] = set()
+
+
+def use_backend_names(names: Callable[[], tuple[str, ...]]) -> None:
+    """Check backend names against ``names()`` (the backends' registry calls this once, at import)."""
+    _backend_names[:] = [names]
+
+
+def backend_names() -> tuple[str, ...]:
+    """The names ``RunConfig(backend=...)`` and ``PTODIST_BACKEND`` take: the registered backends'."""
+    return _backend_names[0]() if _backend_names else ()
 
 
 def started_by_mpi_launcher() -> bool:
@@ -204,8 +217,8 @@ class RunConfig:
         if self.distributed_config is not None and not isinstance(self.distributed_config, DistributedConfig):
             raise ConfigError("RunConfig(distributed_config=...): expects a DistributedConfig, "
                               f"got {type(self.distributed_config).__name__}")
-        if self.backend is not None and self.backend not in BACKENDS:
-            raise ConfigError(f"RunConfig(backend={self.backend!r}): available backends are {', '.join(BACKENDS)}")
+        if self.backend is not None and self.backend not in (known := backend_names()):
+            raise ConfigError(f"RunConfig(backend={self.backend!r}): available backends are {', '.join(known)}")
         if self.enable_dump_args not in (0, 1, 2, False, True):
             raise ConfigError(f"RunConfig(enable_dump_args={self.enable_dump_args!r}): must be 0 (off), 1 (the "
                               "tensors marked with pl.dump_tag / dumps=) or 2 (every task's tensors)")
@@ -221,8 +234,8 @@ class RunConfig:
     def resolved_backend(self) -> str:
         """The backend this config selects (``ptodist check`` overrides it: ``backends.for_config``)."""
         name = self.backend or os.environ.get("PTODIST_BACKEND") or ("mpi" if started_by_mpi_launcher() else "shm")
-        if name not in BACKENDS:
-            raise ConfigError(f"PTODIST_BACKEND={name!r}: available backends are {', '.join(BACKENDS)}")
+        if name not in (known := backend_names()):
+            raise ConfigError(f"PTODIST_BACKEND={name!r}: available backends are {', '.join(known)}")
         return name
 
     def resolved_hang_timeout(self) -> float:
@@ -239,8 +252,9 @@ class RunConfig:
             return value
         return DEFAULT_HANG_TIMEOUT_S
 
-    def announce_platform(self, backend: str) -> None:
-        """Say once per process which of ptodist's backends the upstream platform runs on.
+    def announce_platform(self, backend: str, local: bool) -> None:
+        """Say once per process which of ptodist's backends the upstream platform runs on (``local``: its ranks
+        run on this machine only).
 
         Called before every run starts, so it also refuses a malformed ``PTODIST_RANK_PREFIX`` here, before
         the ranks (which read it) exist.
@@ -249,9 +263,8 @@ class RunConfig:
         key = f"{self.platform}->{backend}"
         if key not in _announced:
             _announced.add(key)
-            name = backend
-            where = "the local" if name in ("shm", "sim") else "ptodist's"
-            notice(f"platform '{self.platform}' runs on {where} '{name}' backend (no NPU needed)")
+            where = "the local" if local else "ptodist's"
+            notice(f"platform '{self.platform}' runs on {where} '{backend}' backend (no NPU needed)")
 
     def any_dfx_enabled(self) -> bool:
         """Whether a diagnostic output is on (swimlane, tensor dump, PMU, dependency graph, scope stats), by this

@@ -1,5 +1,8 @@
 """Backends start groups of ranks and run dispatch plans on them; see ``base.py`` for the protocol.
 
+Each backend is registered by name with a factory and its capabilities (``registry.py``); the three built-in
+ones are registered below, each by the one line a new backend also needs.
+
 Which backend a dispatch runs on is its RunConfig's (``RunConfig.resolved_backend``: ``backend=``,
 ``PTODIST_BACKEND``, or ``mpi`` under an MPI launcher, else ``shm``), except inside a
 :func:`forcing` block: ``ptodist check`` runs the script's every dispatch, one-shot calls and
@@ -10,27 +13,36 @@ and the session that collects the findings).  That block is the only override, a
 from __future__ import annotations
 
 import contextlib
+import importlib
 
-from ..errors import ConfigError, UsageError
+from ..errors import UsageError
+from .registry import Capabilities, capabilities, get_backend, names, register, unregister
+
+__all__ = ["Capabilities", "capabilities", "capabilities_for", "for_config", "forcing",
+           "get_backend", "name_for", "names", "register", "unregister"]
 
 _forced = None  # the backend every dispatch runs on inside forcing(); None outside
 
 
-def get_backend(name: str):
-    """Return the backend called ``name``."""
-    if name == "shm":
-        from .shm import ShmBackend
+def _made(module: str, cls: str):
+    """A factory that imports ``backends.<module>`` when first called (an unused backend's imports never run)."""
+    return lambda: getattr(importlib.import_module(f"{__name__}.{module}"), cls)()
 
-        return ShmBackend()
-    if name == "sim":
-        from .sim import SimBackend
 
-        return SimBackend()
-    if name == "mpi":
-        from .mpi import MpiBackend
+def _mpi_job():
+    """The mpi job's communicator when more than one process runs each dispatch, else None."""
+    from .mpi import job_communicator
 
-        return MpiBackend()
-    raise ConfigError(f"unknown backend {name!r}; available: shm, sim, mpi")
+    comm = job_communicator()
+    return comm if comm is not None and comm.Get_size() > 1 else None
+
+
+register("shm", _made("shm", "ShmBackend"), Capabilities(
+    in_process=False, shared_host_memory=True, multi_node=False, deterministic=False, keeps_groups=True))
+register("sim", _made("sim", "SimBackend"), Capabilities(
+    in_process=True, shared_host_memory=False, multi_node=False, deterministic=True))
+register("mpi", _made("mpi", "MpiBackend"), Capabilities(
+    in_process=True, shared_host_memory=False, multi_node=True, deterministic=False, job=_mpi_job))
 
 
 def for_config(config):
@@ -41,6 +53,11 @@ def for_config(config):
 def name_for(config) -> str:
     """The name of the backend a dispatch with ``config`` runs on."""
     return _forced.name if _forced is not None else config.resolved_backend()
+
+
+def capabilities_for(config) -> Capabilities:
+    """What the backend a dispatch with ``config`` runs on does."""
+    return capabilities(name_for(config))
 
 
 @contextlib.contextmanager

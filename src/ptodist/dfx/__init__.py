@@ -31,6 +31,7 @@ import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -68,34 +69,38 @@ class DfxRequest:
         return self.root / f"rank{rank}" / f"d{self.dispatch}"
 
 
-def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=None) -> DfxRequest | None:
+def request_for(config, output_dir: Callable[[], Path], dispatch: int, owner=None,
+                job: Callable[[], Any] | None = None) -> DfxRequest | None:
     """Return what ``config`` (with what ``PTODIST_DFX`` adds) asks for, or None when no diagnostic output is enabled.
 
     ``output_dir`` is called only when something is enabled (it creates the directory).  ``owner`` is
     the object whose dispatches make one run (the ``CompiledProgram``): its first request takes the
     run's folder, the later ones reuse it.  Without it, the owner is the object ``output_dir`` reads
     ``.output_dir`` from (``lambda: compiled.output_dir``); failing that, the run is this process's.
+    ``job`` (the backend's, ``backends.Capabilities.job``), called only when something is enabled, gives the
+    communicator of the processes that each run this dispatch (``Get_rank``, ``bcast``), or None for this process
+    alone: they all write into process 0's run folder.
     """
     notice_build_time_switches()
     own, config = config, config.with_dfx_setting()  # PTODIST_DFX (ptodist run --dfx): no need to edit the script
     if not (config.enable_chip_swimlane or config.enable_dep_gen or config.enable_scope_stats
             or config.enable_dump_args):
         return None
-    root = _run_dir(Path(output_dir()), owner if owner is not None else _owner_of(output_dir), config)
+    comm = job() if job is not None else None
+    root = _run_dir(Path(output_dir()), owner if owner is not None else _owner_of(output_dir), comm)
     if config is not own:
-        _tell_where(root, config)
+        _tell_where(root, config, comm)
     return DfxRequest(root, dispatch, bool(config.enable_chip_swimlane),
                       # as in PyPTO, the swimlane co-enables dep_gen: a dispatch's trace comes with its task graph
                       bool(config.enable_dep_gen or config.enable_chip_swimlane), bool(config.enable_scope_stats),
                       os.environ.get("SIMPLER_DEVICE_STRACE_ENABLE", "1") != "0", int(config.enable_dump_args))
 
 
-def _tell_where(root: Path, config) -> None:
+def _tell_where(root: Path, config, comm) -> None:
     """Say once per run folder where the outputs that ``PTODIST_DFX`` turned on go (the script does not say)."""
     if root in _told_where:
         return
     _told_where.add(root)
-    comm = _mpi_comm(config)
     if comm is not None and comm.Get_rank() != 0:  # one line per job: process 0's
         return
     try:
@@ -183,9 +188,11 @@ class _Holder:
 _holders: dict[Path, _Holder] = {}  # run folder -> this process's hold on it
 
 
-def _run_dir(out_dir: Path, owner, config) -> Path:
-    """The run folder this owner's next dispatch writes into (its own while it holds one; else taken now)."""
-    comm = _mpi_comm(config)
+def _run_dir(out_dir: Path, owner, comm) -> Path:
+    """The run folder this owner's next dispatch writes into (its own while it holds one; else taken now).
+
+    ``comm``: the processes that each run the dispatch (an MPI job's), which all take process 0's folder; or None.
+    """
     if comm is not None and comm.Get_rank() != 0:  # every process of an MPI job writes where its process 0 does
         name = comm.bcast(None, root=0)
         (out_dir / name).mkdir(parents=True, exist_ok=True)  # processes on other machines
@@ -289,21 +296,6 @@ def _clear_stale(folder: Path) -> None:
                 child.rmdir()  # only when nothing else is left in it
         elif any(p.match(child.name) for p in _STALE) and child.is_file():
             child.unlink(missing_ok=True)
-
-
-def _mpi_comm(config):
-    """ptodist's MPI communicator when this dispatch runs on the mpi backend with more than one process."""
-    try:
-        from ..backends import name_for
-
-        if name_for(config) != "mpi":
-            return None
-    except Exception:  # noqa: BLE001 - a bad PTODIST_BACKEND is reported by the run itself
-        return None
-    from ..backends import mpi
-
-    comm = mpi.job_communicator()
-    return comm if comm is not None and comm.Get_size() > 1 else None
 
 
 def notice_build_time_switches() -> None:

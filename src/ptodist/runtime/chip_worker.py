@@ -16,6 +16,7 @@ import time
 import weakref
 from dataclasses import dataclass, field, replace
 
+from .. import backends
 from ..config import RunConfig
 from ..errors import ApiTypeError, ConfigError, DispatchTypeError, UsageError
 from ..language.types import Direction
@@ -277,8 +278,8 @@ class ChipWorker(Worker):
                 raise DispatchTypeError(f"ChipWorker.run(): parameter '{name}' of '{compiled.name}' is "
                                         f"{a.describe()} of {whose}. Allocate it on this worker with "
                                         "alloc_tensor(shape, dtype, init=host_tensor).")
-        on_shm = dw._core.backend == "shm"  # its ranks see host tensors only in shared memory
-        copies = [_shared_copy(a) if on_shm else a for a in args]
+        shared = backends.capabilities(dw._core.backend).shared_host_memory  # its ranks see only shared memory
+        copies = [_shared_copy(a) if shared else a for a in args]
         result = dw.run(local, *copies, config=config)
         params = local.host.params
         if len(args) != len(params):  # the inputs-only form: the arguments are the non-Out parameters

@@ -364,8 +364,6 @@ class CompiledProgram:
         ``adapt`` must give ``.dtype`` (a pl dtype), ``.shape``, ``.is_torch`` and ``.value``;
         ``new_output(param, shape, like_torch)`` makes an output in the inputs-only form.
         """
-        if adapt is not HostTensor:  # a DistributedWorker's dispatch: its ranks run on shm
-            note_dispatch(self, "shm")
         params = self.host.params
         n_in = sum(1 for p in params if p.direction is not Direction.OUT)
         if len(args) == len(params):
@@ -583,7 +581,8 @@ class CompiledProgram:
         if self._calls_sub_workers():
             return self._call_on_a_worker(args, config)
         backend = backends.for_config(cfg)
-        cfg.announce_platform(backend.name)
+        can = backends.capabilities(backend.name)
+        cfg.announce_platform(backend.name, local=not can.multi_node)
         note_dispatch(self, backend.name)
         plan, values, hosts, created = self._plan_for(args)
         note_plan(plan)
@@ -592,9 +591,9 @@ class CompiledProgram:
             if spec.index >= len(arrays):
                 arrays.extend([None] * (spec.index + 1 - len(arrays)))
                 arrays[spec.index] = np.zeros(spec.shape, dtype=spec.dtype.np_dtype)
-        dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number())
+        dfx_request = dfx.request_for(cfg, lambda: self.output_dir, self.dispatch_number(), job=can.job)
         scalar_args = self.scalar_values(values, hosts)
-        if backend.name == "shm":  # its rank group is kept for this program's next call (forking costs ms)
+        if can.keeps_groups:  # its rank group is kept for this program's next call (forking costs ms)
             backend.run(plan, arrays, cfg, dfx_request, owner=self, stamp=self.stamp, scalars=scalar_args)
         else:
             backend.run(plan, arrays, cfg, dfx_request, scalars=scalar_args)
@@ -617,8 +616,8 @@ class CompiledProgram:
         """A one-shot call of a program with sub-worker functions: a DistributedWorker used once.
 
         The sub-worker functions run between the segments of the dispatch, in this process, as on a
-        worker.  On shm the worker's ranks see host tensors only in shared memory: the arguments travel
-        as shared copies, and what the ranks wrote is copied back into the caller's tensors.
+        worker.  Where the worker's ranks see host tensors only in shared memory (forked ranks), the arguments
+        travel as shared copies, and what the ranks wrote is copied back into the caller's tensors.
         """
         from .worker.plans import is_abstract
 
@@ -628,7 +627,7 @@ class CompiledProgram:
                     f"{self.name}(...): sub-worker function '{f.name}' ({f.location}) has no body ('...'): it is a "
                     "callback point, and a one-shot call has no callback to run there. Give it a body, or run the "
                     f"program on a worker with its callback: compiled.prepare(callbacks={{'{f.name}': fn}}).")
-        shared = backends.name_for(config or self.config) == "shm"
+        shared = backends.capabilities_for(config or self.config).shared_host_memory
         copies, passed = [], []
         for a in args:
             c = _shared_copy(a) if shared else a

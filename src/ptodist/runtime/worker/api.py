@@ -172,7 +172,7 @@ class DistributedWorker(Worker):
         inherited = _check_inherited(inherited_host_tensors)
         checked = self._check_callbacks(programs, callbacks)
         backend = backends.for_config(cfg)
-        cfg.announce_platform(backend.name)
+        cfg.announce_platform(backend.name, local=not backends.capabilities(backend.name).multi_node)
         dfx.notice_build_time_switches()
         reset = persistent if reset_persistent_windows is None else reset_persistent_windows
         objects: dict = {}

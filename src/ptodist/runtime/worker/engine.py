@@ -32,6 +32,7 @@ from ...errors import (
 from ...language.scalar import Scalar
 from ...language.types import Direction
 from ...source import user_location
+from ..program import note_dispatch
 from . import early_reads
 from .binding import Arena, LocalBinding, SharedBinding, _Bound
 from .callbacks import call_callback, is_tensor_value
@@ -80,6 +81,7 @@ class Engine:
     def __init__(self, programs: list, config: RunConfig, persistent: bool, reset: bool, callbacks: dict, group,
                  backend: str):
         self.backend = backend
+        self.job = backends.capabilities(backend).job  # the processes that each run every dispatch (DFX's folder)
         self.programs = programs
         self.config = config
         self.device_ids = list(programs[0].device_ids)
@@ -181,6 +183,7 @@ class Engine:
             if last is not None and last.matches(args, self.binding):
                 values, hosts, entry = last.values, last.hosts, last.entry  # the same arguments as last time
             else:
+                note_dispatch(compiled, self.backend)
                 values, hosts, created = compiled.bind(args, adapt=lambda v, n: self.binding.adapt(v, n, compiled),
                                                        new_output=self.binding.new_output)
                 entry = self.planner.plan_for(index, compiled, values, hosts)
@@ -197,7 +200,7 @@ class Engine:
                 if self.persistent:
                     self.planner.check_layout(index, compiled, entry)
             on = cfg.with_dfx_setting()  # what PTODIST_DFX (ptodist run --dfx) adds to the config's own outputs
-            request = dfx.request_for(on, lambda: compiled.output_dir, -1) \
+            request = dfx.request_for(on, lambda: compiled.output_dir, -1, job=self.job) \
                 if on.enable_chip_swimlane or on.enable_dep_gen or on.enable_scope_stats else None
             if any(t.index >= len(hosts) for t in entry.plan.host_tensors):
                 # pl.create_tensor in the host: fresh zeroed intermediates, after every parameter (scalars too)
