@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, on_every_rank
 from test_mpi import _leftovers, _mpirun, needs_mpi
 
 import ptodist.language as pl
-import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RankError, RunConfig
 from ptodist.check import findings
 
@@ -194,15 +193,7 @@ def _exit_on_rank_one(x: pl.Tensor[[1, 4], pl.FP32], r: pl.Scalar[pl.INT32]):
 exit_kernel = pl.jit.incore(_exit_on_rank_one)
 
 
-@pl.jit
-def exit_rank(x: pl.Tensor[[1, 4], pl.FP32], r: pl.Scalar[pl.INT32]):
-    exit_kernel(x, r)
-
-
-@pl.jit.host
-def exit_host(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-    for r in pl.range(pld.world_size()):
-        exit_rank(x[r], r, device=r)
+exit_host = on_every_rank(exit_kernel, name="exit_host")
 
 
 def _records_open() -> list[str]:

@@ -14,10 +14,9 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import child_env
+from conftest import child_env, on_every_rank
 
 import ptodist.language as pl
-import ptodist.language.distributed as pld
 from ptodist import ConfigError, DistributedConfig, RunConfig, rank_output
 
 PRINTS = '''
@@ -153,15 +152,7 @@ def sim_show(x: pl.Tensor[[1, 4], pl.FP32]):
     print(" and the rest")
 
 
-@pl.jit
-def sim_per_rank(x: pl.Tensor[[1, 4], pl.FP32]):
-    sim_show(x)
-
-
-@pl.jit.host
-def sim_host(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-    for r in pl.range(pld.world_size()):
-        sim_per_rank(x[r], device=r)
+sim_host = on_every_rank(sim_show, name="sim_host")
 
 
 def test_sim_rank_threads_prefix_their_lines(capsys, monkeypatch):

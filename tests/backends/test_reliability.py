@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import children, gone
+from conftest import children, gone, on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -127,20 +127,7 @@ def poll_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP
         pl.store(pl.load(data, [0, 0], [1, 4]), [0, 0], y)
 
 
-@pl.jit
-def poll_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]],
-              data: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-    poll_kernel(x, y, data, sig)
-
-
-@pl.jit.host
-def poll(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    data_buf = pld.alloc_window_buffer([1, 4], dtype=pl.FP32)
-    sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        poll_rank(x[r], y[r], pld.window(data_buf, [1, 4], dtype=pl.FP32),
-                  pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+poll = on_every_rank(poll_kernel, name="poll")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])  # random, delay rank 0, delay rank 1 (the notifier)
@@ -167,15 +154,7 @@ def copy_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP
     pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], y)
 
 
-@pl.jit
-def copy_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-    copy_kernel(x, y)
-
-
-@pl.jit.host
-def copy(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        copy_rank(x[r], y[r], device=r)
+copy = on_every_rank(copy_kernel, name="copy")
 
 
 def _no_full_collections(rank: int) -> None:

@@ -16,11 +16,10 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import PACKAGE_DIR, PROGRAMS, child_env
+from conftest import PACKAGE_DIR, PROGRAMS, child_env, on_every_rank
 
 import ptodist
 import ptodist.language as pl
-import ptodist.language.distributed as pld
 from ptodist import ConfigError, DistributedConfig, RunConfig, cli, commands, ir
 from ptodist.errors import DispatchTypeError
 
@@ -570,15 +569,7 @@ def _double(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]
     return pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), 2.0), [0, 0], y)
 
 
-@pl.jit
-def _per_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-    return _double(x, y)
-
-
-@pl.jit.host
-def _doubled(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        _per_rank(x[r], y[r], device=r)
+_doubled = on_every_rank(_double, name="_doubled")
 
 
 TORCH_DTYPES = ("torch.float32, torch.float16, torch.bfloat16, torch.int8, torch.int16, torch.int32, torch.int64, "

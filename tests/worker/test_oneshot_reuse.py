@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import children, gone
+from conftest import children, gone, on_every_rank
 
 import ptodist
 import ptodist.language as pl
@@ -50,17 +50,7 @@ def step_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP
     pl.store(pl.add(pl.add(t, t), pl.full([1, 4], 1.0, pl.FP32)), [0, 0], y)
 
 
-@pl.jit
-def step_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-    step_kernel(x, y, sig)
-
-
-@pl.jit.host
-def step(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        step_rank(x[r], y[r], pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+step = on_every_rank(step_kernel, name="step")
 
 
 def inputs(mode: float, nr: int = 2, base: float = 0.0) -> np.ndarray:

@@ -13,10 +13,9 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
-from conftest import child_env, python_exe
+from conftest import child_env, on_every_rank, python_exe
 
 import ptodist.language as pl
-import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, RunConfig, ir
 
 # A process that makes its program's output directory, says which, waits for a line on stdin, then runs the program
@@ -83,15 +82,7 @@ def _copy(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
     pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], y)
 
 
-@pl.jit
-def _copy_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-    _copy(x, y)
-
-
-@pl.jit.host
-def pruned(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        _copy_rank(x[r], y[r], device=r)
+pruned = on_every_rank(_copy, name="pruned")
 
 
 def test_a_directory_a_live_program_of_this_process_holds_is_never_pruned(monkeypatch):

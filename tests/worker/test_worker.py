@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import children
+from conftest import children, on_every_rank
 
 import ptodist
 import ptodist.language as pl
@@ -98,20 +98,7 @@ def shift_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.F
     return pl.store(tile, [0, 0], y)
 
 
-@pl.jit
-def shift_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]],
-               data: pl.InOut[pld.DistributedTensor[[1, 4], pl.FP32]],
-               sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-    return shift_kernel(x, y, data, sig)
-
-
-@pl.jit.host
-def shift(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    data_buf = pld.alloc_window_buffer([1, 4], dtype=pl.FP32)
-    sig_buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        shift_rank(x[r], y[r], pld.window(data_buf, [1, 4], dtype=pl.FP32),
-                   pld.window(sig_buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
+shift = on_every_rank(shift_kernel, name="shift")
 
 
 @pl.jit.incore
@@ -319,15 +306,7 @@ def gate_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP
     return pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], y)
 
 
-@pl.jit
-def gate_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]], r: pl.Scalar[pl.INT32]):
-    return gate_kernel(x, y, r)
-
-
-@pl.jit.host
-def gate(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        gate_rank(x[r], y[r], r, device=r)
+gate = on_every_rank(gate_kernel, name="gate")
 
 
 def gate_input(fd: int, tag: float) -> torch.Tensor:
@@ -462,16 +441,7 @@ def stuck_kernel(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTen
         pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)  # nobody notifies: a certain deadlock
 
 
-@pl.jit
-def stuck_rank(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-    stuck_kernel(x, sig)
-
-
-@pl.jit.host
-def stuck(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-    buf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        stuck_rank(x[r], pld.window(buf, [1, 1], dtype=pl.INT32), device=r)
+stuck = on_every_rank(stuck_kernel, name="stuck")
 
 
 def test_a_deadlock_is_a_hang_error_and_the_ranks_come_back(no_leaks):
@@ -481,7 +451,7 @@ def test_a_deadlock_is_a_hang_error_and_the_ranks_come_back(no_leaks):
             rt(shared(torch.full((2, 1, 4), -1.0)))
         assert info.value.certain
         assert [s["state"] for s in info.value.ranks] == ["waiting", "waiting"]
-        assert "pld.system.wait on 'sig' (buffer 'buf') cell [0, 0] holds 0, needs >= 1" in str(info.value)
+        assert "pld.system.wait on 'sig' (buffer 'sig_buf') cell [0, 0] holds 0, needs >= 1" in str(info.value)
         pids = sorted(rt._core.group.pids.values())
         rt(shared(torch.ones(2, 1, 4)))  # the same ranks run the next dispatch
         assert sorted(rt._core.group.pids.values()) == pids
@@ -509,15 +479,7 @@ def deaf_kernel(x: pl.Tensor[[1, 4], pl.FP32], r: pl.Scalar[pl.INT32]):
         os.read(fd, 1)
 
 
-@pl.jit
-def deaf_rank(x: pl.Tensor[[1, 4], pl.FP32], r: pl.Scalar[pl.INT32]):
-    deaf_kernel(x, r)
-
-
-@pl.jit.host
-def deaf(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-    for r in pl.range(pld.world_size()):
-        deaf_rank(x[r], r, device=r)
+deaf = on_every_rank(deaf_kernel, name="deaf")
 
 
 def test_a_rank_that_does_not_stop_is_killed_and_the_caller_gets_an_answer(no_leaks, pipe):
@@ -543,15 +505,7 @@ def victim_kernel(x: pl.Tensor[[1, 4], pl.FP32], r: pl.Scalar[pl.INT32]):
         os.read(block_fd, 1)
 
 
-@pl.jit
-def victim_rank(x: pl.Tensor[[1, 4], pl.FP32], r: pl.Scalar[pl.INT32]):
-    victim_kernel(x, r)
-
-
-@pl.jit.host
-def victim(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-    for r in pl.range(pld.world_size()):
-        victim_rank(x[r], r, device=r)
+victim = on_every_rank(victim_kernel, name="victim")
 
 
 def test_a_rank_killed_during_a_dispatch_stops_the_worker(no_leaks, pipe):
