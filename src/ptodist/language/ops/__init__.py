@@ -22,6 +22,7 @@ from . import (  # noqa: F401  (each registers its ops)
     movement,
     pipes,
     reduce,
+    sort,
     sync,
 )
 from .registry import REGISTRY, dispatcher, lift
