@@ -13,7 +13,7 @@ import warnings
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import source_line
+from conftest import on_every_rank, source_line
 
 import ptodist
 import ptodist.language as pl
@@ -324,16 +324,7 @@ def make_affine(dtype):
         t = pl.add(pl.mul(t, 2), pl.cast(r, target_type=dtype))
         return pl.store(t, [0, 0], y)
 
-    @pl.jit
-    def per_rank(x: pl.Tensor[[2, 8], dtype], y: pl.Out[pl.Tensor[[2, 8], dtype]], r: pl.Scalar[pl.INT32]):
-        return affine(x, y, r)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[NR, 2, 8], dtype], y: pl.Out[pl.Tensor[[NR, 2, 8], dtype]]):
-        for r in pl.range(pld.world_size()):
-            per_rank(x[r], y[r], r, device=r)
-
-    return host
+    return on_every_rank(affine)
 
 
 @pytest.mark.parametrize("dtype, torch_dtype_name", [
@@ -441,15 +432,7 @@ def load_out_of_bounds(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1,
     return pl.store(t, [0, 0], y)
 
 
-@pl.jit
-def load_out_of_bounds_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]]):
-    return load_out_of_bounds(x, y)
-
-
-@pl.jit.host
-def load_out_of_bounds_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        load_out_of_bounds_rank(x[r], y[r], device=r)
+load_out_of_bounds_host = on_every_rank(load_out_of_bounds)
 
 
 def test_out_of_bounds_load_names_tensor_offsets_shape_and_bounds(torch):
@@ -474,16 +457,7 @@ def fail_on_rank_one(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, S
     return pl.store(pl.load(x, [0, 0], [1, SIZE]), [0, 0], y)
 
 
-@pl.jit
-def fail_on_rank_one_rank(x: pl.Tensor[[1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]],
-                          r: pl.Scalar[pl.INT32]):
-    return fail_on_rank_one(x, y, r)
-
-
-@pl.jit.host
-def fail_on_rank_one_host(x: pl.Tensor[[NR, 1, SIZE], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        fail_on_rank_one_rank(x[r], y[r], r, device=r)
+fail_on_rank_one_host = on_every_rank(fail_on_rank_one)
 
 
 def test_rank_error_carries_rank_device_task_and_user_line(torch):
@@ -542,17 +516,7 @@ def make_left_neighbour(fixed: bool):
         peer = (me - 1 + n) % n if fixed else (me - 1) % n
         return pl.store(pld.tile.remote_load(data, peer, [0, 0], [1, SIZE]), [0, 0], y)
 
-    @pl.jit
-    def per_rank(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], data: pl.InOut[pld.DistributedTensor[[1, SIZE], pl.FP32]]):
-        return left(y, data)
-
-    @pl.jit.host
-    def host(y: pl.Out[pl.Tensor[[NR, 1, SIZE], pl.FP32]]):
-        buf = pld.alloc_window_buffer([1, SIZE], dtype=pl.FP32)
-        for r in pl.range(pld.world_size()):
-            per_rank(y[r], pld.window(buf, [1, SIZE], dtype=pl.FP32), device=r)
-
-    return left, host
+    return left, on_every_rank(left)
 
 
 def test_negative_neighbour_under_truncated_modulo_names_value_and_fix():
