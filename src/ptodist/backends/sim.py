@@ -418,6 +418,7 @@ class SimBackend:
     """
 
     name = "sim"
+    scheduler = Scheduler  # decides which rank runs next: a variant of this backend names its own subclass
 
     def __init__(self, session=None):
         self.session = session
@@ -511,7 +512,7 @@ class SimGroup:
         if command.segment == 0 or self.dispatch is None or self.dispatch.number != command.number:
             self.dispatch = _Dispatch(command.number, self.world, session is not None)
         seed = session.seed if session is not None else _env_seed()
-        run = _SimRun(command, self.dispatch, seed, getattr(session, "decisions", None))
+        run = _SimRun(command, self.dispatch, seed, getattr(session, "decisions", None), self.backend.scheduler)
         try:
             with resources.blas_on_one_thread():  # the ranks are this process's threads: no BLAS threads spinning
                 run.run()
@@ -539,7 +540,8 @@ def _check_message(findings) -> str:
 class _SimRun:
     """One command on the sim backend: threads, memory, the driver's watch, and the results."""
 
-    def __init__(self, command: Command, dispatch: _Dispatch, seed: int, decisions: Decisions | None = None):
+    def __init__(self, command: Command, dispatch: _Dispatch, seed: int, decisions: Decisions | None = None,
+                 scheduler: type[Scheduler] = Scheduler):
         plan = command.plan
         self.full_plan = plan
         self.plan = split_segments(plan, command.boundaries)[command.segment] if command.boundaries else plan
@@ -550,7 +552,7 @@ class _SimRun:
         self.last = command.last
         self.hang_timeout = command.hang_timeout
         self.checking = dispatch.clock is not None
-        self.sched = Scheduler(plan.world, seed, decisions, dispatch.clock)
+        self.sched = scheduler(plan.world, seed, decisions, dispatch.clock)
         arena = command.heap
         self.heaps = list(arena.rows) if arena is not None else [np.zeros(ALIGN, np.uint8) for _ in range(self.world)]
         self.dispatch = dispatch
