@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import source_line
+from conftest import on_every_rank, source_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -514,21 +514,7 @@ def _ring_rows(waits: bool):
             y = pl.store(pld.tile.remote_load(data, prev, [i, 0], [1, 8]), [i, 0], y)  # @pipelined_pull
         return y
 
-    @pl.jit
-    def chip(x: pl.Tensor[[1, 8], pl.FP32], y: pl.Out[pl.Tensor[[4, 8], pl.FP32]],
-             data: pl.InOut[pld.DistributedTensor[[4, 8], pl.FP32]],
-             sig: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]]):
-        return rows(x, y, data, sig)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[2, 1, 8], pl.FP32], y: pl.Out[pl.Tensor[[2, 4, 8], pl.FP32]]):
-        dbuf = pld.alloc_window_buffer([4, 8], dtype=pl.FP32)
-        sbuf = pld.alloc_window_buffer([2, 1], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            chip(x[r], y[r], pld.window(dbuf, [4, 8], dtype=pl.FP32), pld.window(sbuf, [2, 1], dtype=pl.INT32),
-                 device=r)
-
-    return host
+    return on_every_rank(rows)
 
 
 @pytest.mark.parametrize("waits", [True, False])

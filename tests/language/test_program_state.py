@@ -16,6 +16,7 @@ import types
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 from test_mpi import MPIRUN, _mpirun
 
 import ptodist
@@ -41,15 +42,7 @@ def scale_kernel(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.F
     pl.store(pl.mul(pl.load(x, [0, 0], [1, 4]), SCALE), [0, 0], y)
 
 
-@pl.jit
-def scale_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-    scale_kernel(x, y)
-
-
-@pl.jit.host
-def scale_all(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        scale_rank(x[r], y[r], device=r)
+scale_all = on_every_rank(scale_kernel, name="scale_all")
 
 
 def ones(nr: int = 2) -> np.ndarray:

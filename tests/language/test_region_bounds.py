@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import on_every_rank, run_in_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -167,22 +168,7 @@ def fuzz(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], 
     pl.store(Tile(np.asarray(out, dtype=np.int32).reshape(1, -1)), [0, 0], codes)
 
 
-@pl.jit
-def fuzz_rank(x: pl.Tensor[[ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[ROWS, COLS], pl.FP32]],
-              codes: pl.Out[pl.Tensor[[1, len(CASES)], pl.INT32]],
-              w: pl.InOut[pld.DistributedTensor[[ROWS, COLS], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[ROWS, COLS], pl.INT32]]):
-    fuzz(x, y, codes, w, sig)
-
-
-@pl.jit.host
-def fuzz_host(x: pl.Tensor[[NR, ROWS, COLS], pl.FP32], y: pl.Out[pl.Tensor[[NR, ROWS, COLS], pl.FP32]],
-              codes: pl.Out[pl.Tensor[[NR, 1, len(CASES)], pl.INT32]]):
-    wbuf = pld.alloc_window_buffer([ROWS, COLS], dtype=pl.FP32)
-    sbuf = pld.alloc_window_buffer([ROWS, COLS], dtype=pl.INT32)
-    for r in pl.range(pld.world_size()):
-        fuzz_rank(x[r], y[r], codes[r], pld.window(wbuf, [ROWS, COLS], dtype=pl.FP32),
-                  pld.window(sbuf, [ROWS, COLS], dtype=pl.INT32), device=r)
+fuzz_host = on_every_rank(fuzz)
 
 
 def run_fuzz(backend: str | None, world: int = 2) -> np.ndarray:
@@ -221,7 +207,6 @@ MPIRUN = __import__("shutil").which("mpirun") or __import__("shutil").which("mpi
 @pytest.mark.skipif(MPIRUN is None or __import__("importlib").util.find_spec("mpi4py") is None,
                     reason="needs an MPI launcher and mpi4py")
 def test_the_region_fuzz_holds_under_mpirun(tmp_path):
-    sys.path.insert(0, str(THIS.parent))
     from test_mpi import _mpirun
 
     proc = _mpirun(2, [sys.executable, str(THIS), str(tmp_path)])
@@ -237,9 +222,6 @@ def test_the_region_fuzz_holds_under_mpirun(tmp_path):
 # -- the message a user sees -----------------------------------------------------------------------
 
 def _error_of(body, backend: str = "sim") -> str:
-    sys.path.insert(0, str(THIS.parent))
-    from conftest import run_in_rank
-
     with pytest.raises(RankError) as info:
         run_in_rank(body, np.zeros(BOUNDS, np.float32), backend=backend)
     return str(info.value)
