@@ -1,38 +1,23 @@
 """Collectives, written against the same notify/wait/RMA primitives users have.
 
-``run`` executes a checked call (``spec.Call``) on the calling rank; the host
-orchestrator's builtin calls take the direct (reduce-scatter/allgather)
-allreduce, kernels the tutorial's mesh.
+One module per collective, each registering itself with ``registry.collective``; importing this package
+imports them all, so every collective is registered (and installed as ``pld.tensor.<name>``) before any
+is called.  ``run`` executes a checked call (``spec.Call``) on the calling rank.
 """
 
 from __future__ import annotations
 
-from . import allreduce, common, movement
-from .spec import Call, slot_shape
+import importlib
+import pkgutil
+
+from .registry import REGISTRY
+from .spec import Call
+
+for _module in pkgutil.iter_modules(__path__):  # in name order: the status board numbers them in this order
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 
 def run(call: Call, me: int, n: int, host: bool):
-    """Run ``call`` on rank ``me`` of ``n``; return the rebound target."""
-    name = call.name
-    if name == "barrier":
-        common.barrier(call.signal, me, n)
-        return call.signal
-    if name == "allreduce":
-        if call.mode == "ring":
-            allreduce.ring(call.target, call.signal, call.op, me, n)
-        elif host:
-            allreduce.direct(call.target, call.signal, call.op, me, n, call.core_num, call.cache)
-        else:
-            allreduce.mesh(call.target, call.signal, call.op, me, n)
-    elif name == "reduce_scatter":
-        allreduce.reduce_scatter(call.target, call.signal, call.op, me, n)
-    elif name == "broadcast":
-        movement.broadcast(call.target, call.signal, call.root, me, n, call.cache)
-    elif name == "allgather":
-        movement.allgather(call.source, call.target, call.signal, slot_shape(call, n), me, n, call.cache)
-    elif name == "all_to_all":
-        movement.all_to_all(call.source, call.target, call.signal, me, n)
-    elif name == "all_to_all_v":
-        movement.all_to_all_v(call.source, call.target, call.signal, call.counts["send_counts"],
-                              call.counts["recv_counts"], me, n, call.where)
-    return call.target
+    """Run ``call`` on rank ``me`` of ``n``; return the rebound target (a barrier's: its signal)."""
+    REGISTRY[call.name].run(call, me, n, host)
+    return call.signal if call.target is None else call.target

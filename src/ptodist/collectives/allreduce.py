@@ -1,4 +1,4 @@
-"""Allreduce (mesh, direct, ring) and reduce_scatter."""
+"""allreduce: every rank ends with the reduction of all ranks' target (mesh, direct, ring)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,62 @@ import numpy as np
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 
+from .. import context
+from ..errors import ProgramError, ProgramTypeError, ProgramValueError
+from ..language import dtypes as dt
 from ..language.distributed.types import NotifyOp, ReduceOp, WaitCmp
 from . import common
-from .spec import flat_regions, ring_segments
+from .registry import collective
+from .spec import ALLREDUCE_DTYPES, Call, describe, flat_regions, reduce_op, ring_segments, window
+
+MODES = ("mesh", "ring")
+
+
+def _build(call, args, kwargs, w, host) -> None:
+    target, signal = args
+    if signal is None and not host:
+        raise ProgramError(f"{w}: inside a kernel the signal is required (a [NR, 1] INT32 window for mesh, "
+                           "[2*(NR-1), NR] for ring); only the host orchestrator may omit it.")
+    call.target, call.signal = window(target, "target", w), signal
+    call.op, call.mode, call.core_num = reduce_op(w, kwargs["op"]), kwargs["mode"], kwargs["core_num"]
+    if signal is not None:
+        window(signal, "signal", w)
+    _check_mode(call, w, host)
+
+
+def _check_mode(call: Call, w: str, host: bool) -> None:
+    """Check allreduce's mode and core_num first: the signal's expected shape depends on them."""
+    if call.mode not in MODES:
+        raise ProgramValueError(f"{w}: mode= must be 'mesh' or 'ring', got {call.mode!r}")
+    if not isinstance(call.core_num, int) or isinstance(call.core_num, bool) or call.core_num < 1:
+        raise ProgramValueError(f"{w}: core_num= must be an int >= 1, got {call.core_num!r}")
+    if call.core_num > 1 and (not host or call.mode != "mesh"):
+        raise ProgramValueError(f"{w}: core_num > 1 is available only for the host orchestrator's mesh "
+                                "allreduce")
+
+
+def _options(call, w: str, world: int, host: bool) -> None:
+    t = call.target
+    if t.dtype not in ALLREDUCE_DTYPES:
+        raise ProgramTypeError(f"{w}: allreduce supports {', '.join(d.name for d in ALLREDUCE_DTYPES)}; "
+                               f"{describe(t)} is {t.dtype.name}")
+    if call.mode == "ring":
+        if world < 2:
+            raise ProgramValueError(f"{w}: mode='ring' needs at least 2 ranks, the world has {world}")
+        if host and (call.op is not ReduceOp.Sum or t.dtype is not dt.FP32):
+            raise ProgramValueError(f"{w}: the host orchestrator's ring allreduce supports op=Sum on FP32 only "
+                                    f"(got {call.op.name} on {t.dtype.name}); use mode='mesh'")
+
+
+def run(call, me: int, n: int, host: bool) -> None:
+    """The host orchestrator's builtin calls take the direct (reduce-scatter/allgather) allreduce, kernels the
+    tutorial's mesh."""
+    if call.mode == "ring":
+        ring(call.target, call.signal, call.op, me, n)
+    elif host:
+        direct(call.target, call.signal, call.op, me, n, call.core_num, call.cache)
+    else:
+        mesh(call.target, call.signal, call.op, me, n)
 
 
 def mesh(target, signal, op: ReduceOp, me: int, n: int) -> None:
@@ -98,12 +151,15 @@ def ring(target, signal, op: ReduceOp, me: int, n: int) -> None:
         common.row_barrier(signal, rounds, me, n)
 
 
-def reduce_scatter(target, signal, op: ReduceOp, me: int, n: int) -> None:
-    """Rank r ends with the reduction of every rank's chunk r (row block r) in its own row block r."""
-    rows = target.shape[0] // n
-    offsets = [me * rows] + [0] * (len(target.shape) - 1)
-    ext = [rows, *target.shape[1:]]
-    common.enter(signal, me, n)
-    # Only this rank touches row block `me` of its own window, so it can accumulate in place (Sum only).
-    common.accumulate_peers(target, offsets, ext, me, n)
-    common.leave(signal, me, n)
+@collective(domain=(0, 1), build=_build, options=_options, run=run, modes=MODES,
+            algorithm=lambda mode: "ring" if mode == "ring" else "direct")
+def allreduce(target, signal=None, *, op=None, mode: str = "mesh", core_num: int = 1):
+    """Every rank ends with the reduction (``op``, default Sum) of all ranks' ``target``.
+
+    ``mode="mesh"``: signal ``[NR, 1]`` (or ``[NR]``); with ``core_num`` > 1 (host orchestrator only)
+    ``[NR, stride]`` with ``stride >= core_num``, lane b using column b.  ``mode="ring"``: any target
+    length (balanced segments, 32-byte aligned for 2-byte dtypes); signal ``[2*(NR-1), NR]``, and from
+    the host orchestrator also ``[2*(NR-1)+1, NR]`` (a last row for the return barrier).
+    """
+    return context.current().collective("allreduce", (target, signal), {"op": op, "mode": mode,
+                                                                        "core_num": core_num})

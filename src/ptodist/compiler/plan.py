@@ -14,6 +14,7 @@ from enum import Enum
 import numpy as np
 
 from .. import context
+from ..collectives.registry import domain_args
 from ..errors import ProgramIndexError, ProgramTypeError, ProgramValueError
 from ..language.dtypes import DataType
 from ..language.scalar import Scalar
@@ -351,21 +352,6 @@ def _check_builtin_group(b: BuiltinCall, group: tuple | None) -> None:
 
 def _ranks_text(ranks) -> str:
     return "{" + ", ".join(map(str, ranks)) + "}"
-
-
-# Which arguments of a collective live in its comm domain, the first one defining it (PyPTO: the data or
-# target window; the signal, and all_to_all_v's recv_counts, follow it).  The input of the push-based
-# collectives and all_to_all_v's send_counts are read on the calling rank only.
-_DOMAIN_ARGS = {"barrier": (0,), "allreduce": (0, 1), "broadcast": (0, 1), "reduce_scatter": (0, 1),
-                "allgather": (1, 2), "all_to_all": (1, 2), "all_to_all_v": (1, 2)}
-
-
-def domain_args(name: str, args, kwargs=None) -> list:
-    """The arguments of collective ``name`` that must share its comm domain, the defining one first."""
-    out = [args[i] for i in _DOMAIN_ARGS.get(name, (0,)) if i < len(args)]
-    if name == "all_to_all_v" and kwargs:
-        out.append(kwargs.get("recv_counts"))
-    return out
 
 
 def builtin_group(b: BuiltinCall) -> tuple | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from .. import _atomics, collectives
 from ..collectives import spec as coll_spec
 from ..compiler.plan import BuiltinCall, domain_args
-from ..errors import ProgramError, ProgramValueError
+from ..errors import ProgramValueError
 from ..source import call_site, user_location
 from .events import now_ns
 from .status import LAST_OP_CODES
@@ -92,10 +92,6 @@ class CollectiveCalls:
         """``(call, comm domain, site entry, args)`` of a kernel's collective, checked (``args``: kept, so that
         their ids stay theirs while the entry is cached)."""
         loc = user_location(2)
-        if name == "allreduce" and args[1] is None:
-            raise ProgramError(f"pld.tensor.allreduce at {loc}: inside a kernel the signal is required "
-                               "(a [NR, 1] INT32 window for mesh, [2*(NR-1), NR] for ring); only the host "
-                               "orchestrator may omit it.")
         group = self._call_group(f"pld.tensor.{name}", args, kwargs, name, loc)
         call = coll_spec.check(name, args, kwargs, len(group), str(loc), host=False)
         coll_spec.check_layout(self._coll.layouts, call)
@@ -152,9 +148,9 @@ class CollectiveCalls:
 
 def _collective_key(name: str, here, args, kwargs) -> tuple | None:
     """What makes two calls of a kernel's collective the same checked call: its line, name, argument objects and
-    options; None for a call not to be cached (no program line found; all_to_all_v, whose counts are data; an
-    option other than a plain constant)."""
-    if here is None or name == "all_to_all_v":
+    options; None for a call not to be cached (no program line found; an option other than a plain constant, such
+    as all_to_all_v's counts, which are data)."""
+    if here is None:
         return None
     options = tuple(kwargs.items())
     for _, v in options:

@@ -17,6 +17,7 @@ import time
 import numpy as np
 
 from .. import _atomics
+from ..collectives.registry import REGISTRY as COLLECTIVES
 from ..source import is_internal
 
 # The signal that asks a rank process for its current line.
@@ -62,10 +63,10 @@ OTHER_DTYPE = np.dtype([
 ])
 
 # The operations ``last_op`` names: the ones a rank communicates with (written only by them, so cheaply).
+# A collective's own notifies, waits and RMA are not marked: the rank's last operation is the collective.
 LAST_OPS = ("", "pld.system.notify", "pld.system.wait", "pld.system.defer_wait", "pld.tile.remote_load",
             "pld.tile.remote_store", "pld.tensor.remote_store", "pld.tensor.put", "pld.tensor.get",
-            "pld.tensor.barrier", "pld.tensor.allreduce", "pld.tensor.broadcast", "pld.tensor.allgather",
-            "pld.tensor.reduce_scatter", "pld.tensor.all_to_all", "pld.tensor.all_to_all_v")
+            *(c.op_name for c in COLLECTIVES.values()))
 LAST_OP_CODES = {name: i for i, name in enumerate(LAST_OPS)}
 
 class Sent(ctypes.Structure):

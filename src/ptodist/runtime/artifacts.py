@@ -33,6 +33,7 @@ import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..collectives.registry import REGISTRY as COLLECTIVES
 from ..compiler.ir_view import ParamDirection, entry_target, function_source, return_types, user_functions
 from ..compiler.plan import BuiltinCall, DispatchPlan, WindowView
 from ..errors import BuildError, BuildNotFoundError
@@ -314,8 +315,9 @@ def _host_orch_text(compiled, host: Function) -> str:
 
 # -- builtin collective variants -----------------------------------------------------------------
 
-_REDUCING = ("allreduce", "reduce_scatter")
-_DATA_ARG = {"allgather": 1, "all_to_all": 1, "all_to_all_v": 1}  # the target names the variant's dtype
+def _data_arg(name: str) -> int:
+    """The argument whose dtype names the variant: the one that defines the comm domain (the data window)."""
+    return COLLECTIVES[name].domain[0]
 
 
 def variant_name(name: str, op: str | None, mode: str | None, dtype: dt.DataType | None) -> str:
@@ -324,14 +326,14 @@ def variant_name(name: str, op: str | None, mode: str | None, dtype: dt.DataType
     # A barrier moves no data: upstream builds its one barrier kernel under the FP32 name, whatever the signal.
     text = "fp32" if name == "barrier" else dtype_text(dtype)
     parts = [f"builtin.tensor.{base}"]
-    if name in _REDUCING:
+    if COLLECTIVES[name].reducing:
         parts.append((op or "Sum").lower())
     parts.append(text or "fp32")
     return "__".join(parts)
 
 
 def _variant_of(call: BuiltinCall) -> tuple[str, dict]:
-    view = call.args[_DATA_ARG.get(call.name, 0)] if len(call.args) > _DATA_ARG.get(call.name, 0) else None
+    view = call.args[_data_arg(call.name)] if len(call.args) > _data_arg(call.name) else None
     views = [a for a in call.args if isinstance(a, WindowView)]
     dtype = view.dtype if isinstance(view, WindowView) else views[0].dtype if views else None
     op = call.kwargs.get("op")
@@ -342,13 +344,10 @@ def _variant_of(call: BuiltinCall) -> tuple[str, dict]:
 
 
 def _write_variant(compiled, name: str, info: dict) -> None:
-    from .. import collectives
-
     path = compiled.output_dir / "next_levels" / name / "kernel_config.py"
-    module = {"barrier": "common", "allreduce": "allreduce", "reduce_scatter": "allreduce"}.get(info["name"],
-                                                                                             "movement")
-    source = os.path.join(os.path.dirname(collectives.__file__), f"{module}.py")
-    algorithm = "ring" if info.get("mode") == "ring" else info["name"] if info["name"] != "allreduce" else "direct"
+    declared = COLLECTIVES[info["name"]]
+    source = os.path.abspath(inspect.getsourcefile(declared.run))
+    algorithm = declared.algorithm(info.get("mode"))
     nargs = info.get("nargs") or 2
     signature = [ArgDirection.IN] * max(nargs - 2, 0) + [ArgDirection.INOUT, ArgDirection.INOUT]
     if info["name"] == "barrier":
@@ -405,7 +404,7 @@ def static_variants(host: Function) -> dict[str, dict]:
     out = {}
     for node in calls:
         name = _attr_tail(node.func)
-        index = _DATA_ARG.get(name, 0)
+        index = _data_arg(name)
         arg = node.args[index] if len(node.args) > index else None
         dtypes = windows.get(arg.id, []) if isinstance(arg, ast.Name) else []
         if name != "barrier" and (len(set(dtypes)) != 1 or dtypes[0] is None):
@@ -423,15 +422,12 @@ def static_variants(host: Function) -> dict[str, dict]:
     return out
 
 
-_COLLECTIVES = ("barrier", "allreduce", "broadcast", "allgather", "reduce_scatter", "all_to_all", "all_to_all_v")
-
-
 def _attr_tail(node) -> str | None:
     return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else None
 
 
 def _is_collective(func) -> bool:
-    return isinstance(func, ast.Attribute) and func.attr in _COLLECTIVES and \
+    return isinstance(func, ast.Attribute) and func.attr in COLLECTIVES and \
         isinstance(func.value, ast.Attribute) and func.value.attr == "tensor" and \
         _attr_tail(func.value.value) not in (None, "pl")
 
