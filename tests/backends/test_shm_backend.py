@@ -20,7 +20,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import children
+from conftest import children, on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -51,40 +51,23 @@ def no_leaks():
 # -- atomics ----------------------------------------------------------------------
 
 def make_counter(nr: int, adds: int):
-    @pl.program
-    class Counter:
-        @pl.function(type=pl.FunctionType.InCore)
-        def bump(self, out: pl.Out[pl.Tensor[[1, 9], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]],
-                 acc: pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]]):
-            me = pld.rank(pld.get_comm_ctx(sig))
-            ones = pl.full([1, 8], dtype=pl.FP32, value=1.0)
-            for _ in pl.range(adds):
-                # Accumulate first: the notify that follows publishes it.
-                pld.tile.remote_store(ones, acc, 0, [0, 0], atomic=pld.AtomicType.Add)
-                pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            if me == 0:
-                pld.system.wait(sig, [0, 0], nr * adds, cmp=pld.WaitCmp.Eq)
-                pl.write(out, [0, 0], pl.cast(pl.read(sig, [0, 0]), target_type=pl.FP32))
-                out = pl.store(pl.load(acc, [0, 0], [1, 8]), [0, 1], out)
-            return out
+    @pl.jit.incore
+    def bump(out: pl.Out[pl.Tensor[[1, 9], pl.FP32]],
+             sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]],
+             acc: pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]]):
+        me = pld.rank(pld.get_comm_ctx(sig))
+        ones = pl.full([1, 8], dtype=pl.FP32, value=1.0)
+        for _ in pl.range(adds):
+            # Accumulate first: the notify that follows publishes it.
+            pld.tile.remote_store(ones, acc, 0, [0, 0], atomic=pld.AtomicType.Add)
+            pld.system.notify(sig, 0, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        if me == 0:
+            pld.system.wait(sig, [0, 0], nr * adds, cmp=pld.WaitCmp.Eq)
+            pl.write(out, [0, 0], pl.cast(pl.read(sig, [0, 0]), target_type=pl.FP32))
+            out = pl.store(pl.load(acc, [0, 0], [1, 8]), [0, 1], out)
+        return out
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, out: pl.Out[pl.Tensor[[1, 9], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]],
-                 acc: pl.InOut[pld.DistributedTensor[[1, 8], pl.FP32]]):
-            return self.bump(out, sig, acc)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, out: pl.Out[pl.Tensor[[nr, 1, 9], pl.FP32]]):
-            sbuf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
-            abuf = pld.alloc_window_buffer([1, 8], dtype=pl.FP32)
-            for r in pl.range(pld.world_size()):
-                self.chip(out[r], pld.window(sbuf, [1, 1], dtype=pl.INT32),
-                          pld.window(abuf, [1, 8], dtype=pl.FP32), device=r)
-            return out
-
-    return Counter
+    return on_every_rank(bump)
 
 
 def test_atomic_add_is_exact_across_processes(no_leaks):
@@ -108,30 +91,18 @@ def pl_compile(prog, nr, **kw):
 def make_failing(nr: int, failing_rank: int, read_fd: int | None = None, pid_fd: int | None = None):
     """Rank `failing_rank` raises (or, with read_fd, blocks outside ptodist); the others wait forever."""
 
-    @pl.program
-    class Failing:
-        @pl.function(type=pl.FunctionType.InCore)
-        def work(self, sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-            me = pld.rank(pld.get_comm_ctx(sig))
-            if me == failing_rank:
-                if pid_fd is not None:
-                    os.write(pid_fd, f"{os.getpid()}\n".encode())
-                if read_fd is not None:
-                    os.read(read_fd, 1)  # blocks: a rank busy outside any ptodist operation
-                raise ValueError(f"boom on rank {me}")
-            pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+    @pl.jit.incore
+    def work(sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
+        me = pld.rank(pld.get_comm_ctx(sig))
+        if me == failing_rank:
+            if pid_fd is not None:
+                os.write(pid_fd, f"{os.getpid()}\n".encode())
+            if read_fd is not None:
+                os.read(read_fd, 1)  # blocks: a rank busy outside any ptodist operation
+            raise ValueError(f"boom on rank {me}")
+        pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-            self.work(sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 4], pl.FP32]):
-            sbuf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(pld.window(sbuf, [1, 1], dtype=pl.INT32), device=r)
-
-    return Failing
+    return on_every_rank(work)
 
 
 def test_exception_in_one_rank_stops_the_others(no_leaks):
@@ -139,7 +110,7 @@ def test_exception_in_one_rank_stops_the_others(no_leaks):
     # timeout), and no_leaks checks that they were stopped.
     compiled = pl_compile(make_failing(3, 1), 3, config=cfg(3, hang_timeout_s=60))
     with pytest.raises(RankError) as info:
-        compiled(np.zeros((3, 4), np.float32))
+        compiled(np.zeros((3, 1), np.float32))
     err = info.value
     assert (err.rank, err.device_id, err.task) == (1, 1, "work")
     assert isinstance(err.original, ValueError)
@@ -153,7 +124,7 @@ def test_device_ids_are_reported(no_leaks):
     compiled = pl_compile(make_failing(2, 1), 2, config=RunConfig(
         distributed_config=DistributedConfig(device_ids=[5, 9])))
     with pytest.raises(RankError, match=r"rank 1 \(device 9\) failed"):
-        compiled(np.zeros((2, 4), np.float32))
+        compiled(np.zeros((2, 1), np.float32))
 
 
 def test_certain_deadlock_is_reported_without_waiting_for_the_timeout(no_leaks):
@@ -161,7 +132,7 @@ def test_certain_deadlock_is_reported_without_waiting_for_the_timeout(no_leaks):
     # (err.certain: the deadlock rule ended the run, not the timeout, which would make it uncertain).
     compiled = pl_compile(make_failing(2, failing_rank=-1), 2, config=cfg(2, hang_timeout_s=60))
     with pytest.raises(HangError) as info:
-        compiled(np.zeros((2, 4), np.float32))
+        compiled(np.zeros((2, 1), np.float32))
     err = info.value
     assert err.certain
     assert [s["state"] for s in err.ranks] == ["waiting", "waiting"]
@@ -169,7 +140,7 @@ def test_certain_deadlock_is_reported_without_waiting_for_the_timeout(no_leaks):
     msg = str(err)
     assert "deadlock" in msg
     assert "rank 0 (device 0): blocked at" in msg and "test_shm_backend.py" in msg
-    assert "pld.system.wait on 'sig' (buffer 'sbuf') cell [0, 0] holds 0, needs >= 1" in msg
+    assert "pld.system.wait on 'sig' (buffer 'sig_buf') cell [0, 0] holds 0, needs >= 1" in msg
     assert "notify loop before the wait loop" in msg
 
 
@@ -178,7 +149,7 @@ def test_no_progress_ends_with_hang_after_the_timeout(no_leaks):
     try:
         compiled = pl_compile(make_failing(2, 1, read_fd=rfd), 2, config=cfg(2, hang_timeout_s=1.0))
         with pytest.raises(HangError) as info:
-            compiled(np.zeros((2, 4), np.float32))
+            compiled(np.zeros((2, 1), np.float32))
     finally:
         os.close(rfd)
         os.close(wfd)
@@ -194,7 +165,7 @@ def test_hang_timeout_from_environment(no_leaks, monkeypatch):
     try:
         compiled = pl_compile(make_failing(2, 1, read_fd=rfd), 2)
         with pytest.raises(HangError, match=r"hang timeout 0.8 s"):
-            compiled(np.zeros((2, 4), np.float32))
+            compiled(np.zeros((2, 1), np.float32))
     finally:
         os.close(rfd)
         os.close(wfd)
@@ -216,7 +187,7 @@ def test_killed_rank_ends_the_run(no_leaks):
         # A RankError, not a HangError: the death itself ended the run.
         compiled = pl_compile(make_failing(3, 2, read_fd=block_r, pid_fd=pid_w), 3, config=cfg(3, hang_timeout_s=60))
         with pytest.raises(RankError) as info:
-            compiled(np.zeros((3, 4), np.float32))
+            compiled(np.zeros((3, 1), np.float32))
     finally:
         t.join()
         for fd in (block_r, block_w, pid_r, pid_w):
@@ -229,7 +200,7 @@ def test_killed_rank_ends_the_run(no_leaks):
 def test_unknown_backend_is_rejected(monkeypatch):
     monkeypatch.setenv("PTODIST_BACKEND", "nccl")
     with pytest.raises(ConfigError, match="PTODIST_BACKEND='nccl'"):
-        pl_compile(make_failing(2, 0), 2)(np.zeros((2, 4), np.float32))
+        pl_compile(make_failing(2, 0), 2)(np.zeros((2, 1), np.float32))
 
 
 # -- waits --------------------------------------------------------------------------
@@ -242,42 +213,28 @@ def make_waiter(nr: int):
     with a HangError (rank 0 makes no progress while it looks).
     """
 
-    @pl.program
-    class Waiter:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, out: pl.Out[pl.Tensor[[1, 1], pl.INT32]],
-              sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-            from ptodist import _atomics, context
-            from ptodist.rank.status import WAITING
+    @pl.jit.incore
+    def k(out: pl.Out[pl.Tensor[[1, 1], pl.INT32]],
+          sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
+        from ptodist import _atomics, context
+        from ptodist.rank.status import WAITING
 
-            me = pld.rank(pld.get_comm_ctx(sig))
-            if me == 0:
-                ctx = context.current()
-                rows, sleepers = ctx.status.rows, ctx.memory.sleepers_addr
-                while not (all(rows[p]["state"] == WAITING for p in range(1, nr))
-                           and _atomics.load(sleepers) == nr - 1):
-                    os.sched_yield()
-                pl.write(out, [0, 0], _atomics.load(sleepers))
-                for p in pl.range(1, nr):
-                    pld.system.notify(sig, p, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            else:
-                pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
-                pl.write(out, [0, 0], 1)
-            return out
+        me = pld.rank(pld.get_comm_ctx(sig))
+        if me == 0:
+            ctx = context.current()
+            rows, sleepers = ctx.status.rows, ctx.memory.sleepers_addr
+            while not (all(rows[p]["state"] == WAITING for p in range(1, nr))
+                       and _atomics.load(sleepers) == nr - 1):
+                os.sched_yield()
+            pl.write(out, [0, 0], _atomics.load(sleepers))
+            for p in pl.range(1, nr):
+                pld.system.notify(sig, p, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        else:
+            pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
+            pl.write(out, [0, 0], 1)
+        return out
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, out: pl.Out[pl.Tensor[[1, 1], pl.INT32]],
-                 sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-            return self.k(out, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, out: pl.Out[pl.Tensor[[nr, 1, 1], pl.INT32]]):
-            sbuf = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(out[r], pld.window(sbuf, [1, 1], dtype=pl.INT32), device=r)
-            return out
-
-    return Waiter
+    return on_every_rank(k)
 
 
 def test_waiting_ranks_sleep_in_the_kernel(no_leaks):
@@ -387,26 +344,14 @@ def test_killing_the_driver_kills_the_ranks(tmp_path):
 def make_set_barrier(nr: int):
     """Every rank Sets rank r's one shared cell to its own id + 1, then waits for the sum: Set clobbers."""
 
-    @pl.program
-    class SetBarrier:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-            me = pld.rank(pld.get_comm_ctx(sig))
-            for p in pl.range(nr):
-                pld.system.notify(sig, p, [0, 0], me + 1, op=pld.NotifyOp.Set)  # SET-LINE
-            pld.system.wait(sig, [0, 0], nr * (nr + 1) // 2, cmp=pld.WaitCmp.Eq)
+    @pl.jit.incore
+    def k(sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
+        me = pld.rank(pld.get_comm_ctx(sig))
+        for p in pl.range(nr):
+            pld.system.notify(sig, p, [0, 0], me + 1, op=pld.NotifyOp.Set)  # SET-LINE
+        pld.system.wait(sig, [0, 0], nr * (nr + 1) // 2, cmp=pld.WaitCmp.Eq)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, sig: pl.InOut[pld.DistributedTensor[[1, 1], pl.INT32]]):
-            self.k(sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
-            b = pld.alloc_window_buffer([1, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(pld.window(b, [1, 1], dtype=pl.INT32), device=r)
-
-    return SetBarrier
+    return on_every_rank(k)
 
 
 def _line_of(marker: str) -> int:
@@ -433,26 +378,14 @@ def test_set_on_a_shared_cell_is_named_as_the_cause(no_leaks):
 def make_wrong_neighbour(nr: int):
     """Each rank tells its left neighbour but waits for its left neighbour: a wait-for cycle."""
 
-    @pl.program
-    class Wrong:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            me = pld.rank(pld.get_comm_ctx(sig))
-            left = (me - 1 + nr) % nr
-            pld.system.notify(sig, left, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            pld.system.wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)
+    @pl.jit.incore
+    def k(sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+        me = pld.rank(pld.get_comm_ctx(sig))
+        left = (me - 1 + nr) % nr
+        pld.system.notify(sig, left, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        pld.system.wait(sig, [left, 0], 1, cmp=pld.WaitCmp.Ge)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            self.k(sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
-            b = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(pld.window(b, [nr, 1], dtype=pl.INT32), device=r)
-
-    return Wrong
+    return on_every_rank(k)
 
 
 def test_wait_for_cycle_and_misdirected_notifies_are_reported(no_leaks):
@@ -475,25 +408,13 @@ def test_wait_for_cycle_and_misdirected_notifies_are_reported(no_leaks):
 def make_tagged(nr: int):
     """Each rank notifies the next with its rank as the tag: rank 0's tag is 0 and adds nothing."""
 
-    @pl.program
-    class Tagged:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            me = pld.rank(pld.get_comm_ctx(sig))
-            pld.system.notify(sig, (me + 1) % nr, [me, 0], me, op=pld.NotifyOp.AtomicAdd)  # TAG-LINE
-            pld.system.wait(sig, [(me - 1 + nr) % nr, 0], 1, cmp=pld.WaitCmp.Ge)
+    @pl.jit.incore
+    def k(sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+        me = pld.rank(pld.get_comm_ctx(sig))
+        pld.system.notify(sig, (me + 1) % nr, [me, 0], me, op=pld.NotifyOp.AtomicAdd)  # TAG-LINE
+        pld.system.wait(sig, [(me - 1 + nr) % nr, 0], 1, cmp=pld.WaitCmp.Ge)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            self.k(sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, 1], pl.FP32]):
-            b = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(pld.window(b, [nr, 1], dtype=pl.INT32), device=r)
-
-    return Tagged
+    return on_every_rank(k)
 
 
 def test_a_notify_of_value_zero_is_named_as_the_cause(no_leaks):
