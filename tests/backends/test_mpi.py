@@ -175,6 +175,17 @@ def _collective_cases(p: int) -> dict:
         np.testing.assert_array_equal(y, x)
         tc.assert_signals_clear(s)
 
+    def reduce(where, dtype, seed):
+        rng = np.random.default_rng(seed)
+        op, root, xs = pick(rng, [Sum, Max, Min, Prod]), int(rng.integers(p)), shape(rng)
+        x = tc.random_values(rng, dtype, (p, *xs), op)
+        y, s = run(tc.build(p, dtype, xs, [p, 1],
+                            **{where: lambda w: pld.tensor.reduce(w.a, w.g, root=root, op=op)}), x, xs, [p, 1])
+        tc.assert_reduced(y[root], x, op, dtype)
+        y[root] = x[root]
+        np.testing.assert_array_equal(y, x)  # the other ranks keep their own data
+        tc.assert_signals_clear(s)
+
     def all_to_all(where, dtype, seed):
         rng = np.random.default_rng(seed)
         rows, cols = shape(rng, (1, 3), (1, 8))
@@ -241,7 +252,7 @@ def _collective_cases(p: int) -> dict:
                         (lambda *a: lambda: allreduce(*a))(where, mode, dtype, seed)
         for dtype in (pl.FP32, pl.INT32):
             for name, fn in (("broadcast", broadcast), ("allgather", allgather), ("reduce_scatter", reduce_scatter),
-                             ("all_to_all", all_to_all), ("all_to_all_v", all_to_all_v)):
+                             ("reduce", reduce), ("all_to_all", all_to_all), ("all_to_all_v", all_to_all_v)):
                 for seed in range(2):
                     cases[f"{name} {where} {dtype.name} seed {seed}"] = (lambda *a: lambda: a[0](*a[1:]))(
                         fn, where, dtype, seed)
