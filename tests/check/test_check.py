@@ -308,26 +308,13 @@ SIZE = 8
 
 def _signal_program(nr: int, body):
     """A one-kernel program whose kernel runs ``body(sig, me, n)`` on an ``[nr, 1]`` INT32 signal window."""
-    @pl.program
-    class SignalOnly:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(sig)
-            body(sig, pld.rank(ctx), pld.nranks(ctx))
-            return y
+    @pl.jit.incore
+    def k(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+        ctx = pld.get_comm_ctx(sig)
+        body(sig, pld.rank(ctx), pld.nranks(ctx))
+        return y
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.k(y, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, y: pl.Out[pl.Tensor[[nr, 1, SIZE], pl.FP32]]):
-            buf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(y[r], pld.window(buf, [nr, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return SignalOnly
+    return on_every_rank(k)
 
 
 def _wait_first(sig, me, n) -> None:
