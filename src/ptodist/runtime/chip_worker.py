@@ -266,7 +266,7 @@ class ChipWorker(Worker):
         self._require_open("run")
         local = self._adopt(compiled, "run")
         dw = self._worker()
-        if dw._core.stale():  # what the programs read changed since its ranks started: run on fresh ones
+        if dw._core.intake.stale():  # what the programs read changed since its ranks started: run on fresh ones
             self._restart()
             dw = self._dw
         names = compiled.param_names

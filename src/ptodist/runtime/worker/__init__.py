@@ -3,7 +3,8 @@
 Modules, by responsibility: ``api`` (DistributedWorker, the public surface), ``handles`` (RunHandle,
 DeviceTensor, StackedDeviceTensor), ``memory`` (shared files, ``shared_array``), ``binding``
 (arguments → memory the ranks see, commands), ``plans`` (planning with sub-worker calls),
-``engine`` (the queue and its driving on the rank group), ``callbacks`` (how sub-worker callbacks are
+``intake`` (accepting a dispatch: checks, binding, planning), ``engine`` (the queue and its driving on
+the rank group), ``arenas`` (the dispatches' window heaps), ``callbacks`` (how sub-worker callbacks are
 called: ``MappedArgs``), ``base`` (``Worker``, the base class ChipWorker shares).
 """
 

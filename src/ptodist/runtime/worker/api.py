@@ -25,8 +25,8 @@ from ...errors import ConfigError, DispatchTypeError, DispatchValueError, UsageE
 from ...language import dtypes as dt
 from ...language.functions import Function, Kind
 from .base import Worker
-from .callbacks import arity_error, calling_form
-from .engine import Engine, in_callback
+from .callbacks import arity_error, calling_form, in_callback
+from .engine import Engine
 from .handles import (
     DeviceTensor,
     RegistrationHandle,

@@ -5,19 +5,32 @@ PyPTO calls a sub-worker callback as ``fn(args)``: one positional argument, an o
 for every callback that accepts one positional argument, and keeps its own positional form,
 ``fn(*args)`` (the call's arguments in parameter order), for a callback that cannot take one
 argument but takes exactly the sub-worker's parameters.
+
+A callback runs in the thread that drives the worker's queue, between two commands of its dispatch
+(:func:`run_callback`); :func:`in_callback` tells that thread's other calls they are inside one.
 """
 
 from __future__ import annotations
 
 import inspect
+import threading
 
 import numpy as np
 
+from ...compiler.plan import HostTensorRef
 from ...errors import DispatchIndexError, DispatchTypeError
+from ...language.scalar import Scalar
 from .handles import DeviceTensor, StackedDeviceTensor
 
 MAPPED = "mapped"
 POSITIONAL = "positional"
+
+_tls = threading.local()
+
+
+def in_callback():
+    """The dispatch whose sub-worker callback this thread is running, or None."""
+    return getattr(_tls, "callback", None)
 
 
 def _is_tensor(value) -> bool:
@@ -141,3 +154,39 @@ def call_callback(fn, function: str, names: list[str], values: list, is_tensor: 
 
 def is_tensor_value(value) -> bool:
     return _is_tensor(value)
+
+
+def run_callback(d, call, callbacks: dict) -> BaseException | None:
+    """Run sub-worker call ``call`` of dispatch ``d`` (its bound callback, or the function's own body).
+
+    Returns what it raised, noted with the call and the dispatch; None when it returned.
+    """
+    error = None
+    _tls.callback = d
+    try:
+        fn = callbacks.get(call.function.name)
+        args = [_callback_arg(d, a) for a in call.args]
+        if fn is not None:
+            names = [p.name for p in call.function.params]
+            tensors = [isinstance(a, HostTensorRef) or is_tensor_value(v) for a, v in zip(call.args, args)]
+            call_callback(fn, call.function.name, names, args, tensors)
+        else:
+            call.function.invoke(*args)
+    except BaseException as e:  # noqa: BLE001 - the dispatch fails with the callback's error
+        e.add_note(f"raised by sub-worker callback '{call.function.name}' (called at {call.location}) in "
+                   f"dispatch {d.handle.number} of '{d.compiled.name}'")
+        error = e
+    finally:
+        _tls.callback = None
+    return error
+
+
+def _callback_arg(d, a):
+    if isinstance(a, HostTensorRef):
+        value = d.args[a.tensor.index].value
+        if isinstance(value, StackedDeviceTensor):
+            return value[a.index[0]] if a.index else value
+        return value[a.index] if a.index else value
+    if isinstance(a, Scalar):
+        return a.value
+    return a

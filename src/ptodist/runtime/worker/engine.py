@@ -1,10 +1,13 @@
-"""The engine of a DistributedWorker: accepting dispatches, the queue, and driving it on the rank group.
+"""The engine of a DistributedWorker: the queue of accepted dispatches, and driving it on the rank group.
 
 Whoever waits drives: ``result()`` (and ``done``) advance the queue in the caller's thread; on a
 group of rank processes (shm) a background thread also does after the first ``submit()``, so
 accepted dispatches run while the caller does other work.  A group whose ranks run in this
 process (sim threads, this MPI process's rank) runs a command when the queue is driven, so there
 a submitted dispatch runs when the caller asks for a result (or polls ``done``).
+
+A dispatch is made in ``intake.py`` (checked, bound, planned), finds its windows in ``arenas.py``, and
+runs its sub-worker callbacks through ``callbacks.py``.
 """
 
 from __future__ import annotations
@@ -12,67 +15,24 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from ... import backends, dfx
-from ...backends import resources
-from ...backends.base import STOP_WRITE_S, died, note_where
+from ...backends.base import STOP_WRITE_S, note_where
 from ...check.hang import carried_over
-from ...compiler.plan import HostTensorRef
-from ...compiler.state import stale_message, state_of
 from ...config import RunConfig
-from ...errors import (
-    ConfigError,
-    DispatchStateError,
-    DispatchValueError,
-    HangError,
-    RankError,
-    UsageError,
-)
-from ...language.scalar import Scalar
+from ...errors import DispatchValueError, HangError, RankError, UsageError
 from ...language.types import Direction
 from ...source import user_location
-from ..program import note_dispatch
 from . import early_reads
-from .binding import Arena, LocalBinding, SharedBinding, _Bound
-from .callbacks import call_callback, is_tensor_value
-from .handles import RunHandle, StackedDeviceTensor
-from .plans import Planner, _HostCall, _PlanEntry
+from .arenas import Arenas, _Agreed
+from .binding import LocalBinding, SharedBinding
+from .callbacks import in_callback, run_callback
+from .handles import RunHandle
+from .intake import Intake, _Dispatch
+from .plans import _HostCall
 
 DRIVE_SLICE_S = 0.05     # the background thread hands the engine back this often
-
-
-@dataclass(eq=False)
-class _Dispatch:
-    handle: RunHandle
-    compiled: object
-    entry: _PlanEntry
-    args: list
-    values: list
-    config: RunConfig
-    dfx: object
-    arena_key: int | None
-    cursor: int = 0
-    published: bool = False
-    arena: Arena | None = None
-    residents: set = field(default_factory=set)  # serials of the resident files it uses
-    carried: int | None = None  # persistent windows not zeroed: the dispatch whose windows it starts from
-
-
-_tls = threading.local()
-
-
-class _Agreed(Exception):
-    """A step's failure every process of an mpi job already agreed on: fail the dispatch with ``error``."""
-
-    def __init__(self, error: BaseException):
-        super().__init__(str(error))
-        self.error = error
-
-
-def in_callback():
-    """The dispatch whose sub-worker callback this thread is running, or None."""
-    return getattr(_tls, "callback", None)
 
 
 class Engine:
@@ -87,16 +47,14 @@ class Engine:
         self.device_ids = list(programs[0].device_ids)
         self.world = len(self.device_ids)
         self.persistent = persistent
-        self.reset = reset
-        # Where the worker was prepared, and per arena the last dispatch that ran on it: a hang of a dispatch
-        # whose persistent windows kept the last one's counters names the prepare() option that keeps them.
+        # Where the worker was prepared: a hang of a dispatch whose persistent windows kept the last one's
+        # counters names the prepare() option that keeps them.
         self.prepared_at = str(user_location(1) or "") if persistent and not reset else ""
-        self.last_on_arena: dict = {}
         self.callbacks = callbacks
         self.group = group
         self.binding = LocalBinding(group, self) if group.in_process else SharedBinding(group, self)
-        encode = None if group.in_process else (lambda plan, bounds: group.encode_plan((plan, bounds)))
-        self.planner = Planner(callbacks, persistent, encode or (lambda plan, bounds: None))
+        self.intake = Intake(self, programs, callbacks, persistent, group)
+        self.arenas = Arenas(self.binding, self.world, persistent, reset, self._agree)
         self.state = threading.RLock()
         self.engine = threading.Lock()
         self.wakeup = threading.Condition(self.state)
@@ -107,19 +65,13 @@ class Engine:
         self.closing = False
         self.closed = False
         self.dispatches = 0
-        self.arenas: dict = {}       # 0 (shared by every program), or a program's index when persistent
         self.residents: dict = {}    # serial -> DeviceTensor / StackedDeviceTensor
         self.thread: threading.Thread | None = None
         self.waiters = 0             # callers driving the queue themselves (in result())
-        self.last_bound: dict = {}   # program index -> _Bound of its last dispatch
         # An mpi job's processes each drive a copy of the worker: a step that runs in each process on its
         # own (binding, planning, a callback) ends with the processes agreeing on whether it failed anywhere.
         self.agreement = getattr(group, "agree", None)
         self.interrupt: BaseException | None = None  # a callback's KeyboardInterrupt, raised by the driver
-        # What the programs' code reads, as the ranks were started with it: a dispatch runs only while the
-        # driver's state is the same (compiler.state).
-        self.program_state = state_of([f for c in programs for f in (c.host, *c.extra_functions)])
-        self.started_with = self.program_state.stamp()
 
     def check_resident(self, t, where: str) -> None:
         if t._core is not self:
@@ -141,7 +93,7 @@ class Engine:
         """
         error = None
         try:
-            d = self._prepare(worker, index, compiled, args, config)
+            d = self.intake.prepare(worker, index, compiled, args, config)
         except BaseException as e:  # noqa: BLE001 - raised once the processes agree on it
             error = e
         error = self._agree(error, "accept", f"this dispatch of '{compiled.name}' (it is not accepted)")
@@ -161,93 +113,6 @@ class Engine:
                 d.dfx = replace(d.dfx, dispatch=k)
             self.queue.append(d)
         return d.handle
-
-    def _prepare(self, worker, index: int, compiled, args: tuple, config: RunConfig | None) -> _Dispatch:
-        """Bind ``args`` and plan the dispatch: all of accepting it that can fail (numbers are taken after)."""
-        self.check_ranks()
-        self.check_state(compiled)  # before planning: a plan made under other values would be kept
-        cfg = config or self.config
-        if config is not None:
-            if config.distributed_config is not None and list(config.distributed_config.device_ids) != \
-                    self.device_ids:
-                raise DispatchValueError(f"{compiled.name}: called with device_ids "
-                                         f"{config.distributed_config.device_ids} but the worker runs on "
-                                         f"{self.device_ids}; prepare another worker for other devices")
-            name = backends.name_for(config)
-            if name != self.backend:
-                raise ConfigError(f"{compiled.name}: this dispatch's config selects the '{name}' backend, but the "
-                                  f"worker's ranks run on '{self.backend}'; a worker keeps the backend it was "
-                                  "prepared on. Prepare another worker with that config.")
-        with self.state:  # binding registers memory the engine thread also reads
-            last = self.last_bound.get(index) if config is None else None
-            if last is not None and last.matches(args, self.binding):
-                values, hosts, entry = last.values, last.hosts, last.entry  # the same arguments as last time
-            else:
-                note_dispatch(compiled, self.backend)
-                values, hosts, created = compiled.bind(args, adapt=lambda v, n: self.binding.adapt(v, n, compiled),
-                                                       new_output=self.binding.new_output)
-                entry = self.planner.plan_for(index, compiled, values, hosts)
-                self.planner.check_args(compiled, entry, hosts)
-                last = self.last_bound[index] = _Bound.of(args, values, hosts, entry) if not created else None
-            residents = last.residents if last is not None else None
-            if residents is None:
-                residents = {h.resident._file.serial for h in hosts if h is not None and h.resident is not None}
-                if last is not None:
-                    last.residents = residents
-            arena_key = None
-            if entry.heap:
-                arena_key = index if self.persistent else 0
-                if self.persistent:
-                    self.planner.check_layout(index, compiled, entry)
-            on = cfg.with_dfx_setting()  # what PTODIST_DFX (ptodist run --dfx) adds to the config's own outputs
-            request = dfx.request_for(on, lambda: compiled.output_dir, -1, job=self.job) \
-                if on.enable_chip_swimlane or on.enable_dep_gen or on.enable_scope_stats else None
-            if any(t.index >= len(hosts) for t in entry.plan.host_tensors):
-                # pl.create_tensor in the host: fresh zeroed intermediates, after every parameter (scalars too)
-                hosts = hosts + self._intermediates(compiled, entry, len(hosts))
-            handle = RunHandle(worker, compiled.name, -1)
-            return _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key, residents=residents)
-
-    def _intermediates(self, compiled, entry, first: int) -> list:
-        """The host intermediates of a dispatch (``pl.create_tensor`` in the host): zeroed, bound like arguments."""
-        out = []
-        for spec in sorted(entry.plan.host_tensors, key=lambda t: t.index):
-            if spec.index >= first:
-                value = self.binding.new_intermediate(spec.shape, spec.dtype)
-                out.append(self.binding.adapt(value, spec.name, compiled))
-        return out
-
-    def check_ranks(self) -> None:
-        """With nothing in flight: raise RankError when a rank died while the worker was idle."""
-        dead = self.group.reap() if not self.queue else []
-        if dead:
-            self.group.kill()
-            notes = self.group.death_notes
-            self.broken = (f"rank {dead[0].rank} (device {dead[0].device_id}) died while the worker was idle "
-                           f"({notes[dead[0].rank]})")
-            for f in dead:
-                f.task = None  # its status row still names the last task of an earlier dispatch
-                f.message = (died(notes[f.rank], ", while the worker was idle between dispatches")
-                             + "; the worker stopped its other ranks. Close it and prepare a new one.")
-            raise RankError(dead)
-
-    def stale(self) -> list[str]:
-        """What of the Python state the programs read is no longer what the ranks were started with."""
-        state = self.program_state
-        if state.unchanged(self.started_with):  # the quick check, every dispatch
-            return []
-        now = state.stamp()
-        changed = self.started_with.changed(now)
-        if not changed:  # values rebound to equal ones: the ranks hold equal values; check against these now
-            self.started_with = now
-        return changed
-
-    def check_state(self, compiled) -> None:
-        """Raise DispatchStateError when the Python state the programs read is no longer what the ranks
-        were started with."""
-        changed = self.stale()
-        if changed:
-            raise DispatchStateError(stale_message(self.program_state, changed, compiled.name))
 
     def _agree(self, error: BaseException | None, step: str, what: str) -> BaseException | None:
         """The error ``step`` fails ``what`` with in this process: its own, or (mpi) another process's."""
@@ -389,14 +254,14 @@ class Engine:
             except Exception as e:  # noqa: BLE001 - a dispatch that cannot be published fails alone
                 # In an mpi job, where it failed in this process alone, the others went on to agree on the new
                 # window arena, or (publishing done) on the segment's plan: this one joins them with its error.
-                step = "windows" if self._needs_arena(d) else "segment"
+                step = "windows" if self.arenas.needs_new(d) else "segment"
                 self._fail(d, self._agree(e, step, f"dispatch {d.handle.number} of '{d.compiled.name}'"))
 
     def _publish(self, d: _Dispatch, segment: int) -> None:
-        self.check_state(d.compiled)  # again for each segment: the caller or a callback may have changed it
+        self.intake.check_state(d.compiled)  # again for each segment: the caller or a callback may have changed it
         with self.state:
             if d.arena_key is not None:
-                d.arena = self._arena_for(d, first=not d.published)
+                d.arena = self.arenas.arena_for(d, first=not d.published)
             command = self.binding.command(d, segment)
             try:
                 watch = self.group.submit(command)
@@ -407,53 +272,6 @@ class Engine:
             self.binding.sent(command)
             self.watch, self.watching = watch, d
             d.published = True
-
-    def _needs_arena(self, d: _Dispatch) -> bool:
-        """Whether publishing ``d``'s first segment makes a new window arena (none yet, or one too small)."""
-        if d.arena_key is None or d.published:
-            return False
-        arena = self.arenas.get(d.arena_key)
-        return arena is None or arena.stride < d.entry.heap
-
-    def _arena_for(self, d: _Dispatch, first: bool) -> Arena:
-        """The window heap for ``d``, zeroed as its first segment needs (later segments keep it)."""
-        heap = d.entry.heap
-        arena = self.arenas.get(d.arena_key)
-        if not first:
-            return arena
-        if self._needs_arena(d):
-            error = None
-            try:
-                resources.check_windows(d.compiled.name, d.entry.plan.windows, self.world)
-            except Exception as e:  # noqa: BLE001 - raised once the processes agree on it
-                error = e
-            # In an mpi job a new arena is a collective allocation: every process makes it, or none.
-            error = self._agree(error, "windows", f"dispatch {d.handle.number} of '{d.compiled.name}'")
-            if error is not None:
-                raise _Agreed(error)
-            old = arena
-            stride = heap if self.persistent else max(heap, 2 * arena.stride if arena else heap)
-            arena = self.arenas[d.arena_key] = self.binding.new_arena(stride)
-            if old is not None:  # too small: the ranks drop it with this command
-                if self.persistent and old.used:
-                    # The program's windows keep their layout; the heap grew by the host's chip-task order
-                    # signal (a plan with edges after one without): the windows keep their bytes.
-                    arena.rows[:, :old.stride] = old.rows
-                    arena.used = True
-                self.binding.drop_arena(old)
-        if self.persistent:
-            if arena.used and self.reset:
-                arena.rows[:] = 0
-            elif arena.used:
-                d.carried = self.last_on_arena.get(d.arena_key)
-            self.last_on_arena[d.arena_key] = d.handle.number
-        else:
-            arena.rows[:, :heap] = 0  # windows start zeroed in every dispatch; only the part this plan uses
-        order = d.entry.plan.order_signal
-        if order is not None:  # its tokens start at zero, whatever a failed dispatch before left in kept windows
-            arena.rows[:, order.offset:order.offset + order.nbytes] = 0
-        arena.used = True
-        return arena
 
     def _command_over(self) -> None:
         watch, d = self.watch, self.watching
@@ -481,23 +299,7 @@ class Engine:
         runs during a callback, and the worker stays usable.  In an mpi job every process runs the
         callback, and the processes agree on whether it failed anywhere before going on.
         """
-        error = None
-        _tls.callback = d
-        try:
-            fn = self.callbacks.get(call.function.name)
-            args = [self._callback_arg(d, a) for a in call.args]
-            if fn is not None:
-                names = [p.name for p in call.function.params]
-                tensors = [isinstance(a, HostTensorRef) or is_tensor_value(v) for a, v in zip(call.args, args)]
-                call_callback(fn, call.function.name, names, args, tensors)
-            else:
-                call.function.invoke(*args)
-        except BaseException as e:  # noqa: BLE001 - the dispatch fails with the callback's error
-            e.add_note(f"raised by sub-worker callback '{call.function.name}' (called at {call.location}) in "
-                       f"dispatch {d.handle.number} of '{d.compiled.name}'")
-            error = e
-        finally:
-            _tls.callback = None
+        error = run_callback(d, call, self.callbacks)
         error = self._agree(error, "callback", f"dispatch {d.handle.number} of '{d.compiled.name}'")
         if error is None:
             d.cursor += 1
@@ -505,17 +307,6 @@ class Engine:
         self._fail(d, error)
         if isinstance(error, KeyboardInterrupt):
             self.interrupt = error
-
-    @staticmethod
-    def _callback_arg(d: _Dispatch, a):
-        if isinstance(a, HostTensorRef):
-            value = d.args[a.tensor.index].value
-            if isinstance(value, StackedDeviceTensor):
-                return value[a.index[0]] if a.index else value
-            return value[a.index] if a.index else value
-        if isinstance(a, Scalar):
-            return a.value
-        return a
 
     def _finish(self, d: _Dispatch) -> None:
         error = None
@@ -617,9 +408,7 @@ class Engine:
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=5)
         try:
-            for arena in self.arenas.values():
-                self.binding.drop_arena(arena)
-            self.arenas.clear()
+            self.arenas.drop_all()
         finally:
             self.group.close()
         with self.state:
