@@ -17,7 +17,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from conftest import LOCAL_BACKENDS
+from conftest import LOCAL_BACKENDS, on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -330,27 +330,14 @@ def test_all_to_all_v_needs_a_positive_nranks():
 
 
 def test_a_top_level_collective_in_a_kernel_says_it_is_host_only():
-    @pl.program
-    class Prog:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
-            pld.all_reduce(a)  # in a kernel
+    @pl.jit.incore
+    def k(a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
+        pld.all_reduce(a)  # in a kernel
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, a: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]]):
-            self.k(a)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host_fn(self, x: pl.Tensor[[2, 1, S], pl.FP32]):
-            a = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
-            for r in pl.range(pld.world_size()):
-                self.chip(a, device=r)
-            return x
-
-    compiled = ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
-                                                 backend="sim"))
+    compiled = ir.compile(on_every_rank(k), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
+                                                             backend="sim"))
     with pytest.raises(RankError) as e:
-        compiled(np.zeros((2, 1, S), np.float32))
+        compiled(np.zeros((2, 1), np.float32))
     assert isinstance(e.value.original, ProgramError)
     assert (f"pld.all_reduce at {line_of('# in a kernel')}: is called outside the host orchestrator; it allocates "
             "its signal window, which only the host orchestrator (@pl.jit.host) can do. Call it there, or inside a "
@@ -364,34 +351,18 @@ def ring(nr: int, body):
     """A program: rank r writes ``x[r]`` into its right neighbour's ``data`` window, then ``body(w)`` (``w``: me,
     n, nxt, data, sig (INT32 ``[nr]``)) synchronises, then it copies its own ``data`` into ``y[r]``."""
 
-    @pl.program
-    class Prog:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
-              data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            me, n = pld.rank(ctx), pld.nranks(ctx)
-            w = SimpleNamespace(me=me, n=n, nxt=(me + 1) % n, data=data, sig=sig)
-            pld.tile.remote_store(pl.load(x, [0, 0], [1, S]), data, w.nxt, [0, 0])
-            body(w)
-            pl.store(pl.load(data, [0, 0], [1, S]), [0, 0], y)
+    @pl.jit.incore
+    def k(x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
+          data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+          sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+        ctx = pld.get_comm_ctx(data)
+        me, n = pld.rank(ctx), pld.nranks(ctx)
+        w = SimpleNamespace(me=me, n=n, nxt=(me + 1) % n, data=data, sig=sig)
+        pld.tile.remote_store(pl.load(x, [0, 0], [1, S]), data, w.nxt, [0, 0])
+        body(w)
+        pl.store(pl.load(data, [0, 0], [1, S]), [0, 0], y)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
-            self.k(x, y, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host_fn(self, x: pl.Tensor[[nr, 1, S], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, S], pl.FP32]]):
-            data = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
-            sig = pld.window(pld.alloc_window_buffer([nr], dtype=pl.INT32), [nr], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], data, sig, device=r)
-            return y
-
-    return Prog
+    return on_every_rank(k)
 
 
 def run_ring(nr: int, body, backend: str, **config_args) -> np.ndarray:
@@ -457,7 +428,7 @@ def test_a_comm_wait_that_never_holds_is_a_hang_report_with_its_comparison(backe
     with pytest.raises(HangError) as e:
         run_ring(2, body, backend_name, hang_timeout_s=2.0)
     assert (f"blocked at {line_of('# holds 3 for ever')} in kernel 'k': pl.system.comm_wait on 'sig[slice]' "
-            "(buffer 'sig') cell 1 holds 3, needs != 3") in str(e.value)
+            "(buffer 'sig_buf') cell 1 holds 3, needs != 3") in str(e.value)
 
 
 def comm_error(body, kind=ProgramError) -> str:
@@ -498,35 +469,19 @@ def line_of_lambda(fn) -> str:
 def async_ring(nr: int, body, backend: str = "sim") -> np.ndarray:
     """``ring`` with the write made by ``body(w, x_tile_tensor)`` instead of remote_store (``w.x``: the input)."""
 
-    @pl.program
-    class Prog:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
-              stage: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
-              data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
-              sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            me, n = pld.rank(ctx), pld.nranks(ctx)
-            pl.store(pl.load(x, [0, 0], [1, S]), [0, 0], stage)
-            body(SimpleNamespace(me=me, n=n, nxt=(me + 1) % n, data=data, sig=sig, stage=stage, x=x))
-            pld.system.wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
-            pl.store(pl.load(data, [0, 0], [1, S]), [0, 0], y)
+    @pl.jit.incore
+    def k(x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
+          stage: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+          data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
+          sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
+        ctx = pld.get_comm_ctx(data)
+        me, n = pld.rank(ctx), pld.nranks(ctx)
+        pl.store(pl.load(x, [0, 0], [1, S]), [0, 0], stage)
+        body(SimpleNamespace(me=me, n=n, nxt=(me + 1) % n, data=data, sig=sig, stage=stage, x=x))
+        pld.system.wait(sig, [0], 1, cmp=pld.WaitCmp.Ge)
+        pl.store(pl.load(data, [0, 0], [1, S]), [0, 0], y)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[1, S], pl.FP32], y: pl.Out[pl.Tensor[[1, S], pl.FP32]],
-                 stage: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
-                 data: pl.InOut[pld.DistributedTensor[[1, S], pl.FP32]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr], pl.INT32]]):
-            self.k(x, y, stage, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host_fn(self, x: pl.Tensor[[nr, 1, S], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, S], pl.FP32]]):
-            stage = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
-            data = pld.window(pld.alloc_window_buffer([1, S], dtype=pl.FP32), [1, S], dtype=pl.FP32)
-            sig = pld.window(pld.alloc_window_buffer([nr], dtype=pl.INT32), [nr], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], stage, data, sig, device=r)
-            return y
+    Prog = on_every_rank(k)
 
     config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
                        backend=None if backend in ("check", None) else backend)
@@ -631,28 +586,15 @@ def test_async_misuse_is_refused(call, kind, text):
 
 
 def test_put_async_moves_one_flat_run():
-    @pl.program
-    class Prog:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, a: pl.InOut[pld.DistributedTensor[[2, S], pl.FP32]]):
-            sess = pld.system.async_session()
-            pld.tensor.put_async(a, 0, a, sess)  # two rows
+    @pl.jit.incore
+    def k(a: pl.InOut[pld.DistributedTensor[[2, S], pl.FP32]]):
+        sess = pld.system.async_session()
+        pld.tensor.put_async(a, 0, a, sess)  # two rows
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, a: pl.InOut[pld.DistributedTensor[[2, S], pl.FP32]]):
-            self.k(a)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host_fn(self, x: pl.Tensor[[2, 1, S], pl.FP32]):
-            a = pld.window(pld.alloc_window_buffer([2, S], dtype=pl.FP32), [2, S], dtype=pl.FP32)
-            for r in pl.range(pld.world_size()):
-                self.chip(a, device=r)
-            return x
-
-    compiled = ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
-                                                 backend="sim"))
+    compiled = ir.compile(on_every_rank(k), config=RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]),
+                                                             backend="sim"))
     with pytest.raises(RankError) as e:
-        compiled(np.zeros((2, 1, S), np.float32))
+        compiled(np.zeros((2, 1), np.float32))
     assert isinstance(e.value.original, ProgramValueError)
     assert str(e.value.original) == (
         f"pld.tensor.put_async at {line_of('# two rows')}: what moves must be logically 1-D (every dimension but "
