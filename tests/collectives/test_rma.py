@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -19,33 +20,16 @@ N = 8
 def compile_body(body, nr: int = 2, dtype=pl.FP32, backend: str | None = None):
     """Compile a program whose kernel is `body(x, y, win, sig, me, n)` on windows [nr, N] and signals [nr, 1]."""
 
-    @pl.program
-    class Prog:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[nr, N], dtype], y: pl.Out[pl.Tensor[[nr, N], dtype]],
-              win: pl.InOut[pld.DistributedTensor[[nr, N], dtype]],
-              sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(win)
-            body(x, y, win, sig, pld.rank(ctx), pld.nranks(ctx))
-            return y
+    @pl.jit.incore
+    def k(x: pl.Tensor[[nr, N], dtype], y: pl.Out[pl.Tensor[[nr, N], dtype]],
+          win: pl.InOut[pld.DistributedTensor[[nr, N], dtype]],
+          sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+        ctx = pld.get_comm_ctx(win)
+        body(x, y, win, sig, pld.rank(ctx), pld.nranks(ctx))
+        return y
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[nr, N], dtype], y: pl.Out[pl.Tensor[[nr, N], dtype]],
-                 win: pl.InOut[pld.DistributedTensor[[nr, N], dtype]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.k(x, y, win, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, nr, N], dtype], y: pl.Out[pl.Tensor[[nr, nr, N], dtype]]):
-            wbuf = pld.alloc_window_buffer([nr, N], dtype=dtype)
-            sbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], pld.window(wbuf, [nr, N], dtype=dtype),
-                          pld.window(sbuf, [nr, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
-                                             backend=backend))
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=backend)
+    return ir.compile(on_every_rank(k), config=config)
 
 
 def barrier(sig, me, n):

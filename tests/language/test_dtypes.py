@@ -12,7 +12,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import run_in_rank
+from conftest import on_every_rank, run_in_rank
 
 import ptodist.language as pl
 from ptodist import RankError, RunConfig, ir
@@ -340,35 +340,20 @@ def _shift_program(dtype, nr):
     """Each rank writes its index (as ``dtype``) into its window; every rank reads its left neighbour's."""
     import ptodist.language.distributed as pld
 
-    @pl.program
-    class Shift:
-        @pl.function(type=pl.FunctionType.InCore)
-        def step(self, y: pl.Out[pl.Tensor[[1, 4], dtype]], data: pl.InOut[pld.DistributedTensor[[1, 4], dtype]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(data)
-            me, n = pld.rank(ctx), pld.nranks(ctx)
-            mine = pl.cast(pl.full([1, 4], dtype=pl.FP32, value=pl.cast(me + 1, target_type=pl.FP32)), dtype)
-            data = pl.store(mine, [0, 0], data)
-            for p in pl.range(n):
-                pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            for p in pl.range(n):
-                pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
-            return pl.store(pld.tile.remote_load(data, (me - 1 + n) % n, [0, 0], [1, 4]), [0, 0], y)
+    @pl.jit.incore
+    def step(y: pl.Out[pl.Tensor[[1, 4], dtype]], data: pl.InOut[pld.DistributedTensor[[1, 4], dtype]],
+             sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
+        ctx = pld.get_comm_ctx(data)
+        me, n = pld.rank(ctx), pld.nranks(ctx)
+        mine = pl.cast(pl.full([1, 4], dtype=pl.FP32, value=pl.cast(me + 1, target_type=pl.FP32)), dtype)
+        data = pl.store(mine, [0, 0], data)
+        for p in pl.range(n):
+            pld.system.notify(sig, p, [me, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        for p in pl.range(n):
+            pld.system.wait(sig, [p, 0], 1, cmp=pld.WaitCmp.Ge)
+        return pl.store(pld.tile.remote_load(data, (me - 1 + n) % n, [0, 0], [1, 4]), [0, 0], y)
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, y: pl.Out[pl.Tensor[[1, 4], dtype]], data: pl.InOut[pld.DistributedTensor[[1, 4], dtype]],
-                 sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-            return self.step(y, data, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, y: pl.Out[pl.Tensor[[nr, 1, 4], dtype]]):
-            dbuf = pld.alloc_window_buffer([1, 4], dtype=dtype)
-            sbuf = pld.alloc_window_buffer([nr, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(y[r], pld.window(dbuf, [1, 4], dtype=dtype), pld.window(sbuf, [nr, 1], dtype=pl.INT32),
-                          device=r)
-
-    return Shift
+    return on_every_rank(step)
 
 
 @pytest.mark.parametrize("backend", ["sim", "shm"])

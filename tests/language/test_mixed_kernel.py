@@ -12,7 +12,7 @@ import re
 import numpy as np
 import pytest
 import torch
-from conftest import run_in_rank
+from conftest import on_every_rank, run_in_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -341,38 +341,25 @@ NR = 2
 
 
 def _signal_program(guarded: bool):
-    @pl.program
-    class Signals:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, y: pl.Out[pl.Tensor[[NR, 1], pl.INT32]],
-              sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-            ctx = pld.get_comm_ctx(sig)
-            me, n = pld.rank(ctx), pld.nranks(ctx)
-            peer = (me + 1) % n
-            for aiv_id in M.split_aiv(2, mode=M.SplitMode.NONE):
-                if not guarded or aiv_id == 0:
-                    pld.system.notify(sig, peer, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            for aiv_id in M.split_aiv(2, mode=M.SplitMode.NONE):  # "done", once: after the counter's notifies
-                if aiv_id == 0:
-                    pld.system.notify(sig, peer, [1, 0], 1, op=pld.NotifyOp.AtomicAdd)
-            pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)
-            for _ in M.split_aiv(2, mode=M.SplitMode.NONE):
-                pl.store(pl.load(sig, [0, 0], [NR, 1]), [0, 0], y)
-            return y
+    @pl.jit.incore
+    def k(y: pl.Out[pl.Tensor[[NR, 1], pl.INT32]],
+          sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
+        ctx = pld.get_comm_ctx(sig)
+        me, n = pld.rank(ctx), pld.nranks(ctx)
+        peer = (me + 1) % n
+        for aiv_id in M.split_aiv(2, mode=M.SplitMode.NONE):
+            if not guarded or aiv_id == 0:
+                pld.system.notify(sig, peer, [0, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        for aiv_id in M.split_aiv(2, mode=M.SplitMode.NONE):  # "done", once: after the counter's notifies
+            if aiv_id == 0:
+                pld.system.notify(sig, peer, [1, 0], 1, op=pld.NotifyOp.AtomicAdd)
+        pld.system.wait(sig, [1, 0], 1, cmp=pld.WaitCmp.Ge)
+        for _ in M.split_aiv(2, mode=M.SplitMode.NONE):
+            pl.store(pl.load(sig, [0, 0], [NR, 1]), [0, 0], y)
+        return y
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, y: pl.Out[pl.Tensor[[NR, 1], pl.INT32]],
-                 sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-            return self.k(y, sig)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, y: pl.Out[pl.Tensor[[NR, NR, 1], pl.INT32]]):
-            sbuf = pld.alloc_window_buffer([NR, 1], dtype=pl.INT32)
-            for r in pl.range(pld.world_size()):
-                self.chip(y[r], pld.window(sbuf, [NR, 1], dtype=pl.INT32), device=r)
-            return y
-
-    return ir.compile(Signals, config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(NR)))))
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(NR))))
+    return ir.compile(on_every_rank(k), config=config)
 
 
 @pytest.mark.parametrize("guarded, count", [(False, 2), (True, 1)])
