@@ -11,7 +11,7 @@ import re
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import run_in_rank
+from conftest import on_every_rank, run_in_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -570,32 +570,18 @@ N = 8
 def test_window_subscripts_in_a_two_rank_program(backend):
     nr = 2
 
-    @pl.program
-    class Prog:
-        @pl.function(type=pl.FunctionType.InCore)
-        def k(self, x: pl.Tensor[[nr, N], pl.FP32], y: pl.Out[pl.Tensor[[nr, N], pl.FP32]],
-              win: pl.InOut[pld.DistributedTensor[[nr, N], pl.FP32]]):
-            ctx = pld.get_comm_ctx(win)
-            me = pld.rank(ctx)
-            win[0:nr, :] = x                           # tensor -> window region (local copy)
-            y[0:1, 0:N] = win[1:2, 0:N]                # window region -> output region
-            y[1:2, :] = pl.full([1, N], pl.FP32, 1.0) + pl.cast(me, target_type=pl.FP32)
-            return y
+    @pl.jit.incore
+    def k(x: pl.Tensor[[nr, N], pl.FP32], y: pl.Out[pl.Tensor[[nr, N], pl.FP32]],
+          win: pl.InOut[pld.DistributedTensor[[nr, N], pl.FP32]]):
+        ctx = pld.get_comm_ctx(win)
+        me = pld.rank(ctx)
+        win[0:nr, :] = x                           # tensor -> window region (local copy)
+        y[0:1, 0:N] = win[1:2, 0:N]                # window region -> output region
+        y[1:2, :] = pl.full([1, N], pl.FP32, 1.0) + pl.cast(me, target_type=pl.FP32)
+        return y
 
-        @pl.function(type=pl.FunctionType.Orchestration)
-        def chip(self, x: pl.Tensor[[nr, N], pl.FP32], y: pl.Out[pl.Tensor[[nr, N], pl.FP32]],
-                 win: pl.InOut[pld.DistributedTensor[[nr, N], pl.FP32]]):
-            return self.k(x, y, win)
-
-        @pl.function(level=pl.Level.HOST, role=pl.Role.Orchestrator)
-        def host(self, x: pl.Tensor[[nr, nr, N], pl.FP32], y: pl.Out[pl.Tensor[[nr, nr, N], pl.FP32]]):
-            wbuf = pld.alloc_window_buffer([nr, N], dtype=pl.FP32)
-            for r in pl.range(pld.world_size()):
-                self.chip(x[r], y[r], pld.window(wbuf, [nr, N], dtype=pl.FP32), device=r)
-            return y
-
-    prog = ir.compile(Prog, config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))),
-                                             backend=backend))
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=backend)
+    prog = ir.compile(on_every_rank(k), config=config)
     x = np.random.default_rng(3).standard_normal((nr, nr, N)).astype(np.float32)
     y = prog(x)
     for r in range(nr):
