@@ -229,7 +229,7 @@ def _cfg(backend: str, **kw) -> RunConfig:
 
 @pytest.mark.parametrize("backend", ["sim", "shm"])
 def test_a_bug_in_ptodist_inside_a_rank_is_a_ptodist_internal_error(backend, monkeypatch):
-    import ptodist.rank.context as rank_mod
+    import ptodist.rank.memory_calls as rank_mod
 
     monkeypatch.setattr(rank_mod, "_index", None)  # a bug planted in ptodist: its peer check calls None
     with pytest.raises(RankError) as info:
@@ -295,10 +295,10 @@ PLANTED = '''
 import numpy as np
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-import ptodist.rank.context
+import ptodist.rank.memory_calls
 from ptodist import DistributedConfig, RunConfig
 
-ptodist.rank.context._index = None  # a bug planted in ptodist (it converts a Scalar peer)
+ptodist.rank.memory_calls._index = None  # a bug planted in ptodist (it converts a Scalar peer)
 
 
 @pl.jit.incore
@@ -328,7 +328,7 @@ def test_ptodist_run_exits_3_for_a_bug_in_ptodist(tmp_path, capsys, monkeypatch)
     script = tmp_path / "planted.py"
     script.write_text(PLANTED)
     monkeypatch.setattr(sys, "path", list(sys.path))
-    import ptodist.rank.context as rank_mod
+    import ptodist.rank.memory_calls as rank_mod
 
     monkeypatch.setattr(rank_mod, "_index", rank_mod._index)  # undone after the test
     rc = cli.main(["run", "--report-json", str(tmp_path / "r.json"), str(script)])
