@@ -17,7 +17,7 @@ Modes: ``off`` (``RunConfig()`` defaults: no event log, the hooks see
 files when its dispatch ends, outside the timed region; *call wall* includes
 that).  A third mode, ``no hooks`` (skipped with ``--no-baseline``), is the
 events-free baseline for ``off``: the ranks run the current ``rank/context.py``
-compiled with every ``self.events is [not] None`` test replaced by a constant,
+(with its concern modules) compiled with every ``self.events is [not] None`` test replaced by a constant,
 so that CPython drops the hook code (built at run time; nothing under ``src/``
 changes).  Modes are interleaved per repetition (order rotating) and the table
 shows medians.
@@ -130,27 +130,45 @@ def allreduce_loop(calls: int):
 # -- the events-free baseline -----------------------------------------------------------------------------------
 
 def events_free_rank_context():
-    """Return a RankContext compiled from the current rank/context.py with every hook compiled out.
+    """Return a RankContext compiled from the current rank/context.py and its concern modules with every hook
+    compiled out.
 
     ``self.events is not None`` becomes ``False`` and ``self.events is None`` becomes ``True``: CPython drops
     ``if False:`` blocks and folds ``x if False else y`` to ``y`` when it compiles, so this class runs exactly
     the current code minus the hooks.  Nothing on disk changes.
     """
+    import importlib
+
     import ptodist.rank.context as rank_module
 
-    source = Path(rank_module.__file__).read_text()
-    hooks = source.count("self.events is not None") + source.count("self.events is None")
-    stripped = source.replace("self.events is not None", "False").replace("self.events is None", "True")
-    if hooks == 0 or "self.events is" in stripped:
-        raise RuntimeError("rank/context.py's hooks are not all of the form `self.events is [not] None`")
-    # A file name inside the package, so that source locations skip its frames as they skip context.py's.
-    filename = str(Path(rank_module.__file__).with_name("_context_without_hooks.py"))
-    module = types.ModuleType("ptodist.rank._context_without_hooks")
-    module.__package__ = "ptodist.rank"
-    module.__file__ = filename
-    sys.modules[module.__name__] = module
-    exec(compile(stripped, filename, "exec"), module.__dict__)
-    return module.RankContext, hooks
+    real = rank_module.RankContext
+    hooks, stripped_modules = 0, {}
+    for name in {c.__module__ for c in real.__mro__ if c.__module__.startswith("ptodist.rank.")}:
+        path = Path(importlib.import_module(name).__file__)
+        source = path.read_text()
+        count = source.count("self.events is not None") + source.count("self.events is None")
+        stripped = source.replace("self.events is not None", "False").replace("self.events is None", "True")
+        if "self.events is" in stripped:
+            raise RuntimeError(f"{path.name}'s hooks are not all of the form `self.events is [not] None`")
+        hooks += count
+        # A file name inside the package, so that source locations skip its frames as they skip the real one's.
+        filename = str(path.with_name(f"_{path.stem}_without_hooks.py"))
+        module = types.ModuleType(f"ptodist.rank._{path.stem}_without_hooks")
+        module.__package__ = "ptodist.rank"
+        module.__file__ = filename
+        sys.modules[module.__name__] = module
+        exec(compile(stripped, filename, "exec"), module.__dict__)
+        stripped_modules[name] = module
+    if hooks == 0:
+        raise RuntimeError("rank/context.py's hooks are not of the form `self.events is [not] None`")
+    # The stripped modules import the real concern mixins: put the class together from the stripped ones.
+    own = {k: v for k, v in vars(getattr(stripped_modules[real.__module__], real.__name__)).items()
+           if k not in ("__dict__", "__weakref__")}
+    bases = tuple(getattr(stripped_modules[b.__module__], b.__name__) if b.__module__ in stripped_modules else b
+                  for b in real.__bases__)
+    cls = type(real.__name__, bases, own)
+    cls._OPS = {op: getattr(cls, fn.__name__) for op, fn in real._OPS.items()}
+    return cls, hooks
 
 
 class Backend:
