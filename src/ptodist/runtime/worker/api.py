@@ -1,7 +1,8 @@
 """DistributedWorker: start the ranks once, dispatch many times (``compiled.prepare()``).
 
-The worker starts a group of ranks on its backend (``Backend.start``: shm rank processes, sim
-threads, or this process's rank of an MPI job) and hands everything else to its engine
+Once ``prepare_checks`` has checked prepare()'s arguments, the worker starts a group of ranks on its
+backend (``Backend.start``: shm rank processes, sim threads, or this process's rank of an MPI job)
+and hands everything else to its engine
 (``engine.Engine``): binding, plans, the queue, callbacks.  A dispatch binds its arguments in the
 caller's thread (on shm, host tensors must be shared memory: torch ``.share_memory_()`` or
 :func:`shared_array`), is planned (cached per program and argument signature; the host's
@@ -11,9 +12,6 @@ at most two are accepted at a time.
 
 from __future__ import annotations
 
-import math
-import sys
-import warnings
 import weakref
 
 import numpy as np
@@ -23,9 +21,8 @@ from ...compiler import checks
 from ...config import RunConfig
 from ...errors import ConfigError, DispatchTypeError, DispatchValueError, UsageError
 from ...language import dtypes as dt
-from ...language.functions import Function, Kind
 from .base import Worker
-from .callbacks import arity_error, calling_form, in_callback
+from .callbacks import in_callback
 from .engine import Engine
 from .handles import (
     DeviceTensor,
@@ -39,67 +36,19 @@ from .handles import (
     host_array,
 )
 from .memory import SharedFile
-from .plans import is_abstract
+from .prepare_checks import (
+    check_callbacks,
+    check_inherited,
+    check_options,
+    check_programs,
+    coalesce_callbacks,
+)
 
-DEFAULT_STARTUP_TIMEOUT_S = 60.0
 MAX_IN_FLIGHT = 2
 
 
 def _emergency_stop(engine: Engine) -> None:
     engine.release()
-
-
-def _caller_stacklevel() -> int:
-    """The stacklevel of the first frame outside ptodist (the user's prepare() call), for warnings."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("ptodist."):
-        frame, level = frame.f_back, level + 1
-    return level
-
-
-def _coalesce_callbacks(callbacks, overrides):
-    """Merge the deprecated ``sub_worker_overrides`` into ``callbacks`` (``callbacks`` wins a name both give)."""
-    if overrides is None:
-        return callbacks
-    warnings.warn("sub_worker_overrides is deprecated; use callbacks= instead.", DeprecationWarning,
-                  stacklevel=_caller_stacklevel())
-    if not isinstance(overrides, dict):
-        raise DispatchTypeError(f"prepare(sub_worker_overrides=...): expects a dict {{name: function}}, got "
-                                f"{type(overrides).__name__}. It is the deprecated name of callbacks=: pass "
-                                "callbacks={name: function} instead.")
-    if callbacks is not None and not isinstance(callbacks, dict):
-        return callbacks  # _check_callbacks reports it
-    return {**overrides, **(callbacks or {})}
-
-
-def _check_inherited(tensors) -> tuple:
-    """Check prepare(inherited_host_tensors=...): contiguous CPU host tensors (torch or numpy)."""
-    if tensors is None:
-        return ()
-    if isinstance(tensors, np.ndarray) or type(tensors).__module__.startswith("torch"):
-        tensors = [tensors]
-    try:
-        items = tuple(tensors)
-    except TypeError:
-        raise DispatchTypeError(f"prepare(inherited_host_tensors=...): expects a list of host tensors, got "
-                                f"{type(tensors).__name__}") from None
-    for i, t in enumerate(items):
-        if isinstance(t, np.ndarray):
-            if not t.flags.c_contiguous:
-                raise DispatchValueError(f"prepare(inherited_host_tensors=...): entry {i} (numpy {list(t.shape)} "
-                                         f"{t.dtype}) is not contiguous; list contiguous arrays (np.ascontiguousarray "
-                                         "makes a copy that you then keep and use)")
-            continue
-        if type(t).__module__.startswith("torch") and hasattr(t, "is_contiguous"):
-            if t.device.type != "cpu" or not t.is_contiguous():
-                raise DispatchValueError(f"prepare(inherited_host_tensors=...): entry {i} must be a contiguous CPU "
-                                         f"tensor; got device={t.device} shape={list(t.shape)} "
-                                         f"contiguous={t.is_contiguous()}. List a contiguous CPU tensor "
-                                         "(.contiguous().cpu() makes one that you then keep and use)")
-            continue
-        raise DispatchTypeError(f"prepare(inherited_host_tensors=...): entry {i} is a {type(t).__name__}; entries "
-                                "must be host tensors (torch tensors or numpy arrays)")
-    return items
 
 
 class DistributedWorker(Worker):
@@ -132,45 +81,12 @@ class DistributedWorker(Worker):
                  reset_persistent_windows: bool | None = None, callbacks: dict | None = None,
                  sub_worker_overrides: dict | None = None, inherited_host_tensors=None,
                  startup_timeout_s: float | None = None):
-        from ..program import CompiledProgram
-
-        primary = list(compiled) if isinstance(compiled, (list, tuple)) else [compiled]
-        programs: list = []
-        for c in [*primary, *extra_compiled]:
-            if not isinstance(c, CompiledProgram):
-                raise DispatchTypeError(f"DistributedWorker: expected compiled programs (from compile()), got "
-                                        f"{type(c).__name__}")
-            if not any(c is p for p in programs):
-                programs.append(c)
-        if not programs:
-            raise ConfigError("DistributedWorker: at least one compiled program is needed")
+        programs, cfg = check_programs(compiled, extra_compiled, config)
         head = programs[0]
-        for c in programs[1:]:
-            if c.device_ids != head.device_ids:
-                raise ConfigError(f"DistributedWorker: programs must run on the same devices; '{head.name}' is "
-                                  f"compiled for device_ids {head.device_ids}, '{c.name}' for {c.device_ids}. "
-                                  "Compile them with one DistributedConfig.")
-        cfg = config or head.config
-        if config is not None and config.distributed_config is not None and \
-                list(config.distributed_config.device_ids) != head.device_ids:
-            raise ConfigError(f"DistributedWorker: config has device_ids {config.distributed_config.device_ids} but "
-                              f"'{head.name}' is compiled for {head.device_ids}; compile again for other devices")
-        if not isinstance(persistent, bool):
-            raise ConfigError(f"prepare(persistent={persistent!r}): must be True or False")
-        if reset_persistent_windows is not None and not isinstance(reset_persistent_windows, bool):
-            raise ConfigError(f"prepare(reset_persistent_windows={reset_persistent_windows!r}): must be True, False "
-                              "or None")
-        if reset_persistent_windows and not persistent:
-            raise ConfigError("prepare(reset_persistent_windows=True) needs persistent=True: without it windows "
-                              "live for one dispatch and always start zeroed. Pass persistent=True, or drop "
-                              "reset_persistent_windows.")
-        timeout = DEFAULT_STARTUP_TIMEOUT_S if startup_timeout_s is None else startup_timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout < math.inf:
-            raise ConfigError(f"prepare(startup_timeout_s={startup_timeout_s!r}): must be a positive finite number "
-                              "of seconds")
-        callbacks = _coalesce_callbacks(callbacks, sub_worker_overrides)
-        inherited = _check_inherited(inherited_host_tensors)
-        checked = self._check_callbacks(programs, callbacks)
+        timeout = check_options(persistent, reset_persistent_windows, startup_timeout_s)
+        callbacks = coalesce_callbacks(callbacks, sub_worker_overrides)
+        inherited = check_inherited(inherited_host_tensors)
+        checked = check_callbacks(programs, callbacks)
         backend = backends.for_config(cfg)
         cfg.announce_platform(backend.name, local=not backends.capabilities(backend.name).multi_node)
         dfx.notice_build_time_switches()
@@ -185,38 +101,6 @@ class DistributedWorker(Worker):
         self._core = Engine(programs, cfg, persistent, reset, checked, group, backend.name)
         self._inherited = inherited
         self._finalizer = weakref.finalize(self, _emergency_stop, self._core)
-
-    @staticmethod
-    def _check_callbacks(programs: list, callbacks) -> dict:
-        if callbacks is None:
-            callbacks = {}
-        if not isinstance(callbacks, dict):
-            raise DispatchTypeError(f"prepare(callbacks=...): expects a dict {{name: function}}, got "
-                                    f"{type(callbacks).__name__}")
-        subs: dict[str, Function] = {}
-        for c in programs:
-            for f in checks.reachable_functions(c.host, c.extra_functions):
-                if f.kind is Kind.SUBWORKER:
-                    subs.setdefault(f.name, f)
-        unknown = [name for name in callbacks if name not in subs]
-        if unknown:
-            progs = ", ".join(f"'{c.name}'" for c in programs)
-            raise ConfigError(f"prepare(callbacks=...): {unknown} are not sub-workers of the worker's programs "
-                              f"({progs}): no @pl.function(level=pl.Level.HOST, role=pl.Role.SubWorker) has that name. "
-                              f"Available sub-workers: {sorted(subs)}. Name one of those, or drop the entry.")
-        for name, fn in callbacks.items():
-            if not callable(fn):
-                raise DispatchTypeError(f"prepare(callbacks=...): the callback for '{name}' must be callable, got "
-                                        f"{type(fn).__name__}")
-            f = subs[name]
-            if calling_form(fn, len(f.params)) is None:
-                raise arity_error(name, f.location, fn, [p.name for p in f.params], "prepare(callbacks=...)")
-        for name, f in subs.items():
-            if name not in callbacks and is_abstract(f):
-                raise ConfigError(f"prepare(): sub-worker function '{name}' ({f.location}) has no body ('...'): it is "
-                                  "one of the program's runtime-bound callbacks, which prepare() must be given. "
-                                  f"Bind it with prepare(callbacks={{'{name}': fn}}).")
-        return dict(callbacks)
 
     # -- identity ---------------------------------------------------------------------------------
     @property
