@@ -54,6 +54,13 @@ def _options(call, w: str, world: int, host: bool) -> None:
                                     f"(got {call.op.name} on {t.dtype.name}); use mode='mesh'")
 
 
+def _host_signal(n: int, kwargs: dict) -> tuple[int, int]:
+    """The signal the host orchestrator synthesises for a call without one: the ring's, or the mesh's one column
+    per lane."""
+    lanes = kwargs.get("core_num", 1) if isinstance(kwargs.get("core_num", 1), int) else 1
+    return (2 * (n - 1), n) if kwargs.get("mode") == "ring" else (n, max(lanes, 1))
+
+
 def run(call, me: int, n: int, host: bool) -> None:
     """The host orchestrator's builtin calls take the direct (reduce-scatter/allgather) allreduce, kernels the
     tutorial's mesh."""
@@ -151,7 +158,7 @@ def ring(target, signal, op: ReduceOp, me: int, n: int) -> None:
         common.row_barrier(signal, rounds, me, n)
 
 
-@collective(domain=(0, 1), build=_build, options=_options, run=run, modes=MODES,
+@collective(domain=(0, 1), build=_build, options=_options, run=run, modes=MODES, host_signal=_host_signal,
             algorithm=lambda mode: "ring" if mode == "ring" else "direct")
 def allreduce(target, signal=None, *, op=None, mode: str = "mesh", core_num: int = 1):
     """Every rank ends with the reduction (``op``, default Sum) of all ranks' ``target``.

@@ -33,6 +33,10 @@ class Collective:
     modes: tuple[str, ...]  # the algorithms mode= selects (a signal's message names the mode)
     algorithm: Callable  # (mode) -> the name of the function a host builtin runs, for the build tree
     source_role: str  # how messages name the source tensor (allgather's local data, all_to_all's input)
+    # (n, kwargs) -> the shape of the signal the host orchestrator synthesises for a call without one (the signal
+    # is the last of the domain arguments); None: the signal is required
+    host_signal: Callable | None
+    host_window_source: bool  # the host orchestrator's call takes its source as a window only (allgather)
 
     @property
     def op_name(self) -> str:
@@ -50,12 +54,14 @@ REGISTRY: dict[str, Collective] = {}
 
 def collective(*, domain: tuple[int, ...], build: Callable, run: Callable, options: Callable | None = None,
                domain_kwargs: tuple[str, ...] = (), modes: tuple[str, ...] = (),
-               algorithm: Callable | None = None, source_role: str = "local data") -> Callable:
+               algorithm: Callable | None = None, source_role: str = "local data", host_signal: Callable | None = None,
+               host_window_source: bool = False) -> Callable:
     """Register the decorated entry point (named as the collective) with the rest of its declaration."""
     def register(entry: Callable) -> Callable:
         name = entry.__name__
         REGISTRY[name] = Collective(name, entry, tuple(domain), tuple(domain_kwargs), build, options, run,
-                                    tuple(modes), algorithm or (lambda mode: run.__name__), source_role)
+                                    tuple(modes), algorithm or (lambda mode: run.__name__), source_role, host_signal,
+                                    host_window_source)
         setattr(_pld_tensor, name, entry)
         return entry
     return register

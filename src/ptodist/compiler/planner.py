@@ -18,6 +18,7 @@ import numpy as np
 
 from .. import context
 from ..collectives import spec as coll_spec
+from ..collectives.registry import REGISTRY as COLLECTIVES
 from ..context import RegionResult
 from ..errors import (
     WINDOW_KIND_PITFALL,
@@ -295,19 +296,21 @@ class PlanningContext(context.Context):
         members = domain_args(name, args)
         data = members[0] if members else None
         n = self._group_size(data.buffer) if isinstance(data, WindowView) else self.world
-        if name == "allreduce" and args[1] is None:
-            self._reject_in_loop(loc)
-            lanes = kwargs.get("core_num", 1) if isinstance(kwargs.get("core_num", 1), int) else 1
-            shape = (2 * (n - 1), n) if kwargs.get("mode") == "ring" else (n, max(lanes, 1))
-            buf = self._reserve(f"allreduce_signal@{loc.short if loc else '?'}", max(4 * shape[0] * shape[1], 4),
+        declared = COLLECTIVES[name]
+        signal_at = declared.domain[-1]
+        if declared.host_signal is not None and args[signal_at] is None:
+            self._reject_in_loop(loc, name)
+            shape = declared.host_signal(n, kwargs)
+            buf = self._reserve(f"{name}_signal@{loc.short if loc else '?'}", max(4 * shape[0] * shape[1], 4),
                                 str(loc))
-            args[1] = WindowView(buf, shape, dt.INT32, str(loc))
-        if name == "allgather" and not isinstance(args[0], WindowView):
+            args[signal_at] = WindowView(buf, shape, dt.INT32, str(loc))
+        if declared.host_window_source and not isinstance(args[0], WindowView):
+            role = declared.source_role
             raise classified(ProgramTypeError(
-                f"pld.tensor.allgather at {loc}: in the host orchestrator the local data must be a window (each rank "
+                f"{declared.op_name} at {loc}: in the host orchestrator the {role} must be a window (each rank "
                 f"contributes its own copy), got {checks.value_kind(args[0])}"), pitfall=WINDOW_KIND_PITFALL,
-                fix="Stage each rank's local data into a window (pld.window of a pld.alloc_window_buffer) and pass "
-                    "that, or call the allgather inside a kernel.")
+                fix=f"Stage each rank's {role} into a window (pld.window of a pld.alloc_window_buffer) and pass "
+                    f"that, or call the {name} inside a kernel.")
         call = coll_spec.check(name, tuple(args), kwargs, n, str(loc), host=True)
         if call.signal is not None:
             coll_spec.check_layout(self.layouts, call)
@@ -320,7 +323,7 @@ class PlanningContext(context.Context):
         for r in range(self.world):
             self.plan.tasks[r].append(TaskSpec(r, builtin, list(args), str(loc), self._seq))
         self._seq += 1
-        return call.signal if name == "barrier" else call.target
+        return call.signal if call.target is None else call.target  # a barrier's: its signal
 
     def _group_size(self, buf: WindowBuffer) -> int:
         """How many ranks ``buf``'s comm domain has so far: the ranks dispatched its windows (the world when none)."""
@@ -334,7 +337,7 @@ class PlanningContext(context.Context):
             todo.extend(b.inherits)
         return len(got) or self.world
 
-    def _reject_in_loop(self, loc) -> None:
+    def _reject_in_loop(self, loc, name: str) -> None:
         """A host allreduce without a signal synthesises one per call site: not allowed inside a loop (upstream's
         ``pld.tensor.allreduce`` docstring: a HOST allreduce is rejected inside for/while loops).
 
@@ -347,11 +350,11 @@ class PlanningContext(context.Context):
                 loop_line = _enclosing_loop(frame.f_code, frame.f_lineno)
                 if loop_line is not None:
                     raise CollectiveInLoopError(
-                        f"pld.tensor.allreduce at {loc}: called without a signal inside a loop (the loop at "
+                        f"pld.tensor.{name} at {loc}: called without a signal inside a loop (the loop at "
                         f"{frame.f_code.co_filename}:{loop_line}). The synthesised signal would serve every "
                         "iteration of the loop at once. Pass an explicit signal window "
                         "(pld.window(pld.alloc_window_buffer([NR, 1], dtype=pl.INT32), ...)) or hoist the "
-                        "allreduce out of the loop.")
+                        f"{name} out of the loop.")
             if frame.f_code is self.host.fn.__code__:
                 return
             frame = frame.f_back
