@@ -18,7 +18,7 @@ from conftest import LOCAL_BACKENDS
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, RankError, RunConfig, dfx, ir
+from ptodist import DistributedConfig, RankError, RunConfig, dfx, ir, shared_array
 from ptodist.backends import base
 from ptodist.dfx import swimlane
 from ptodist.errors import ProgramTypeError, ProgramValueError
@@ -59,6 +59,27 @@ def test_op_defaults_to_sum_and_a_signal_may_be_one_dimensional():
     y, s, _ = tc.run(tc.build(nr, pl.FP32, xs, [nr], kernel=call), nr, x, xs, [nr])
     np.testing.assert_array_equal(y[2], x.sum(axis=0))
     tc.assert_signals_clear(s)
+
+
+@pytest.mark.parametrize("where", ["kernel", "host"])
+def test_a_prepared_worker_reduces_call_after_call_on_one_signal(where, local_backend):
+    """Kept ranks run the plan again with new data: the signal the last call used is clear for the next."""
+    nr, xs, sig = 3, [2, 4], [3, 1]
+
+    def call(w):
+        return pld.tensor.reduce(w.a, w.g, root=1, op=Max)
+
+    config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(nr))), backend=local_backend)
+    compiled = ir.compile(tc.build(nr, pl.FP32, xs, sig, **tc.at_site(where, call)), config=config)
+    with compiled.prepare() as rt:
+        for i in range(3):
+            x = shared_array((nr, *xs), np.float32)
+            x[...] = np.random.default_rng(i).standard_normal((nr, *xs))
+            y, s = shared_array((nr, *xs), np.float32), shared_array((nr, *sig), np.int32)
+            rt(x, y, s)
+            np.testing.assert_array_equal(y[1], x.max(axis=0))
+            np.testing.assert_array_equal(y[[0, 2]], x[[0, 2]])
+            tc.assert_signals_clear(s)
 
 
 def root_out_of_range(w):
