@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import on_every_rank
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -356,28 +357,16 @@ def _inputs_from_process_zero(p: int) -> None:
     # Each process makes different inputs (as unseeded randomness would); the ranks use process 0's, and
     # every process's input tensor is made to agree with them.
     import ptodist.language as pl
-    import ptodist.language.distributed as pld
+    from ptodist import DistributedConfig, RunConfig
     from ptodist.backends.mpi import load_mpi
 
     me = load_mpi().COMM_WORLD.Get_rank()
-    nr = pl.dynamic("NR")
 
     @pl.jit.incore
     def copy(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
         return pl.store(pl.load(x, [0, 0], [1, 4]), [0, 0], y)
 
-    @pl.jit
-    def chip(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-        return copy(x, y)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[nr, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[nr, 1, 4], pl.FP32]]):
-        for r in pl.range(pld.world_size()):
-            chip(x[r], y[r], device=r)
-        return y
-
-    from ptodist import DistributedConfig, RunConfig
-
+    host = on_every_rank(copy, name="host")
     x = np.full((p, 1, 4), 100.0 * me, np.float32) + np.arange(p, dtype=np.float32).reshape(p, 1, 1)
     y = host(x, config=RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p)))))
     want = np.broadcast_to(np.arange(p, dtype=np.float32).reshape(p, 1, 1), (p, 1, 4))
@@ -433,16 +422,7 @@ def _hang_records(p: int) -> None:
     def never(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTensor[[p, 1], pl.INT32]]):
         pld.system.wait(sig, [0, 0], 1, cmp=pld.WaitCmp.Ge)
 
-    @pl.jit
-    def per_rank(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTensor[[p, 1], pl.INT32]]):
-        never(x, sig)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[p, 1, 4], pl.FP32]):
-        buf = pld.alloc_window_buffer([p, 1], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            per_rank(x[r], pld.window(buf, [p, 1], dtype=pl.INT32), device=r)
-
+    host = on_every_rank(never, name="host")
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(p))), enable_chip_swimlane=True,
                     hang_timeout_s=30)
     compiled = host.compile(config=cfg)
