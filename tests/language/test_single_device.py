@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+import textwrap
+
 import pytest
+from conftest import child_env, source_line
 
 import ptodist.language as pl
 from ptodist import RunConfig
-from ptodist.errors import RankError
+from ptodist.errors import RankError, UsageError
+from ptodist.language import functions
 
 
 @pl.jit
@@ -76,3 +83,45 @@ def test_static_print_prints_once_per_line_and_static_assert_names_its_line(torc
     with pytest.raises(RankError, match=r"ProgramError: pl.static_assert at .*test_single_device.py:\d+ failed: "
                                         r"expected 32 columns"):
         probed(torch.ones(4, 8), torch.zeros(4, 8), config=RunConfig(backend="sim"))
+
+
+# -- the compiler the runtime hands the language ---------------------------------------------------------------
+def test_the_language_imported_alone_compiles_and_runs(tmp_path):
+    # `import ptodist.language` runs the package root, whose runtime hands the language its compiler.
+    script = tmp_path / "alone.py"
+    script.write_text(textwrap.dedent("""
+        import numpy as np
+        import ptodist.language as pl
+
+        @pl.jit
+        def double(a: pl.Tensor, c: pl.Out[pl.Tensor]):
+            with pl.at(level=pl.Level.CORE_GROUP):
+                pl.store(pl.mul(pl.load(a, [0, 0], [4, 8]), 2.0), [0, 0], c)
+            return c
+
+        a, c = np.ones((4, 8), np.float32), np.zeros((4, 8), np.float32)
+        double.compile(a, c)(a, c)
+        print(float(c.sum()))
+    """))
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=child_env(),
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["64.0"]
+
+
+def test_compiling_before_the_runtime_handed_in_its_compiler_says_what_to_import(monkeypatch):
+    @pl.jit
+    def copy(a: pl.Tensor, c: pl.Out[pl.Tensor]):
+        with pl.at(level=pl.Level.CORE_GROUP):
+            pl.store(pl.load(a, [0, 0], [4, 8]), [0, 0], c)
+        return c
+
+    monkeypatch.setattr(functions, "_compiler", None)
+    with pytest.raises(UsageError) as e:
+        copy.compile(config=RunConfig())  # the call's line
+    assert isinstance(e.value, RuntimeError)
+    line = source_line(test_compiling_before_the_runtime_handed_in_its_compiler_says_what_to_import,
+                       "# the call's line")
+    assert re.search(rf"'copy' \(.*\): compiled at {re.escape(__file__)}:{line} before ptodist.runtime handed the "
+                     r"language its compiler", str(e.value))
+    assert "Import ptodist (or ptodist.runtime) first, then compile." in str(e.value)

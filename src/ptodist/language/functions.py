@@ -11,15 +11,26 @@ from __future__ import annotations
 import functools
 import inspect
 import sys
+from collections.abc import Callable
 from enum import Enum
 
 import numpy as np
 
 from .. import context
-from ..errors import DeclarationError, ProgramError
-from ..source import is_internal, user_location
+from ..errors import DeclarationError, ProgramError, UsageError
+from ..source import is_internal, user_location, where
 from .regions import outlined
 from .types import ParamSpec, push_scope, spec_from_annotation
+
+# How a Function becomes a compiled program: ptodist.runtime hands it in when imported (register_compiler), so the
+# language never imports the layers above it that plan and run programs.
+_compiler: Callable[[Function, tuple, object], object] | None = None
+
+
+def register_compiler(compile_function: Callable[[Function, tuple, object], object]) -> None:
+    """Make ``compile_function(fn, args, config)`` what :meth:`Function.compile` calls to build a program."""
+    global _compiler
+    _compiler = compile_function
 
 
 class Level(Enum):
@@ -203,16 +214,13 @@ class Function:
         return compiled
 
     def _compile(self, args: tuple, config):
-        from ..runtime.program import CompiledProgram
-
-        if self.kind in (Kind.ORCHESTRATION, Kind.KERNEL):
-            return CompiledProgram.build(EntryFunction(self), config=config, example_args=args)
-        if self.kind is not Kind.HOST:
-            raise ProgramError(
-                f"'{self.name}' ({self.location}) is not a host orchestrator (its kind: {self.kind.value}); "
-                "compile the host orchestrator (the @pl.jit.host function that dispatches it with device=r)"
-            )
-        return CompiledProgram.build(self, config=config, example_args=args)
+        if _compiler is None:
+            raise UsageError(
+                f"'{self.name}' ({self.location}): compiled{where(user_location())} before ptodist.runtime handed "
+                "the language its compiler: the runtime registers it when it is imported, and that import has not "
+                "finished (it failed, or this call runs while ptodist is still being imported). Import ptodist "
+                "(or ptodist.runtime) first, then compile.")
+        return _compiler(self, args, config)
 
     def _cache_key(self, args: tuple, config) -> tuple:
         """What a specialization is found by: each tensor argument's shape (a ``pl.dynamic`` dim as None) and

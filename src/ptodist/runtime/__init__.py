@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..config import DistributedConfig, RunConfig
+from . import compile_entry  # noqa: F401 - hands the language Function.compile's compiler
 from .chip_worker import BenchmarkStats, ChipRegistrationHandle, ChipWorker, benchmark, run
 from .log_config import configure_log, log_level
 from .runner import RunResult, compile_program, execute_compiled
