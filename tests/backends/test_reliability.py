@@ -57,17 +57,7 @@ def stuck_program(mode: str):
         else:
             time.sleep(3600)  # sleep here
 
-    @pl.jit
-    def per_rank(x: pl.Tensor[[1, 4], pl.FP32], sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-        stuck(x, sig)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-        buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            per_rank(x[r], pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
-
-    return host
+    return on_every_rank(stuck, name="host")
 
 
 def assert_busy_hang(e: HangError, mode: str) -> None:
@@ -264,37 +254,27 @@ def notify_program(value: int, expected: int = 1):
         pld.system.notify(sig, me, [me, 0], value, op=pld.NotifyOp.AtomicAdd)  # notify here
         pld.system.wait(sig, [me, 0], expected, cmp=pld.WaitCmp.Ge)  # wait here
 
-    @pl.jit
-    def per_rank(sig: pl.InOut[pld.DistributedTensor[[NR, 1], pl.INT32]]):
-        signal_kernel(sig)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-        buf = pld.alloc_window_buffer([pld.world_size(), 1], dtype=pl.INT32)
-        for r in pl.range(pld.world_size()):
-            per_rank(pld.window(buf, [pld.world_size(), 1], dtype=pl.INT32), device=r)
-
-    return host
+    return on_every_rank(signal_kernel, name="host")
 
 
 @pytest.mark.parametrize("backend", ["shm", "sim"])
 def test_a_notify_value_outside_int32_is_refused_not_truncated(backend):
     with pytest.raises(RankError) as info:
-        notify_program(2**40 + 5)(np.zeros((2, 1, 4), np.float32), config=cfg(backend=backend))
+        notify_program(2**40 + 5)(np.zeros((2, 1), np.float32), config=cfg(backend=backend))
     e = info.value.original
     assert isinstance(e, KernelValueError)
     assert str(e) == (
         f"pld.system.notify at {HERE}:{line_of('notify here')}: value 1099511627781 does not fit "
-        "the signal cell: window 'sig' [2, 1] INT32 (buffer 'buf') holds INT32 values, [-2147483648, 2147483647]; "
+        "the signal cell: window 'sig' [2, 1] INT32 (buffer 'sig_buf') holds INT32 values, [-2147483648, 2147483647]; "
         "the device would keep only the low 32 bits (5). Notify a count or tag that fits in INT32.")
 
 
 def test_a_wait_threshold_outside_int32_is_refused():
     with pytest.raises(RankError) as info:
-        notify_program(1, expected=2**31)(np.zeros((2, 1, 4), np.float32), config=cfg())
+        notify_program(1, expected=2**31)(np.zeros((2, 1), np.float32), config=cfg())
     assert str(info.value.original) == (
         f"pld.system.wait at {HERE}:{line_of('wait here')}: expected 2147483648 does not fit the signal cell: window "
-        "'sig' [2, 1] INT32 (buffer 'buf') holds INT32 values, [-2147483648, 2147483647]; the device would keep only "
+        "'sig' [2, 1] INT32 (buffer 'sig_buf') holds INT32 values, [-2147483648, 2147483647]; the device would keep only "
         "the low 32 bits (-2147483648). Wait for a count that fits in INT32.")
 
 
@@ -399,17 +379,7 @@ def test_a_rank_that_died_without_a_traceback_is_not_promised_one():
     def die(x: pl.Tensor[[1, 4], pl.FP32]):
         os.kill(os.getpid(), signal.SIGKILL)  # from outside, as it were: the process leaves no record
 
-    kernel = pl.jit.incore(die)
-
-    @pl.jit
-    def per_rank(x: pl.Tensor[[1, 4], pl.FP32]):
-        kernel(x)
-
-    @pl.jit.host
-    def host(x: pl.Tensor[[NR, 1, 4], pl.FP32]):
-        for r in pl.range(pld.world_size()):
-            per_rank(x[r], device=r)
-
+    host = on_every_rank(pl.jit.incore(die), name="host")
     with pytest.raises(RankError) as info:
         host(np.zeros((2, 1, 4), np.float32), config=cfg())
     assert "RankDied: the rank process was killed by signal 9 (SIGKILL): by the kernel's OOM killer if memory ran " \
