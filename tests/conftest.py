@@ -178,11 +178,11 @@ def source_line(fn, text: str) -> int:
 # -- small programs -------------------------------------------------------------------------------
 
 def on_every_rank(kernel, name: str | None = None):
-    """The host program ``<name>(...)`` that runs ``kernel`` on every rank, built from the kernel's parameters.
+    """Return the host program that runs ``kernel`` on every rank, built from the kernel's parameters.
 
-    The scaffold most distributed tests need and none is about: a per-device function
-    ``<name>_rank`` that calls ``kernel`` (a ``@pl.jit.incore`` function), and a host orchestrator
-    that calls it on every rank (``name`` defaults to ``<kernel>_host``).  Per kernel parameter:
+    The scaffold most distributed tests need and none is about: a per-device function ``<kernel>_rank``
+    (``<name>_rank`` when ``name`` is given) that calls ``kernel`` (a ``@pl.jit.incore`` function), and the
+    host orchestrator ``name`` (default ``<kernel>_host``) that calls it on every rank.  Per kernel parameter:
 
     * ``pl.Tensor[S, dt]`` (``pl.Out``/``pl.InOut`` too): the host's parameter of the same name and
       direction, ``pl.Tensor[[NR, *S], dt]``; rank ``r`` gets row ``r``;
@@ -218,8 +218,9 @@ def on_every_rank(kernel, name: str | None = None):
             args.append(f"{spec.name}[r]")
     rank = f"{name or kernel.name}_rank"
     name = name or f"{kernel.name}_host"
+    # Written out as source: ptodist reads a program function's parameters from its signature.
     source = (f"def {rank}({', '.join(rank_params)}):\n"
-              f"    return kernel({', '.join(p.split(':')[0] for p in rank_params)})\n"
+              f"    return kernel({', '.join(spec.name for spec in kernel.params)})\n"
               f"def {name}({', '.join(host_params or ['x: pl.Tensor[[NR, 1], pl.FP32]'])}):\n{''.join(windows)}"
               f"    for r in pl.range(pld.world_size()):\n        {rank}({', '.join(args)}, device=r)\n")
     # A file name of its own, its text in linecache: ptodist reads a window buffer's name from its line.
