@@ -163,7 +163,7 @@ def _shared_maps(pid: int) -> int:
 
 
 def test_fresh_tensors_every_dispatch_are_released_without_a_garbage_collection(monkeypatch, torch):
-    monkeypatch.setattr(shm, "_rank_started", _no_full_collections)
+    monkeypatch.setattr(shm.server, "_rank_started", _no_full_collections)
     x0 = torch.zeros(2, 1, 4).share_memory_()
     compiled = copy.compile(x0, config=cfg())
     with compiled.prepare() as rt:
