@@ -28,7 +28,16 @@ from ..errors import (
 )
 from ..language.functions import EntryFunction, Function, Kind
 from ..language.scalar import Scalar, scalar_value
-from ..language.types import DynDim, DynExpr, ParamSpec, TensorType, solve, unit_dims_reshape
+from ..language.types import (
+    DynDim,
+    DynExpr,
+    ParamSpec,
+    TensorType,
+    TensorValue,
+    WindowValue,
+    solve,
+    unit_dims_reshape,
+)
 from ..source import enclosing_loop_line, param_lines
 from .plan import DispatchPlan, HostTensorRef, WindowView, resolve_groups
 
@@ -173,11 +182,9 @@ def lint_transfers(fn: Function) -> None:
 
 def value_kind(v) -> str:
     """Describe an argument for messages: its ptodist type."""
-    from ..rank.tensors import RankTensor, WindowTensor
-
-    if isinstance(v, (WindowView, WindowTensor)):
+    if isinstance(v, (WindowView, WindowValue)):
         return f"a window (pld.DistributedTensor{list(v.shape)} {v.dtype.name})"
-    if isinstance(v, (HostTensorRef, RankTensor)):
+    if isinstance(v, (HostTensorRef, TensorValue)):
         return f"a tensor (pl.Tensor{list(v.shape)} {v.dtype.name})"
     if isinstance(v, (Scalar, int, float)):
         return f"a scalar ({v!r})"
@@ -190,11 +197,9 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     Upstream rule: 04-debugging.md, per-step pitfall 03 (a window for a ``pl.Tensor`` or the reverse is a
     compile-time type error) and "shape mismatch at compile time"; dimensions of size 1 aside (ptodist's own).
     """
-    from ..rank.tensors import RankTensor, WindowTensor
-
     where = LazyText(lambda: f"{param_where(fn, spec)}, called at {loc}")
     if spec.kind == "scalar":
-        if isinstance(value, (WindowView, WindowTensor, HostTensorRef, RankTensor)):
+        if isinstance(value, (WindowView, WindowValue, HostTensorRef, TensorValue)):
             raise classified(ProgramTypeError(f"{where}: expected a scalar, got {value_kind(value)}."),
                              f"Pass a scalar (a Python number, or a pl.Scalar) as '{spec.name}', or annotate the "
                              "parameter as a tensor (in a function the host dispatches, tensor parameters come before "
@@ -204,8 +209,8 @@ def check_arg(fn: Function, spec: ParamSpec, value, loc, world: int, bindings: d
     if spec.kind != "tensor":
         return
     ttype: TensorType = spec.ttype
-    is_window = isinstance(value, (WindowView, WindowTensor))
-    is_tensor = is_window or isinstance(value, (HostTensorRef, RankTensor))
+    is_window = isinstance(value, (WindowView, WindowValue))
+    is_tensor = is_window or isinstance(value, (HostTensorRef, TensorValue))
     if not is_tensor:
         raise classified(ProgramTypeError(f"{where}: expected a tensor, got {value_kind(value)}."),
                          f"Pass a tensor as '{spec.name}' (a slice of a host tensor such as x[r], or a window), or "

@@ -520,6 +520,22 @@ def _tensor_type(item, distributed: bool) -> TensorType:
                       next((x for x in item[2:] if isinstance(x, TensorView)), None))
 
 
+class TensorValue:
+    """A tensor as a rank holds it (``.shape``, ``.dtype``), as the compiler's checks see an argument.
+
+    The rank side's tensors derive from it (a window's from :class:`WindowValue`), so the checks, below the rank
+    side, tell a tensor from a window and from a scalar without importing it.
+    """
+
+    __slots__ = ()
+
+
+class WindowValue(TensorValue):
+    """A window-bound tensor (``pld.DistributedTensor``) as a rank holds it."""
+
+    __slots__ = ()
+
+
 class Tensor:
     """Annotation ``pl.Tensor[[d0, d1, ...], dtype]``: an input tensor."""
 

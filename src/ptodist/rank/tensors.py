@@ -13,6 +13,7 @@ from ..errors import KernelIndexError, KernelValueError
 from ..language.dtypes import DataType
 from ..language.memory_ops import load, store
 from ..language.tile_ops import Tile
+from ..language.types import TensorValue, WindowValue
 from ..source import user_location
 
 
@@ -66,7 +67,7 @@ def _subscript(t, idx) -> tuple:
     return tuple(out)
 
 
-class RankTensor:
+class RankTensor(TensorValue):
     """A tensor inside a rank (``.shape``, ``.dtype``; index it to drop leading dims).
 
     A view made with a ``valid_shape`` smaller than its shape (``pl.slice(t, [16, 128], [16, 0],
@@ -177,7 +178,7 @@ class RankTensor:
         return f"<{self.describe()}>"
 
 
-class WindowTensor(RankTensor):
+class WindowTensor(RankTensor, WindowValue):
     """A window-bound tensor (``pld.DistributedTensor``) inside a rank."""
 
     def __init__(self, name: str, buffer, shape: tuple, dtype: DataType, rank: int, world: int, peer_bytes):
