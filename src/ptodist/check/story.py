@@ -98,7 +98,7 @@ class Story:
 def tell(runs: list[RunRecord], decisions: list, finding) -> Story:
     """Tell the schedule of ``runs`` (one session's) that ended with ``finding``, up to that finding.
 
-    ``decisions``: the session's :class:`~ptodist.backends.sim.Decision` records, for where ranks blocked and
+    ``decisions``: the session's :class:`~ptodist.backends.schedule.Decision` records, for where ranks blocked and
     which switches were preemptions.
     """
     if not runs:
