@@ -15,7 +15,8 @@ tests import or run), so ``import test_mpi`` works whichever file pytest is give
 * Examples: ``load_example`` imports ``examples/<stem>.py``, ``run_example`` runs its ``main``,
   ``ptodist_cli`` runs ``python -m ptodist ...`` in a subprocess.
 * ``on_every_rank(kernel)``: the host program that runs a kernel on every rank (its tensors stacked per rank
-  on the host, its windows allocated); ``window_program(nr, body)``: the class-form program whose kernel runs
+  on the host, its windows allocated); ``signal_program(body)``: a kernel on a signal window, on every rank;
+  ``window_program(nr, body)``: the class-form program whose kernel runs
   ``body(w)`` with a data and a signal window; ``run_in_rank(body, *arrays)`` runs a body on one rank.
 """
 
@@ -229,6 +230,22 @@ def on_every_rank(kernel, name: str | None = None):
     exec(compile(source, filename, "exec"), scope)
     scope[rank] = pl.jit(scope[rank])
     return pl.jit.host(scope[name])
+
+
+def signal_program(body, cols: int = 1, size: int = 4):
+    """Return the host program ``host(y)`` whose kernel ``kernel`` runs ``body(sig, me, n)`` on every rank.
+
+    ``sig`` is an ``[NR, cols]`` INT32 signal window (buffer ``sig_buf``), ``me``/``n`` the rank and the rank
+    count; ``y`` (``[NR, 1, size]`` FP32, an output the kernel leaves alone) says how many ranks there are.
+    """
+
+    @pl.jit.incore
+    def kernel(y: pl.Out[pl.Tensor[[1, size], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[NR, cols], pl.INT32]]):
+        ctx = pld.get_comm_ctx(sig)
+        body(sig, pld.rank(ctx), pld.nranks(ctx))
+        return y
+
+    return on_every_rank(kernel, name="host")
 
 
 def window_program(nr: int, body, size: int = 8):

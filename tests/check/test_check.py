@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import on_every_rank, window_program
+from conftest import on_every_rank, signal_program, window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -306,17 +306,6 @@ def test_check_refuses_bad_arguments(capsys, tmp_path):
 SIZE = 8
 
 
-def _signal_program(nr: int, body):
-    """A one-kernel program whose kernel runs ``body(sig, me, n)`` on an ``[nr, 1]`` INT32 signal window."""
-    @pl.jit.incore
-    def k(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[nr, 1], pl.INT32]]):
-        ctx = pld.get_comm_ctx(sig)
-        body(sig, pld.rank(ctx), pld.nranks(ctx))
-        return y
-
-    return on_every_rank(k)
-
-
 def _wait_first(sig, me, n) -> None:
     for src in range(n):
         if src != me:
@@ -336,7 +325,7 @@ def test_sim_reports_a_deadlock_exactly_with_the_hang_findings():
     # A long hang timeout: only exact detection can end this run.
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1, 2]), backend="sim", hang_timeout_s=600)
     with pytest.raises(HangError) as info:
-        ir.compile(_signal_program(3, _wait_first), config=cfg)(np.zeros((3, 1, SIZE), np.float32))
+        ir.compile(signal_program(_wait_first, size=SIZE), config=cfg)(np.zeros((3, 1, SIZE), np.float32))
     e = info.value
     assert e.certain
     text = str(e)
@@ -361,7 +350,7 @@ def test_sim_seed_must_be_an_integer(monkeypatch):
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend="sim")
     with pytest.raises(Exception, match=r"PTODIST_SIM_SEED='fast': the sim backend's schedule seed must be an "
                                         r"integer"):
-        ir.compile(_signal_program(2, _wait_first), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
+        ir.compile(signal_program(_wait_first, size=SIZE), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
 
 
 def test_check_error_carries_the_findings(monkeypatch, tmp_path):
@@ -378,7 +367,7 @@ def test_sim_stops_a_rank_that_never_reaches_an_operation_after_the_hang_timeout
     before = threading.active_count()
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend="sim", hang_timeout_s=0.5)
     with pytest.raises(HangError) as info:
-        ir.compile(_signal_program(2, _spin_on_rank_0), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
+        ir.compile(signal_program(_spin_on_rank_0, size=SIZE), config=cfg)(np.zeros((2, 1, SIZE), np.float32))
     assert not info.value.certain
     assert str(info.value).startswith("no progress for ")
     assert "raise RunConfig(hang_timeout_s=...)" in str(info.value)

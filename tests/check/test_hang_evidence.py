@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import on_every_rank
+from conftest import signal_program
 from test_mpi import _mpirun, needs_mpi
 
 import ptodist.language as pl
@@ -37,22 +37,11 @@ def _line(marker: str) -> str:
     return f"{__file__}:{hits[0]}"
 
 
-def _program(body, cols: int = 1):
-    """A one-kernel program on an ``[NR, cols]`` INT32 signal window; the kernel runs ``body(sig, me, n)``."""
-    @pl.jit.incore
-    def kernel(y: pl.Out[pl.Tensor[[1, SIZE], pl.FP32]], sig: pl.InOut[pld.DistributedTensor[[NR, cols], pl.INT32]]):
-        ctx = pld.get_comm_ctx(sig)
-        body(sig, pld.rank(ctx), pld.nranks(ctx))
-        return y
-
-    return on_every_rank(kernel, name="host")
-
-
 def _hang(body, backend: str = "sim", world: int = 3, cols: int = 1) -> HangError:
     config = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(world))), backend=backend,
                        hang_timeout_s=30)
     with pytest.raises(HangError) as info:
-        _program(body, cols)(np.zeros((world, 1, SIZE), np.float32), config=config)
+        signal_program(body, cols, SIZE)(np.zeros((world, 1, SIZE), np.float32), config=config)
     return info.value
 
 
