@@ -721,8 +721,8 @@ def compile(program, *, output_dir=None, strategy=None, dump_passes=None, backen
     from dataclasses import replace
 
     from ..backend import PLATFORMS, BackendType, backend_type_for_platform
+    from ..compiler.passes import OptimizationStrategy
     from ..errors import ApiTypeError
-    from ..ir.pass_manager import OptimizationStrategy
 
     unknown = [k for k in options if k not in IGNORED_COMPILE_OPTIONS]
     if unknown:
