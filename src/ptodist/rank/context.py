@@ -344,11 +344,12 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
         info = [self._tensor_info(spec.name, spec.direction.value, v) for spec, v in zip(params, values)
                 if isinstance(v, RankTensor)] if events is not None else None
         named = list(zip((p.name for p in params), values)) if events is not None else ()
-        outer = self._tasks.block_idx
+        tasks = self._tasks  # read and set per block: looked up once
+        outer = tasks.block_idx
         result, left = None, []
-        blocks = [] if self.checking and self._tasks.spmd_blocks > 1 else None  # the blocks' actors, under the checker
-        for i, b in enumerate(range(self._tasks.spmd_blocks) if self._tasks.spmd_blocks else (outer,)):
-            self._tasks.block_idx = b
+        blocks = [] if self.checking and tasks.spmd_blocks > 1 else None  # the blocks' actors, under the checker
+        for i, b in enumerate(range(tasks.spmd_blocks) if tasks.spmd_blocks else (outer,)):
+            tasks.block_idx = b
             parent = self._enter_block(b, fn.name, loc, blocks) if blocks is not None else None
             try:
                 result = self._task_body(fn.name, core_group.kernel_body(fn, values), where=loc, info=info, deps=deps,
@@ -356,29 +357,29 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
             finally:
                 if parent is not None:
                     self.events.actor = parent
-            left += self._tasks.left
+            left += tasks.left
         if blocks:
             self.events.join(blocks)  # the task (or call) is complete when all its blocks are
-        self._tasks.block_idx = outer
-        self._tasks.left = left
+        tasks.block_idx = outer
+        tasks.left = left
         return result
 
     def _task_body(self, name: str, body, kind: str = "task", where: object = "", info=None, deps=(),
                    tid: int | None = None, lazy: bool = False, tensors=(), dumps=()):
         """Run ``body`` as task ``tid`` (a new id when None).  Its deferred waits are waited for at its end, or,
-        when ``lazy`` (a task of the graph), left in ``_left_conditions`` for the graph to complete it by.
+        when ``lazy`` (a task of the graph), left in ``self._tasks.left`` for the graph to complete it by.
         ``where`` (its ``str``: the task's line) is for the event log only."""
-        outer_task, outer_deferred, outer_id = self.task, self._deferred, self._run.task_id
-        self.task, self._deferred, self._run.task_id = name, [], self._new_tid() if tid is None else tid
+        run = self._run  # what the running task keeps: saved, set and restored here
+        outer_task, outer_deferred, outer_id = self.task, self._deferred, run.task_id
+        self.task, self._deferred, run.task_id = name, [], self._new_tid() if tid is None else tid
         self._kernel_depth += 1
         self.status.set_running(self.rank, name)
-        rec = self.events.task_begin(self._run.task_id, name, kind, str(where), self._tasks.block_idx, info or [],
-                                     deps) \
+        rec = self.events.task_begin(run.task_id, name, kind, str(where), self._tasks.block_idx, info or [], deps) \
             if self.events is not None else None
-        outer_rec, self._run.task_rec = self._run.task_rec, rec
+        outer_rec, run.task_rec = run.task_rec, rec
         try:
             result = body()
-            if self._run.async_open:
+            if run.async_open:
                 self._undrained()
             if self.events is not None and self.events.dump_args:
                 self._dump(name, tensors, dumps)
@@ -389,15 +390,15 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
                     self._block_until(*cond)
             return result
         except BaseException:
-            self._run.failed_task = self._run.failed_task or name
+            run.failed_task = run.failed_task or name
             raise
         finally:
             self._progressed()
             if rec is not None:
                 self.events.task_end(rec)
             self._kernel_depth -= 1
-            self.task, self._deferred, self._run.task_id = outer_task, outer_deferred, outer_id
-            self._run.task_rec = outer_rec
+            self.task, self._deferred, run.task_id = outer_task, outer_deferred, outer_id
+            run.task_rec = outer_rec
 
     def _tensor_info(self, name: str, direction: str, t: RankTensor) -> dict:
         """Describe a task argument for deps.json: which memory it is, and where in it."""
