@@ -167,6 +167,13 @@ def run_example(capsys, stem: str, *argv: str) -> None:
 
 # -- source lines ---------------------------------------------------------------------------------
 
+def marker_line(path, marker: str) -> int:
+    """Return the number of the one line of file ``path`` that ends with the comment ``# @marker``."""
+    hits = [i for i, text in enumerate(Path(path).read_text().splitlines(), 1) if text.rstrip().endswith(f"# @{marker}")]
+    assert len(hits) == 1, f"marker @{marker} is on {len(hits)} lines of {path}, not one"
+    return hits[0]
+
+
 def source_line(fn, text: str) -> int:
     """Return the source line number of the first line of ``fn`` (a program function too) containing ``text``."""
     lines, start = inspect.getsourcelines(fn.fn if hasattr(fn, "fn") else fn)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import on_every_rank, signal_program, window_program
+from conftest import marker_line, on_every_rank, signal_program, window_program
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -389,9 +389,7 @@ def _checked(nr: int, body, seed: int = 0) -> list:
 
 
 def _line(marker: str) -> str:
-    hits = [i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith(f"# @{marker}")]
-    assert len(hits) == 1, marker
-    return f"{__file__}:{hits[0]}"
+    return f"{__file__}:{marker_line(__file__, marker)}"
 
 
 def _barrier_body(w) -> None:

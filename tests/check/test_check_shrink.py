@@ -16,7 +16,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from conftest import on_every_rank
+from conftest import marker_line, on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -332,8 +332,7 @@ HERE = __file__
 
 
 def _line(marker: str) -> int:
-    with open(HERE) as f:
-        return next(i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# @{marker}"))
+    return marker_line(HERE, marker)
 
 
 @pl.jit.incore

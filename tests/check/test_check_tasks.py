@@ -10,6 +10,7 @@ backend, with the line where the dependency belongs first, and each program's fi
 from __future__ import annotations
 
 import numpy as np
+from conftest import marker_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -22,11 +23,7 @@ HERE = __file__
 
 def _line(marker: str) -> str:
     """``file:line`` of the line of this file that ends with ``# @marker``."""
-    with open(HERE) as f:
-        for i, text in enumerate(f, 1):
-            if text.rstrip().endswith(f"# @{marker}"):
-                return f"{HERE}:{i}"
-    raise AssertionError(f"no line marked @{marker}")
+    return f"{HERE}:{marker_line(HERE, marker)}"
 
 
 def _config(nr: int = 2) -> RunConfig:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import signal_program
+from conftest import marker_line, signal_program
 from test_mpi import _mpirun, needs_mpi
 
 import ptodist.language as pl
@@ -32,9 +32,7 @@ SIZE = 4
 
 
 def _line(marker: str) -> str:
-    hits = [i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith(f"# @{marker}")]
-    assert len(hits) == 1, marker
-    return f"{__file__}:{hits[0]}"
+    return f"{__file__}:{marker_line(__file__, marker)}"
 
 
 def _hang(body, backend: str = "sim", world: int = 3, cols: int = 1) -> HangError:

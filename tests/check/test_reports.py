@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PACKAGE_DIR, on_every_rank
+from conftest import PACKAGE_DIR, marker_line, on_every_rank
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -43,9 +43,7 @@ SIZE = 8
 
 
 def _line(marker: str) -> str:
-    hits = [i for i, t in enumerate(Path(__file__).read_text().splitlines(), 1) if t.rstrip().endswith(f"# @{marker}")]
-    assert len(hits) == 1, marker
-    return f"{__file__}:{hits[0]}"
+    return f"{__file__}:{marker_line(__file__, marker)}"
 
 
 # -- the pitfall index -------------------------------------------------------------------------------------------

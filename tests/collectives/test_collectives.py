@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import ml_dtypes
 import numpy as np
 import pytest
-from conftest import LOCAL_BACKENDS
+from conftest import LOCAL_BACKENDS, marker_line
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -508,9 +508,7 @@ def test_reused_signals_give_correct_results_and_end_clear(nr, where, backend):
 # Each faulty call carries a `# @name` marker so the expected call site (file:line) can be asserted.
 
 def line_of(marker: str) -> int:
-    hits = [i for i, text in enumerate(THIS.read_text().splitlines(), 1) if text.rstrip().endswith(f"# @{marker}")]
-    assert len(hits) == 1, f"marker @{marker} found {len(hits)} times"
-    return hits[0]
+    return marker_line(THIS, marker)
 
 
 def site(marker: str) -> str:

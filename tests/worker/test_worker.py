@@ -19,7 +19,7 @@ import threading
 
 import numpy as np
 import pytest
-from conftest import children, on_every_rank
+from conftest import children, on_every_rank, source_line
 
 import ptodist
 import ptodist.language as pl
@@ -849,7 +849,7 @@ def test_callback_errors_and_missing_callbacks(no_leaks):
         with pytest.raises(KeyError) as err:
             rt(shared(torch.ones(2, 1, 4)), shared(torch.zeros(2, 1, 4)))
         assert err.value.__notes__ == ["raised by sub-worker callback 'inspect' (called at "
-                                       f"{prog.host.file}:{_line(prog.host, 'self.inspect(y, 1)')}) in dispatch 0 "
+                                       f"{prog.host.file}:{source_line(prog.host, 'self.inspect(y, 1)')}) in dispatch 0 "
                                        "of 'Inspecting'"]
 
         def nested(t, step):
@@ -889,13 +889,6 @@ def test_a_sub_worker_function_with_a_body_runs_its_body(no_leaks):
         with compiled.prepare(callbacks={"tally": lambda y: seen.append(-1.0)}) as other:
             other(shared(torch.ones(2, 1, 4)), shared(torch.zeros(2, 1, 4)))
     assert seen == [8.0, -1.0]
-
-
-def _line(fn, text: str) -> int:
-    import inspect
-
-    lines, start = inspect.getsourcelines(fn.fn)
-    return start + next(i for i, line in enumerate(lines) if text in line)
 
 
 # -- diagnostics ------------------------------------------------------------------------------------------
