@@ -197,7 +197,7 @@ def scenario(mode: str, out: Path) -> int:
                 save()
         return 0
     if mode == "alone":  # process 1 stops alone in the middle of a command: it ends the job
-        import ptodist.backends.mpi as mpi_backend
+        import ptodist.backends.mpi.group as mpi_backend
 
         sync = mpi_backend._sync_host_tensors
 
