@@ -51,7 +51,7 @@ The package, one module per job (bottom up):
     agree     every process takes each step together (``_exchange``), or the job ends
     wire      host tensors between the processes: process 0's inputs, every rank's outputs, DFX files
     remote    a peer's window memory (``RemoteArray``)
-    memory    ``MpiMemory``: the RankMemory over MPI windows
+    memory    ``MpiMemory``: the RankMemory over MPI windows; a worker's window heap
     watch     the abort word, hangs, vanished peers, the launcher's SIGTERM, the pulse thread
     run       one command in this process (``_MpiRun``)
     group     ``MpiBackend`` and ``MpiGroup``

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import sys
 
-import numpy as np
-
 from ...compiler.plan import DispatchPlan, split_segments
 from ...config import started_by_mpi_launcher
 from ...errors import ConfigError
 from ...rank_output import report_once
 from ..base import Command, HostView, RunsNow
 from .agree import _agree_on_plan, _exchange, _leave_job, _no_launcher
-from .memory import _allocate
+from .memory import _Arena
 from .run import _MpiRun
 from .session import _get_session, _has_session, _mpi4py, _Session, load_mpi
 from .wire import _sync_host_tensors
@@ -46,24 +44,6 @@ class MpiBackend:
                 f"MPI job has {session.size} process{'es' if session.size != 1 else ''}, and each MPI process runs "
                 f"one rank. Start it with `mpirun -n {len(device_ids)} ...`.")
         return MpiGroup(session, list(device_ids))
-
-
-class _Arena:
-    """A worker's window heap on mpi: one MPI window, kept across commands; ``rows`` this rank's heap."""
-
-    def __init__(self, session: _Session, stride: int):
-        self.session = session
-        self.stride = stride
-        self.win = _allocate(session, stride, "DistributedWorker")
-        self.rows = np.frombuffer(self.win.tomemory(), np.uint8)[:stride].reshape(1, stride)
-        self.rows[:] = 0
-
-    def close(self) -> None:
-        """Free the window: collective, every process of the job closes its worker alike."""
-        if self.win is not None:
-            self.rows = None
-            self.win.Free()
-            self.win = None
 
 
 class MpiGroup:

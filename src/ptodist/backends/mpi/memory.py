@@ -1,4 +1,5 @@
-"""RankMemory over MPI-3 RMA windows: this rank's heap, its peers' windows, signal cells, the accumulate lock."""
+"""RankMemory over MPI-3 RMA windows: this rank's heap, its peers' windows, signal cells, the accumulate lock;
+a worker's window heap, kept across its commands."""
 
 from __future__ import annotations
 
@@ -36,6 +37,24 @@ def _allocate(session: _Session, nbytes: int, program: str):
             f"{program}: MPI could not allocate the RMA windows ({nbytes} bytes of window heap per rank): {e}. "
             "One-sided communication needs MPI_Win_allocate with passive target; with Open MPI over TCP, run "
             "with `--mca osc pt2pt` (or `--mca osc ucx` where UCX is installed); see docs/multi-node.md.") from None
+
+
+class _Arena:
+    """A worker's window heap on mpi: one MPI window, kept across commands; ``rows`` this rank's heap."""
+
+    def __init__(self, session: _Session, stride: int):
+        self.session = session
+        self.stride = stride
+        self.win = _allocate(session, stride, "DistributedWorker")
+        self.rows = np.frombuffer(self.win.tomemory(), np.uint8)[:stride].reshape(1, stride)
+        self.rows[:] = 0
+
+    def close(self) -> None:
+        """Free the window: collective, every process of the job closes its worker alike."""
+        if self.win is not None:
+            self.rows = None
+            self.win.Free()
+            self.win = None
 
 
 class _OwnBoard:

@@ -7,7 +7,6 @@ import pickle
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -38,13 +37,10 @@ from .layout import (
     STOP_WAIT_MAX_S,
     STOP_WAIT_MIN_S,
 )
-from .memory import MpiMemory, _allocate
+from .memory import MpiMemory, _allocate, _Arena
 from .session import _Session
 from .watch import _Control, _Peek, _Pulse, _Serialized
 from .wire import merge_outputs, share_dfx, write_dfx
-
-if TYPE_CHECKING:
-    from .group import _Arena
 
 
 class _MpiRun:
