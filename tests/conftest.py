@@ -22,12 +22,13 @@ tests import or run), so ``import test_mpi`` works whichever file pytest is give
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import inspect
-import linecache
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -185,6 +186,21 @@ def source_line(fn, text: str) -> int:
 
 # -- small programs -------------------------------------------------------------------------------
 
+def _source_file(name: str, source: str) -> str:
+    """Return a file holding ``source``, in this user's temporary directory: the path a generated program's code
+    names.  ptodist reads a program's lines from its file (a window buffer is named after the variable its line
+    assigns), and some tests clear linecache, so the text must be on disk; the name is the text's digest, so
+    every process (forked ranks, MPI processes, subprocesses) finds the same file."""
+    folder = Path(tempfile.gettempdir()) / f"ptodist-tests-{os.getuid()}"
+    path = folder / f"{name}_{hashlib.sha256(source.encode()).hexdigest()[:16]}.py"
+    if not path.is_file():
+        folder.mkdir(exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        partial.write_text(source)
+        os.replace(partial, path)  # whole or absent, whoever writes it
+    return str(path)
+
+
 def on_every_rank(kernel, name: str | None = None):
     """Return the host program that runs ``kernel`` on every rank, built from the kernel's parameters.
 
@@ -231,10 +247,7 @@ def on_every_rank(kernel, name: str | None = None):
               f"    return kernel({', '.join(spec.name for spec in kernel.params)})\n"
               f"def {name}({', '.join(host_params or ['x: pl.Tensor[[NR, 1], pl.FP32]'])}):\n{''.join(windows)}"
               f"    for r in pl.range(pld.world_size()):\n        {rank}({', '.join(args)}, device=r)\n")
-    # A file name of its own, its text in linecache: ptodist reads a window buffer's name from its line.
-    filename = f"<on_every_rank {name}>"
-    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    exec(compile(source, filename, "exec"), scope)
+    exec(compile(source, _source_file(name, source), "exec"), scope)
     scope[rank] = pl.jit(scope[rank])
     return pl.jit.host(scope[name])
 
