@@ -861,13 +861,13 @@ def test_more_slices_than_ranks_names_the_parameters_line_first():
 
 
 def _host_check_names_the_annotation_line() -> bool:
-    from ptodist.runtime import program
+    from ptodist.runtime import host_args
 
-    return "param_where" in inspect.getsource(program)
+    return "param_where" in inspect.getsource(host_args)
 
 
 @pytest.mark.skipif(not _host_check_names_the_annotation_line(),
-                    reason="runtime/program.py still names the host's def line (the change is in the report)")
+                    reason="runtime/host_args.py still names the host's def line (the change is in the report)")
 def test_a_host_shape_mismatch_names_the_line_of_the_parameters_annotation():
     with pytest.raises(ShapeError) as info:
         split_on_lines(zeros(2, 1, 8), zeros(3, 1, 8), config=cfg(0, 1))

@@ -20,7 +20,7 @@ from ...backends.base import Command, HostView, SharedHeap
 from ...errors import DispatchTypeError, NotSharedError
 from ...language import dtypes as dt
 from ...language.types import Direction
-from ..program import unsupported_dtype
+from ..host_args import unsupported_dtype
 from .handles import DeviceTensor, StackedDeviceTensor, host_array
 from .memory import SharedFile, SharedMapping, shared_array, shared_mapping
 
