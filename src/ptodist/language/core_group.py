@@ -19,7 +19,7 @@ import threading
 from .. import context
 from ..errors import KernelDeadlockError, KernelValueError, ProgramError
 from . import mixed
-from .ops.pipes import GroupState, Half, Pending, enter_half
+from .halves import GroupState, Half, Pending, enter_half
 
 LANES = 2  # AIV lanes per cube on Ascend A2/A3 (the 1:2 core group)
 _SPLIT_CODES = {"NONE": 0, "UP_DOWN": 1, "LEFT_RIGHT": 2}

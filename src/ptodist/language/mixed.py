@@ -40,6 +40,7 @@ from .. import context
 from ..errors import ProgramError, TileTypeError, TileValueError
 from ..source import user_frame
 from . import dtypes as dt
+from .halves import Half, current_half, enter_half
 from .ops import pipes as _pipes
 from .ops.registry import REGISTRY, is_tensor
 from .scalar import Scalar
@@ -227,7 +228,7 @@ class _SplitAiv:
     def _lanes(self):
         frame, self._frame = self._frame, None  # held no longer than needed: it pins the caller's locals
         where = f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else "<unknown>"
-        outer = _pipes.current_half()
+        outer = current_half()
         if outer is not None:
             inside = "another pl.split_aiv region" if getattr(outer.group, "sequential", False) else \
                 "a function of a core group"
@@ -241,14 +242,14 @@ class _SplitAiv:
                                  current_options().get("slot_num"))
         try:
             for lane in range(self.n):
-                _pipes.enter_half(_pipes.Half(group, "AIV", lane, group.name))
+                enter_half(Half(group, "AIV", lane, group.name))
                 try:
                     yield Scalar(lane, dt.INDEX)
                 finally:
-                    _pipes.enter_half(None)
+                    enter_half(None)
             group.finish(where)
         finally:
-            _pipes.enter_half(outer)
+            enter_half(outer)
 
 
 def split_aiv(n: int, *, mode: SplitMode) -> _SplitAiv:

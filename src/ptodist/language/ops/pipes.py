@@ -1,8 +1,8 @@
 """Cross-core transfer: the pipes between a core group's cube half (AIC) and its vector lanes (AIV).
 
 A mixed kernel runs as one AIC half and ``lanes`` AIV halves (two on Ascend), concurrently; the
-scheduler that runs them is :mod:`ptodist.language.core_group`.  This module holds what the halves share
-(:class:`GroupState`: the rings, the pipe set-ups, the reserved buffers) and the ops on it.
+scheduler that runs them is :mod:`ptodist.language.core_group`; what the halves share (the rings, the
+pipe set-ups, the reserved buffers) is :mod:`ptodist.language.halves`.  This module holds the ops on it.
 
 A pipe (one ``id``, one direction) is a ring of ``slot_num`` slots per AIV lane.  A push takes a free
 slot (blocking while every slot is full), a pop takes the oldest filled slot (blocking while none is),
@@ -17,10 +17,7 @@ instead: they run one after the other, and meet only at ``pl.aic_gather``.  :fun
 
 from __future__ import annotations
 
-import threading
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -29,6 +26,7 @@ from ...errors import ProgramError, TileTypeError, TileValueError
 from ...source import user_frame
 from .. import dtypes as dt
 from ..dtypes import DataType
+from ..halves import DIRS, GroupState, Half, Pending, Pipe, PipeSetup, Slot, current_half, hb_order, hb_token
 from ..scalar import Scalar
 from ..tile_ops import Tile
 from .registry import ANY, _fresh, _whole, is_tensor, op
@@ -37,51 +35,7 @@ AUTO: int = -1  # reserve_buffer(base=AUTO) / a consumer buffer: let the impleme
 
 _XFER = "Cross-core transfer"
 _SPLITS = {0: "none", 1: "up-down", 2: "left-right", 3: "up-down (odd extent)", 4: "left-right (odd extent)"}
-_DIRS = {"C2V": "cube->vector", "V2C": "vector->cube"}
 _BUF_ALIGN = 32  # bytes: where AUTO places the next reserved buffer of a function
-
-
-# -- the running half -----------------------------------------------------------------------------------
-@dataclass(eq=False)
-class Pending:
-    """What a blocked half waits in: for the deadlock report."""
-
-    op: str
-    site: str
-    what: Callable[[], str]  # the pipe (or buffer) and why it cannot go on, said when asked
-    pop: bool = False  # a pop: without a producer left it can never be satisfied
-    pipe: object = None  # the pipe a push or pop waits on
-
-
-@dataclass(eq=False)
-class Half:
-    """One half of a running core group: the cube (``role="AIC"``) or vector lane ``lane`` (``"AIV"``)."""
-
-    group: object  # the scheduler: ``wait_until(half, ready, pending)`` and ``state`` (a GroupState)
-    role: str
-    lane: int
-    name: str  # the function it runs
-    pending: Pending | None = None
-    ready: object = None  # the condition it waits for (a callable), while pending
-    done: bool = False
-
-    @property
-    def label(self) -> str:
-        where = "AIC (cube)" if self.role == "AIC" else f"AIV lane {self.lane} (vector)"
-        return f"{where} '{self.name}'"
-
-
-_running = threading.local()
-
-
-def enter_half(half: Half | None) -> None:
-    """Make ``half`` the half the calling thread runs (None: none)."""
-    _running.half = half
-
-
-def current_half() -> Half | None:
-    """The core-group half the calling thread runs, or None outside a mixed kernel."""
-    return getattr(_running, "half", None)
 
 
 def _site() -> str:
@@ -112,121 +66,6 @@ def _need_half(op_name: str, role: str | None) -> Half:
             f"pl.{op_name} at {_site()}: runs in {want}, but {half.label} called it"
             + (f"; on this side use pl.{other}" if other else "") + ".")
     return half
-
-
-# -- the shared state ------------------------------------------------------------------------------------
-@dataclass(eq=False)
-class _Slot:
-    tile: Tile
-    split: int
-    site: str
-    order: object = None  # under ptodist check: the pushing half's point, which the pop is ordered after
-
-
-def _release():
-    """Under ``ptodist check``: a token for where the running half is now (see ``RankContext.hb_release``)."""
-    release = getattr(context.current(), "hb_release", None)
-    return release() if release is not None else None
-
-
-def _acquire(tokens) -> None:
-    """Under ``ptodist check``: order the running half after the points ``tokens`` mark."""
-    tokens = [t for t in tokens if t is not None]
-    if tokens:
-        context.current().hb_acquire(tokens)
-
-
-@dataclass(eq=False)
-class _Ring:
-    """One lane's ring of one pipe: filled slots in order, then the popped ones not yet released."""
-
-    ready: deque = field(default_factory=deque)
-    held: list = field(default_factory=list)  # (tile popped, pop site)
-    freed: list = field(default_factory=list)  # under ptodist check: the frees the producer's next push follows
-
-    @property
-    def taken(self) -> int:
-        return len(self.ready) + len(self.held)
-
-
-@dataclass(eq=False)
-class _Pipe:
-    direction: str  # "C2V" or "V2C"
-    id: int
-    rings: list
-    pushes: int = 0  # pushes by the producer side, for the reports
-    joined: list = field(default_factory=list)  # V2C: (tile the cube popped, [lane tiles], site)
-
-    @property
-    def desc(self) -> str:
-        return f"pipe {self.id} ({_DIRS[self.direction]})"
-
-
-@dataclass
-class _PipeSetup:
-    dir_mask: int
-    slot_size: int
-    slot_num: int | None
-    local_slot_num: int | None
-    site: str
-
-    @property
-    def depth(self) -> int:
-        if self.slot_num is not None:
-            return self.slot_num
-        return 4 if self.dir_mask == 3 else 8
-
-
-class GroupState:
-    """What the halves of one running core group share."""
-
-    def __init__(self, lanes: int, split: int | None = None, slot_num: int | None = None):
-        self.lanes = lanes
-        self.split = split  # the split mode of the enclosing split region (aiv_shard/aic_gather); None: none
-        self.slot_num = slot_num  # ring depth of a pipe set up without slot_num (pl.cross_core_slot); None: 8
-        self.barriers: dict[tuple[str, int], int] = {}  # (role, lane) -> syncall barriers it has passed
-        self.pipes: dict[tuple[str, int], _Pipe] = {}
-        self.setups: dict[int, dict[tuple[str, int], _PipeSetup]] = {}  # id -> (role, lane) -> set-up
-        self.buffers: dict[tuple[str, str], dict[int, tuple[int, int]]] = {}  # (fn, name) -> lane -> (size, base)
-        self.next_base: dict[tuple[str, int], int] = {}
-        self.gathers: dict[int, dict[int, Tile]] = {}
-        self.gather_count = [0] * lanes
-        self.meetings: dict[tuple, list] = {}  # under ptodist check: (barrier or gather, number) -> arrivals' tokens
-
-    def pipe(self, direction: str, pid: int) -> _Pipe:
-        p = self.pipes.get((direction, pid))
-        if p is None:
-            p = self.pipes[(direction, pid)] = _Pipe(direction, pid, [_Ring() for _ in range(self.lanes)])
-        return p
-
-    def setup(self, pid: int) -> _PipeSetup | None:
-        s = self.setups.get(pid)
-        return next(iter(s.values())) if s else None
-
-    def depth(self, pid: int) -> int:
-        s = self.setup(pid)
-        return s.depth if s is not None else (self.slot_num or 8)
-
-    def leftovers(self) -> str | None:
-        """Why the kernel cannot end as it is (a push never popped, a pop never released), or None."""
-        for p in self.pipes.values():
-            push, pop, free = (("tpush_to_aiv", "tpop_from_aic", "tfree_to_aic") if p.direction == "C2V"
-                               else ("tpush_to_aic", "tpop_from_aiv", "tfree_to_aiv"))
-            for lane, ring in enumerate(p.rings):
-                if ring.ready:
-                    s = ring.ready[0]
-                    return (f"pl.{push} at {s.site}: {len(ring.ready)} tile(s) pushed on {p.desc} for AIV lane {lane} "
-                            f"were never popped; the kernel ended with them in the ring. Pop each one with "
-                            f"pl.{pop} on the other side, or push fewer.")
-                if ring.held and p.direction == "C2V":
-                    return (f"pl.{pop} at {ring.held[0][1]}: {len(ring.held)} tile(s) popped from {p.desc} on AIV "
-                            f"lane {lane} were never released; the kernel ended holding their slots. Call "
-                            f"pl.{free}(tile) once each popped tile is consumed.")
-            if p.joined:
-                return (f"pl.{pop} at {p.joined[0][2]}: {len(p.joined)} tile(s) popped from {p.desc} were never "
-                        f"released; the kernel ended holding their slots. Call pl.{free}(tile) once each popped "
-                        "tile is consumed.")
-        return None
 
 
 # -- splitting a tile between the lanes ------------------------------------------------------------------
@@ -327,7 +166,7 @@ def _check_direction(op_name: str, state: GroupState, pid: int, direction: str) 
     bit = 1 if direction == "C2V" else 2
     if s is not None and not s.dir_mask & bit:
         raise TileValueError(f"pl.{op_name}: pipe {pid} was set up at {s.site} with dir_mask={s.dir_mask}, which "
-                             f"leaves out the {_DIRS[direction]} direction (bit {bit}); set it up with "
+                             f"leaves out the {DIRS[direction]} direction (bit {bit}); set it up with "
                              f"dir_mask={s.dir_mask | bit}")
 
 
@@ -338,12 +177,12 @@ def _tile_arg(op_name: str, tile) -> Tile:
     return tile
 
 
-def _room(state: GroupState, pipe: _Pipe, lanes) -> Callable[[], bool]:
+def _room(state: GroupState, pipe: Pipe, lanes) -> Callable[[], bool]:
     depth = state.depth(pipe.id)
     return lambda: all(pipe.rings[i].taken < depth for i in lanes)
 
 
-def _full_reason(state: GroupState, pipe: _Pipe, lanes) -> str:
+def _full_reason(state: GroupState, pipe: Pipe, lanes) -> str:
     depth = state.depth(pipe.id)
     i = next((i for i in lanes if pipe.rings[i].taken >= depth), lanes[0])
     r = pipe.rings[i]
@@ -365,11 +204,11 @@ def tpush_to_aiv(tile: Tile, *, split: int, lane_stride: int | None = None, id: 
     half.group.wait_until(half, _room(state, pipe, lanes),
                           Pending("pl.tpush_to_aiv", site, lambda: _full_reason(state, pipe, lanes), pipe=pipe))
     for ring in pipe.rings:  # a slot the consumer freed is reused after what it did before the free
-        _acquire(ring.freed)
+        hb_order(ring.freed)
         ring.freed.clear()
-    token = _release()
+    token = hb_token()
     for lane, part in enumerate(parts):
-        pipe.rings[lane].ready.append(_Slot(part, split, site, token))
+        pipe.rings[lane].ready.append(Slot(part, split, site, token))
     pipe.pushes += 1
 
 
@@ -385,13 +224,13 @@ def tpush_to_aic(tile: Tile, *, split: int, id: int | None = None) -> None:
                           Pending("pl.tpush_to_aic", site, lambda: _full_reason(state, pipe, [half.lane]),
                                   pipe=pipe))
     ring = pipe.rings[half.lane]
-    _acquire(ring.freed)
+    hb_order(ring.freed)
     ring.freed.clear()
-    ring.ready.append(_Slot(Tile(tile.data.copy(), tile.dtype, tile.valid_shape), split, site, _release()))
+    ring.ready.append(Slot(Tile(tile.data.copy(), tile.dtype, tile.valid_shape), split, site, hb_token()))
     pipe.pushes += 1
 
 
-def _split_mismatch(op_name: str, push: str, slot: _Slot, split: int) -> TileValueError:
+def _split_mismatch(op_name: str, push: str, slot: Slot, split: int) -> TileValueError:
     return TileValueError(f"pl.{op_name}: split={split} ({_SPLITS[split]}), but the tile was pushed with "
                           f"split={slot.split} ({_SPLITS[slot.split]}) by pl.{push} at {slot.site}; the split code "
                           "must match on both sides")
@@ -412,7 +251,7 @@ def tpop_from_aic(*, shape: list[int] | None = None, dtype: DataType | None = No
     if slot.split != split:
         raise _split_mismatch("tpop_from_aic", "tpush_to_aiv", slot, split)
     _check_received("tpop_from_aic", slot.tile, shape, dtype)
-    _acquire([slot.order])
+    hb_order([slot.order])
     ring.ready.popleft()
     ring.held.append((slot.tile, site))
     return slot.tile
@@ -439,7 +278,7 @@ def tpop_from_aiv(*, shape: list[int] | None = None, dtype: DataType | None = No
             raise _split_mismatch("tpop_from_aiv", "tpush_to_aic", s, split)
     tile = _join("tpop_from_aiv", [s.tile for s in slots], split)
     _check_received("tpop_from_aiv", tile, shape, dtype)
-    _acquire([s.order for s in slots])
+    hb_order([s.order for s in slots])
     for r, s in zip(pipe.rings, slots):
         r.ready.popleft()
         r.held.append((s.tile, site))  # each lane's slot stays taken until the cube releases the joined tile
@@ -463,7 +302,7 @@ def tfree_to_aic(tile: Tile, span=None, *, split: int | None = None, id: int | N
             if direction == "C2V" and t is tile:
                 _free_pid("tfree_to_aic", id, pid, "tpop_from_aic")
                 del ring.held[k]
-                ring.freed.append(_release())
+                ring.freed.append(hb_token())
                 return
     raise TileValueError(f"pl.tfree_to_aic at {_site()}: this {tile.shape} {tile.dtype.name} tile holds no slot of "
                          f"AIV lane {half.lane}: it was not returned by pl.tpop_from_aic there, or it was released "
@@ -479,7 +318,7 @@ def tfree_to_aiv(tile: Tile, span=None, *, split: int | None = None, id: int | N
             if direction == "V2C" and t is tile:
                 _free_pid("tfree_to_aiv", id, pid, "tpop_from_aiv")
                 _, parts, _ = pipe.joined.pop(k)
-                token = _release()
+                token = hb_token()
                 for ring, part in zip(pipe.rings, parts):
                     ring.held = [h for h in ring.held if h[0] is not part]
                     ring.freed.append(token)
@@ -509,7 +348,7 @@ def _initialize(op_name: str, role: str, c2v_consumer_buf, v2c_consumer_buf, dir
     state = half.group.state
     if slot_num is None:
         slot_num = state.slot_num  # the enclosing region's pl.cross_core_slot, if any
-    setup = _PipeSetup(int(dir_mask), int(slot_size), None if slot_num is None else int(slot_num),
+    setup = PipeSetup(int(dir_mask), int(slot_size), None if slot_num is None else int(slot_num),
                        None if local_slot_num is None else int(local_slot_num), _site())
     if setup.local_slot_num is not None and not 0 < setup.local_slot_num <= setup.depth:
         raise TileValueError(f"pl.{op_name}: local_slot_num={local_slot_num} must be between 1 and the ring's "
@@ -587,11 +426,11 @@ def aic_gather(x: Tile) -> Tile:
     box = state.gathers.setdefault(k, {})
     box[half.lane] = Tile(x.data.copy(), x.dtype, x.valid_shape)
     met = state.meetings.setdefault(("gather", k), [])
-    met.append(_release())
+    met.append(hb_token())
     half.group.wait_until(half, lambda: len(box) == state.lanes,
                           Pending("pl.aic_gather", _site(), lambda: f"gather #{k}: lane(s) "
                                   f"{', '.join(str(i) for i in range(state.lanes) if i not in box)} not there yet"))
-    _acquire(met)
+    hb_order(met)
     return _join("aic_gather", [box[i] for i in range(state.lanes)], split)
 
 
@@ -698,7 +537,7 @@ def barrier(op_name: str, core_type: str) -> int:
     state, key = group.state, (half.role, half.lane)
     n = state.barriers[key] = state.barriers.get(key, 0) + 1
     met = state.meetings.setdefault((core_type, n), [])
-    met.append(_release())
+    met.append(hb_token())
 
     def missing() -> str:
         late = [h.label + (" (ended)" if h.done else "") for h in members
@@ -707,7 +546,7 @@ def barrier(op_name: str, core_type: str) -> int:
 
     group.wait_until(half, lambda: all(state.barriers.get((h.role, h.lane), 0) >= n for h in members),
                      Pending(op_name, _site(), missing))
-    _acquire(met)  # what every member did before the barrier is done
+    hb_order(met)  # what every member did before the barrier is done
     return len(members)
 
 
