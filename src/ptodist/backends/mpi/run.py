@@ -87,6 +87,7 @@ class _MpiRun:
         # While the rank runs, every MPI call of this process goes through one lock (see _Pulse).
         self.lock = lock = threading.Lock()
         self.heap, self.ctl, self.comm = _Serialized(heap, lock), _Serialized(ctl, lock), _Serialized(comm, lock)
+        self.control = None  # made once the windows are locked; a failure before that has no watch to release
         try:
             self.heap_mem = np.frombuffer(heap.tomemory(), np.uint8)[:heap_bytes]
             self.ctl_mem = np.frombuffer(ctl.tomemory(), np.uint8)[:CTL_BYTES]
@@ -119,7 +120,8 @@ class _MpiRun:
                 self.memory.settle_sends(outcome(results) is None)
                 self.host_comm.Free()
         finally:
-            self.control.release_termination()
+            if self.control is not None:
+                self.control.release_termination()
             self.heap_mem = self.ctl_mem = None
             self.memory = None
             if self.arena is None:
