@@ -11,7 +11,10 @@ shows medians over the repetitions.
   an INT64 output) to every rank, K builtin collectives on windows with an
   explicit signal (a host loop), then the timer kernel again.  Per-call time =
   max over ranks of (t1 - t0) / K, so process start-up and planning are not
-  measured.
+  measured.  The program's first call, untimed, starts the rank group its later
+  calls use (as the other contenders' processes are started before they are
+  timed): a newly forked rank is slower while it first touches the pages it
+  shares with the driver.
 * **ptodist-mpi**: the same program on the ``mpi`` backend: ``mpirun -n P``
   (the options below) running this file with ``--ptodist-mpi-worker``; each
   measurement is one call of the compiled program (windows are MPI RMA windows).
@@ -353,6 +356,7 @@ def _ptodist_mpi_worker(fifo_dir: str) -> int:
             try:
                 if (op, n, k) not in compiled:
                     compiled[(op, n, k)] = ptodist_program(op, p, n, k, outdir, backend="mpi")
+                    ptodist_measure(compiled[(op, n, k)], p, k)  # untimed, as on shm
                 result = {"ok": ptodist_measure(compiled[(op, n, k)], p, k)}
             except Exception as e:  # noqa: BLE001
                 result = {"error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
@@ -513,6 +517,7 @@ def measure_size(op: str, p: int, size: int, args, unavailable: dict, pools: dic
     if "ptodist" not in unavailable:
         try:
             compiled = ptodist_program(op, p, n, k, outdir, backend="shm")  # planned once; each repetition runs
+            ptodist_measure(compiled, p, k)  # untimed: starts the rank group the repetitions run on
         except Exception as e:  # noqa: BLE001
             notes.append(f"ptodist {op} P={p} {size_label(size)}: n/a — {type(e).__name__}: {e}")
     order = [c for c in CONTENDERS if (c == "ptodist" and compiled is not None) or c in pools]
