@@ -23,6 +23,7 @@ from ...language.types import Direction
 from ..host_args import unsupported_dtype
 from .handles import DeviceTensor, StackedDeviceTensor, host_array
 from .memory import SharedFile, SharedMapping, shared_array, shared_mapping
+from .staging import Staging, stageable
 
 try:
     from numpy.lib.array_utils import byte_bounds
@@ -35,7 +36,8 @@ PLANS_KEPT_BY_RANKS = 256
 class _Arg:
     """A tensor argument of a dispatch, as the ranks will see it (the adapter ``_bind`` uses)."""
 
-    __slots__ = ("value", "dtype", "shape", "is_torch", "kind", "map", "offset", "strides", "resident", "view")
+    __slots__ = ("value", "dtype", "shape", "is_torch", "kind", "map", "offset", "strides", "resident", "view",
+                 "stage")
 
     def __init__(self, value, dtype, shape, is_torch, kind, map_=None, offset=0, strides=None, resident=None):
         self.value = value
@@ -48,6 +50,7 @@ class _Arg:
         self.strides = strides    # in bytes
         self.resident = resident  # the DeviceTensor / StackedDeviceTensor
         self.view = None          # its HostView, made at its first command (arguments bound alike reuse it)
+        self.stage = None         # staged (shm: staging.py): the (lo, hi, first) addresses of its span, element 0
 
 
 class _Map:
@@ -81,10 +84,11 @@ class _Bound:
     for what binding depends on: address, shape, strides and dtype; other arguments by identity.
     """
 
-    __slots__ = ("items", "values", "hosts", "entry", "bound", "residents")
+    __slots__ = ("items", "values", "hosts", "entry", "bound", "residents", "created")
 
-    def __init__(self, items, values, hosts, entry):
+    def __init__(self, items, values, hosts, entry, created: bool = False):
         self.items, self.values, self.hosts, self.entry = items, values, hosts, entry
+        self.created = created  # the inputs-only form: the outputs were made for that dispatch
         # The hosts whose memory can be forgotten or freed since: the only ones matches() looks at again.
         self.bound = [h for h in hosts if h is not None and h.kind != "empty"]
         self.residents: set | None = None  # serials of the resident files the arguments use (the engine's)
@@ -102,7 +106,7 @@ class _Bound:
         return (a.data_ptr(), a.shape, a.stride(), a.dtype)
 
     @classmethod
-    def of(cls, args, values, hosts, entry) -> _Bound | None:
+    def of(cls, args, values, hosts, entry, created: bool = False) -> _Bound | None:
         items = []
         for a in args:
             if isinstance(a, np.ndarray):
@@ -118,12 +122,12 @@ class _Bound:
                 items.append((weakref.ref(a), key_of(a), key_of))
             except TypeError:
                 return None
-        return cls(items, values, hosts, entry)
+        return cls(items, values, hosts, entry, created)
 
     def matches(self, args, binding) -> bool:
         """Whether ``args`` are the same objects, unchanged, as last time (every dispatch asks: kept cheap)."""
         items = self.items
-        if len(args) != len(items):
+        if len(args) != len(items) or self.created:
             return False
         for a, (ref, key, key_of) in zip(args, items):
             if ref is None:
@@ -136,6 +140,27 @@ class _Bound:
             if not binding.still_bound(h) or (h.resident is not None and h.resident.freed):
                 return False
         return True
+
+    def same_layout(self, args) -> bool:
+        """Whether ``args`` bind as last time's do, tensors other than theirs included: the same other arguments,
+        and host tensors of the same kind, shape, strides and dtype (so the same checks pass and the same plan
+        serves); only where their memory lies differs."""
+        items = self.items
+        if len(args) != len(items):
+            return False
+        for a, (ref, key, key_of) in zip(args, items):
+            if ref is None:  # not a tensor: the same object
+                if a is not key:
+                    return False
+            elif key_of is _Bound._resident_key:  # a resident tensor: the same one
+                if ref() is not a:
+                    return False
+            elif key_of is _Bound._array_key:
+                if not isinstance(a, np.ndarray) or key_of(a)[1:] != key[1:]:
+                    return False
+            elif not type(a).__module__.startswith("torch") or not hasattr(a, "data_ptr") or key_of(a)[1:] != key[1:]:
+                return False
+        return all(h.resident is None or not h.resident.freed for h in self.bound)
 
 
 class Arena:
@@ -155,6 +180,23 @@ def _resident_arg(value, where: str, engine) -> _Arg:
     itemsize = value.dtype.get_byte()
     strides = tuple(int(s) * itemsize for s in _c_strides(value.shape))
     return _Arg(value, value.dtype, value.shape, False, kind, None, offset, strides, value)
+
+
+def _staged(value, dtype, is_torch: bool, strides, lo: int, hi: int, first: int) -> _Arg:
+    a = _Arg(value, dtype, value.shape, is_torch, "host", None, 0, tuple(strides))
+    a.stage = (lo, hi, first)
+    return a
+
+
+def _span(a: _Arg) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` a host argument's caller memory spans."""
+    if a.stage is not None:
+        return a.stage[:2]
+    v = a.value
+    if a.is_torch:
+        lo = v.data_ptr()
+        return lo, lo + sum((d - 1) * s for d, s in zip(a.shape, a.strides)) + a.dtype.get_byte()
+    return byte_bounds(v)
 
 
 def _c_strides(shape: tuple) -> tuple:
@@ -242,6 +284,9 @@ class LocalBinding:
     def sent(self, command: Command) -> None:
         pass
 
+    def returned(self) -> None:
+        pass
+
     @staticmethod
     def forget_file(file: SharedFile) -> None:
         file.close()
@@ -265,6 +310,7 @@ class SharedBinding:
         self.drops: list[int] = []
         self.sent_plans: set[int] = set()
         self.forget_plans = False
+        self.staging = Staging(self)
 
     # -- memory the ranks map --------------------------------------------------------------
     def _entry(self, key, owner, make) -> _Map:
@@ -301,6 +347,11 @@ class SharedBinding:
             if key is not None:
                 self._release(self.maps.pop(key))
 
+    def _mapped(self, key) -> bool:
+        """Whether the ranks map the memory at ``key`` already (a tensor there costs them nothing new)."""
+        m = self.maps.get(key)
+        return m is not None and m.sent and (m.ref is None or m.ref() is not None)
+
     def torch_map(self, storage) -> _Map:
         import torch.multiprocessing as tmp
 
@@ -332,7 +383,9 @@ class SharedBinding:
 
     # -- binding ----------------------------------------------------------------------------
     # -- binding ----------------------------------------------------------------------------
-    def adapt(self, value, name: str, compiled) -> _Arg:
+    def adapt(self, value, name: str, compiled, stage: bool = True) -> _Arg:
+        """``value`` (parameter ``name``) as the ranks will see it: mapped, or staged (``stage``: when it is small
+        and its memory not mapped yet, see staging.py)."""
         where = f"{compiled.host.name}() parameter '{name}'"
         if isinstance(value, (DeviceTensor, StackedDeviceTensor)):
             a = _resident_arg(value, where, self.engine)
@@ -343,7 +396,7 @@ class SharedBinding:
             import torch
 
             if isinstance(value, torch.Tensor):
-                return self._torch_arg(value, name, where)
+                return self._torch_arg(value, name, where, stage)
         if isinstance(value, np.ndarray):
             dtype = dt.from_numpy(value.dtype)
             if dtype is None:
@@ -358,12 +411,15 @@ class SharedBinding:
                     "it. Allocate it with ptodist.shared_array(shape, dtype) and fill it in place, or copy it to "
                     "the worker: rt.alloc_tensor(shape, dtype, init=array) (or rt.copy_to) and pass the "
                     "DeviceTensor.")
-            offset = value.__array_interface__["data"][0] - mm.address
-            return _Arg(value, dtype, value.shape, False, "host", self.array_map(mm), offset, value.strides)
+            first = value.__array_interface__["data"][0]
+            if stage and stageable(lo, hi, value.strides) and not self._mapped(("array", mm.serial)):
+                return _staged(value, dtype, False, value.strides, lo, hi, first)
+            return _Arg(value, dtype, value.shape, False, "host", self.array_map(mm), first - mm.address,
+                        value.strides)
         raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. Pass a torch "
                                 "tensor, a numpy array, or a DeviceTensor / StackedDeviceTensor of this worker.")
 
-    def _torch_arg(self, t, name: str, where: str) -> _Arg:
+    def _torch_arg(self, t, name: str, where: str, stage: bool) -> _Arg:
         dtype = dt.from_torch(t.dtype)
         if dtype is None:
             raise unsupported_dtype(name, t.dtype, True)
@@ -377,17 +433,22 @@ class SharedBinding:
             return _Arg(t, dtype, key[1], True, "host", hit[2], hit[3], hit[4])
         if t.numel() == 0:
             return _Arg(t, dtype, t.shape, True, "empty")
+        lo = t.data_ptr()
+        hi = lo + sum((d - 1) * s for d, s in zip(t.shape, strides)) + itemsize
+        stage = stage and stageable(lo, hi, strides)
         if t.is_shared():
             storage = t.untyped_storage()
+            if stage and not self._mapped(("torch", storage.data_ptr())):
+                return _staged(t, dtype, True, strides, lo, hi, lo)
             m = self.torch_map(storage)
             offset = m.data_offset + t.data_ptr() - storage.data_ptr()
             tensors, ident = self.tensors, id(t)
             tensors[ident] = (weakref.ref(t, lambda _: tensors.pop(ident, None)), key, m, offset, strides)
             return _Arg(t, dtype, t.shape, True, "host", m, offset, strides)
-        lo = t.data_ptr()
-        hi = lo + sum((d - 1) * s for d, s in zip(t.shape, strides)) + itemsize
         mm = shared_mapping(lo, hi)  # e.g. torch.from_numpy(ptodist.shared_array(...))
         if mm is not None:
+            if stage and not self._mapped(("array", mm.serial)):
+                return _staged(t, dtype, True, strides, lo, hi, lo)
             return _Arg(t, dtype, t.shape, True, "host", self.array_map(mm), lo - mm.address, strides)
         raise NotSharedError(
             f"{where}: the torch tensor is not in shared memory, so the worker's rank processes cannot see it. "
@@ -406,7 +467,7 @@ class SharedBinding:
         return shared_array(shape, dtype)
 
     def still_bound(self, arg: _Arg) -> bool:
-        return arg.map.token in self.by_token
+        return arg.stage is not None or arg.map.token in self.by_token
 
     # -- window heaps ---------------------------------------------------------------------------
     def new_arena(self, stride: int) -> Arena:
@@ -422,10 +483,14 @@ class SharedBinding:
         """The command for segment ``segment`` of dispatch ``d``, with the memory its ranks do not have yet."""
         self._forgotten()
         entry = d.entry
-        hosts, maps = [], []
+        hosts, maps, staged = [], [], []
+        if not d.published and any(a is not None and a.stage is not None for a in d.args):
+            self._unstage(d)  # at a dispatch's first command: its ranks keep its arguments' views to its end
         for i, a in enumerate(d.args):
-            if a is None:
+            if a is None or a.stage is not None:
                 hosts.append(None)
+                if a is not None:
+                    staged.append((i, a))
                 continue
             view = a.view
             if view is None:
@@ -435,6 +500,13 @@ class SharedBinding:
             hosts.append(view)
             if a.kind != "empty" and not a.map.sent:
                 maps.append(a.map)
+        if staged:
+            for (i, _), view in zip(staged, self.staging.views([(a, _writable(d, i)) for i, a in staged])):
+                hosts[i] = view
+            if not self.staging.map.sent:
+                maps.append(self.staging.map)
+        else:
+            self.staging.idle()
         if d.arena is not None and not d.arena.owner[1].sent:
             maps.append(d.arena.owner[1])
         if len(maps) > 1:
@@ -452,6 +524,27 @@ class SharedBinding:
                        maps=maps, fds=[m.fd for m in maps], drops=self.drops, forget_plans=self.forget_plans,
                        scalars=d.compiled.scalar_values(d.values, d.args))
 
+    def _unstage(self, d) -> None:
+        """Map, rather than stage, an argument the last dispatch staged too (a tensor used again: mapped, it costs
+        nothing more), and one whose memory a mapped argument of the dispatch shares (the two must see each
+        other's writes)."""
+        again = self.staging.staged_last()
+        for a in d.args:
+            if a is not None and a.stage is not None and a in again:
+                self._map_staged(a, d)
+        mapped = [_span(a) for a in d.args if a is not None and a.kind == "host" and a.stage is None]
+        for a in d.args:
+            if a is not None and a.stage is not None and any(lo < a.stage[1] and a.stage[0] < hi for lo, hi in mapped):
+                self._map_staged(a, d)
+
+    def _map_staged(self, a: _Arg, d) -> None:
+        m = self.adapt(a.value, "", d.compiled, stage=False)
+        a.map, a.offset, a.strides, a.stage, a.view = m.map, m.offset, m.strides, None, None
+
+    def returned(self) -> None:
+        """The command in flight is over: what the ranks wrote to staged arguments goes to the caller's memory."""
+        self.staging.copy_back()
+
     def sent(self, command: Command) -> None:
         """The ranks have the command: its memory is theirs now, its drops done."""
         self.drops = []
@@ -464,6 +557,7 @@ class SharedBinding:
                 m.fd = -1
 
     def release(self) -> None:
+        self.staging.close()
         for m in self.maps.values():
             if m.finalizer is not None:
                 m.finalizer.detach()

@@ -276,6 +276,7 @@ class Engine:
     def _command_over(self) -> None:
         watch, d = self.watch, self.watching
         self.watch = self.watching = None
+        self.binding.returned()
         if watch.broken is not None:
             self.broken = watch.broken
         if isinstance(watch.error, RankError) and any(f.state_changed for f in watch.error.failures):
@@ -416,6 +417,7 @@ class Engine:
                 d.handle._complete(None, UsageError(f"dispatch {d.handle.number} of '{d.compiled.name}' did "
                                                     "not run: the worker was closed"))
             self.queue.clear()
+            self.intake.last_bound.clear()  # the last arguments: the caller's memory, no longer the worker's to hold
             self.binding.release()
             for t in self.residents.values():
                 if t._file is not None:

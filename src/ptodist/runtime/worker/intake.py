@@ -13,6 +13,7 @@ from ...backends.base import died
 from ...compiler.state import stale_message, state_of
 from ...config import RunConfig
 from ...errors import ConfigError, DispatchStateError, DispatchValueError, RankError
+from ...language.types import Direction
 from ..program import note_dispatch
 from .binding import Arena, _Bound
 from .handles import RunHandle
@@ -103,13 +104,20 @@ class Intake:
             last = self.last_bound.get(index) if config is None else None
             if last is not None and last.matches(args, engine.binding):
                 values, hosts, entry = last.values, last.hosts, last.entry  # the same arguments as last time
+            elif last is not None and last.same_layout(args):
+                # New tensors laid out as last time's (and outputs made like its): bound anew (memory, staging),
+                # checked and planned as those.
+                values, entry = last.values, last.entry
+                hosts = self._rebind(compiled, args, last)
+                last = self.last_bound[index] = _Bound.of(args, values, _kept(compiled, hosts, last.created), entry,
+                                                          last.created)
             else:
                 note_dispatch(compiled, engine.backend)
                 values, hosts, created = compiled.bind(args, adapt=lambda v, n: engine.binding.adapt(v, n, compiled),
                                                        new_output=engine.binding.new_output)
                 entry = self.planner.plan_for(index, compiled, values, hosts)
                 self.planner.check_args(compiled, entry, hosts)
-                last = self.last_bound[index] = _Bound.of(args, values, hosts, entry) if not created else None
+                last = self.last_bound[index] = _Bound.of(args, values, _kept(compiled, hosts, created), entry, created)
             residents = last.residents if last is not None else None
             if residents is None:
                 residents = {h.resident._file.serial for h in hosts if h is not None and h.resident is not None}
@@ -129,6 +137,20 @@ class Intake:
             handle = RunHandle(worker, compiled.name, -1)
             return _Dispatch(handle, compiled, entry, hosts, values, cfg, request, arena_key, residents=residents)
 
+    def _rebind(self, compiled, args: tuple, last) -> list:
+        """The hosts of ``args``, laid out as ``last``'s: each tensor adapted, each output made as last time."""
+        binding, hosts, it = self.engine.binding, [], iter(args)
+        for p, h in zip(compiled.host.params, last.hosts):
+            if last.created and p.direction is Direction.OUT:
+                value = binding.new_output(p, h.shape, h.is_torch)
+            else:
+                value = next(it)
+                if h is None:
+                    hosts.append(None)
+                    continue
+            hosts.append(binding.adapt(value, p.name, compiled))
+        return hosts
+
     def _intermediates(self, compiled, entry, first: int) -> list:
         """The host intermediates of a dispatch (``pl.create_tensor`` in the host): zeroed, bound like arguments."""
         out = []
@@ -137,3 +159,21 @@ class Intake:
                 value = self.engine.binding.new_intermediate(spec.shape, spec.dtype)
                 out.append(self.engine.binding.adapt(value, spec.name, compiled))
         return out
+
+
+class _Made:
+    """An output the inputs-only form made, as the next dispatch's binding remembers it: how to make the next one
+    (the output itself is the caller's, not kept alive by the worker)."""
+
+    __slots__ = ("shape", "is_torch", "kind", "resident")
+
+    def __init__(self, h):
+        self.shape, self.is_torch, self.kind, self.resident = h.shape, h.is_torch, "made", None
+
+
+def _kept(compiled, hosts: list, created: bool) -> list:
+    """``hosts`` as a dispatch's binding keeps them: in the inputs-only form, the outputs made as ``_Made``."""
+    if not created:
+        return hosts
+    return [_Made(h) if p.direction is Direction.OUT else h for p, h in zip(compiled.host.params, hosts)] + \
+        hosts[len(compiled.host.params):]

@@ -74,7 +74,8 @@ def shared_array(shape, dtype=np.float32) -> np.ndarray:
         dtype: a numpy dtype or a pl dtype (``pl.BF16`` gives an ``ml_dtypes.bfloat16`` array).
 
     The memory is an anonymous shared file: the worker's rank processes map it in place
-    (no copy per dispatch), whether it was made before or after ``prepare()``.  It is
+    (no copy per dispatch; a small one new to them is copied for its first dispatch), whether it
+    was made before or after ``prepare()``.  It is
     freed when the array and every view of it are gone.
     """
     np_dtype = dtype.np_dtype if isinstance(dtype, dt.DataType) else np.dtype(dtype)
