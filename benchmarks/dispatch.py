@@ -15,20 +15,26 @@ cost of getting work to P processes and learning that it is done:
   fresh ``rt(x_new, y_new)`` (new shared tensors every dispatch, dropped after it).
 * **gloo barrier**: P processes in ``torch.distributed`` (gloo over loopback) doing
   ``dist.barrier()``; a barrier is the smallest round trip that involves every rank.
+* **prepared on mpi**: the prepared ``rt(x)`` under ``mpirun -n P`` (the ``mpi`` backend: every
+  process runs the script and its copy of the worker, process r runs rank r); one job per
+  repetition, ``--dispatches`` dispatches after 100 untimed ones; rank 0's time per dispatch.
 
 Each row interleaves the contenders (repetition 1 of each, then repetition 2, ...)
 and reports medians.  Prints a Markdown table; the header has the CPU count and the
 load average, which the numbers depend on.
 
 Run: ``python benchmarks/dispatch.py [--dispatches 2000] [--one-shot 20] [--barriers 2000] [--fresh 200]
-[--repeat 5] [--ps 2,4]``
+[--repeat 5] [--ps 2,4] [--no-mpi]``
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import re
 import statistics
+import subprocess
+import sys
 import time
 
 import gloo_group  # benchmarks/gloo_group.py, beside this script
@@ -164,6 +170,40 @@ def gloo_available() -> str | None:
     return None
 
 
+def mpi_prepared_us(p: int, n: int) -> tuple[float | None, str]:
+    """The prepared ``rt(x)`` on the mpi backend: one ``mpirun -n p`` job of this script; (µs, why not)."""
+    from collectives import mpi_launcher  # benchmarks/collectives.py, beside this script
+
+    argv, why = mpi_launcher()
+    if argv is None:
+        return None, why
+    try:
+        out = subprocess.run(argv + ["-n", str(p), sys.executable, os.path.abspath(__file__), "--mpi-worker-run",
+                                     str(n)], capture_output=True, text=True, timeout=600)
+    except (OSError, subprocess.SubprocessError) as e:
+        return None, f"mpirun failed: {e}"
+    m = re.search(r"^MPI_PREPARED_US ([\d.]+)$", out.stdout, re.M)
+    if m is None:
+        return None, f"the mpirun job printed no time (exit {out.returncode}): {out.stderr.strip()[-300:]}"
+    return float(m.group(1)), ""
+
+
+def _mpi_worker_run(n: int) -> int:
+    """One process of the ``mpirun`` job ``mpi_prepared_us`` starts."""
+    from mpi4py import MPI
+
+    p = MPI.COMM_WORLD.Get_size()
+    x = torch.zeros(p, 1, 4)
+    compiled = empty.compile(x, config=RunConfig(backend="mpi",
+                                                 distributed_config=DistributedConfig(device_ids=list(range(p)))))
+    with compiled.prepare() as rt:
+        prepared_us(rt, x, 100)  # warm-up
+        us = prepared_us(rt, x, n)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(f"MPI_PREPARED_US {us:.1f}", flush=True)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dispatches", type=int, default=2000, help="prepared dispatches per repetition")
@@ -172,9 +212,14 @@ def main(argv=None) -> int:
     ap.add_argument("--fresh", type=int, default=200, help="dispatches per repetition with new host tensors")
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--ps", default="2,4", help="comma-separated rank counts")
+    ap.add_argument("--no-mpi", action="store_true", help="leave out the prepared dispatch on the mpi backend")
+    ap.add_argument("--mpi-worker-run", type=int, help=argparse.SUPPRESS)  # a process of that mpirun job
     args = ap.parse_args(argv)
+    if args.mpi_worker_run is not None:
+        return _mpi_worker_run(args.mpi_worker_run)
     ps = [int(p) for p in args.ps.split(",")]
     no_gloo = gloo_available()
+    no_mpi = "left out (--no-mpi)" if args.no_mpi else None
     load0 = os.getloadavg()
     rows, fresh_rows = [], []
     for p in ps:
@@ -182,7 +227,7 @@ def main(argv=None) -> int:
         x = torch.zeros(p, 1, 4).share_memory_()
         compiled(x)  # plans (and says which backend runs it) before anything is timed
         gloo = GlooBarrier(p) if no_gloo is None else None
-        samples: dict[str, list[float]] = {"prepared": [], "submitted": [], "one-shot": [], "gloo": []}
+        samples: dict[str, list[float]] = {"prepared": [], "submitted": [], "one-shot": [], "gloo": [], "mpi": []}
         try:
             with compiled.prepare() as rt:
                 prepared_us(rt, x, 100)  # warm-up
@@ -192,6 +237,12 @@ def main(argv=None) -> int:
                     samples["one-shot"].append(one_shot_us(compiled, x, args.one_shot))
                     if gloo is not None:
                         samples["gloo"].append(gloo.measure(args.barriers))
+                    if no_mpi is None:
+                        us, why = mpi_prepared_us(p, args.dispatches)
+                        if us is None:
+                            no_mpi = why
+                        else:
+                            samples["mpi"].append(us)
         finally:
             if gloo is not None:
                 gloo.close()
@@ -211,8 +262,8 @@ def main(argv=None) -> int:
     print(f"## Dispatch latency — median µs per dispatch over {args.repeat} repetitions "
           f"({os.cpu_count()} CPUs; load average {load0[0]:.2f} at the start, {load1[0]:.2f} at the end)\n")
     print("| P | prepared `rt(x)` | prepared, `submit` (2 in flight) | one-shot `compiled(x)` | gloo `barrier()` "
-          "| one-shot / prepared | prepared / gloo barrier |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+          "| prepared on mpi | one-shot / prepared | prepared / gloo barrier |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
 
     def fmt(v):
         return "n/a" if v is None else f"{v:.1f}"
@@ -221,9 +272,11 @@ def main(argv=None) -> int:
         ratio_os = m["one-shot"] / m["prepared"]
         ratio_g = "n/a" if m["gloo"] is None else f"{m['prepared'] / m['gloo']:.2f}"
         print(f"| {p} | {fmt(m['prepared'])} | {fmt(m['submitted'])} | {fmt(m['one-shot'])} | {fmt(m['gloo'])} "
-              f"| {ratio_os:.0f} | {ratio_g} |")
+              f"| {fmt(m['mpi'])} | {ratio_os:.0f} | {ratio_g} |")
     if no_gloo is not None:
         print(f"\ngloo: n/a ({no_gloo})")
+    if no_mpi is not None:
+        print(f"\nprepared on mpi: n/a ({no_mpi})")
     print(f"\n## Prepared dispatch with new host tensors — median µs per dispatch over {args.repeat} repetitions\n")
     print("| P | in place `rt(x, y)` | inputs only `y = rt(x)` | fresh `rt(x_new, y_new)` | inputs only / in place "
           "| fresh / in place |")

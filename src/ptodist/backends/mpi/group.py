@@ -10,6 +10,7 @@ from ...errors import ConfigError
 from ...rank_output import report_once
 from ..base import Command, HostView, RunsNow
 from .agree import _agree_on_plan, _exchange, _leave_job, _no_launcher
+from .layout import ALIGN, CTL_BYTES
 from .memory import _Arena
 from .run import _MpiRun
 from .session import _get_session, _has_session, _mpi4py, _Session, load_mpi
@@ -43,7 +44,7 @@ class MpiBackend:
                 f"DistributedWorker: the worker has {len(device_ids)} ranks (device_ids {list(device_ids)}) but this "
                 f"MPI job has {session.size} process{'es' if session.size != 1 else ''}, and each MPI process runs "
                 f"one rank. Start it with `mpirun -n {len(device_ids)} ...`.")
-        return MpiGroup(session, list(device_ids))
+        return MpiGroup(session, list(device_ids), keep_windows=True)
 
 
 class MpiGroup:
@@ -57,12 +58,18 @@ class MpiGroup:
     in_process = True      # the rank sees this process's memory: host tensors are used in place
     finishes_dfx = True    # the run merges the ranks' DFX files itself (one process per output directory)
 
-    def __init__(self, session: _Session, device_ids: list):
+    def __init__(self, session: _Session, device_ids: list, keep_windows: bool = False):
         self.session = session
         self.device_ids = device_ids
         self.world = len(device_ids)
         self.death_notes: dict = {}
         self.kept: dict = {}   # what a dispatch's rank keeps between its segments (context, event log)
+        # A worker's windows that every command needs, allocated at its first and kept to its close: the control
+        # window, and the heap of a plan without windows (allocating an MPI window is a collective call that
+        # costs more than the rest of a small dispatch).
+        self.keep_windows = keep_windows
+        self.control = None
+        self.no_heap: _Arena | None = None
 
     def new_arena(self, stride: int) -> _Arena:
         return _Arena(self.session, stride)
@@ -96,8 +103,14 @@ class MpiGroup:
             error = _agree_on_plan(self.session, plan, what, command.scalars)
             if error is None:
                 _sync_host_tensors(self.session, arrays)
-                error = _MpiRun(self.session, plan, arrays, command.hang_timeout, command.dfx, arena=command.heap,
-                                kept=self.kept, last=command.last, what=what, scalars=command.scalars).run()
+                arena, control = command.heap, None
+                if self.keep_windows:
+                    control = self._control()
+                    if arena is None and not plan.window_heap_bytes:
+                        arena = self.no_heap = self.no_heap or _Arena(self.session, ALIGN)
+                error = _MpiRun(self.session, plan, arrays, command.hang_timeout, command.dfx, arena=arena,
+                                kept=self.kept, last=command.last, what=what, scalars=command.scalars,
+                                control=control).run()
         except BaseException as e:  # noqa: BLE001 - this process alone: the others wait in the next step
             self.kept = {}
             _leave_job(self.session, plan.device_ids, e, f"running {what}")
@@ -120,6 +133,23 @@ class MpiGroup:
             # Called while the worker handles the exception that stopped it: name it in the report.
             _leave_job(self.session, self.device_ids, sys.exc_info()[1], "driving its DistributedWorker")
 
+    def _control(self):
+        """The kept control window; None where MPI cannot allocate it (the run then tries, and reports why not)."""
+        if self.control is None:
+            MPI = self.session.MPI
+            try:
+                self.control = MPI.Win.Allocate(CTL_BYTES, 1, comm=self.session.comm)
+            except MPI.Exception:
+                return None
+        return self.control
+
     def close(self) -> None:
+        """Free the kept windows: collective, every process of the job closes its worker alike."""
         self.kept = {}
+        if self.no_heap is not None:
+            self.no_heap.close()
+            self.no_heap = None
+        if self.control is not None:
+            self.control.Free()
+            self.control = None
 

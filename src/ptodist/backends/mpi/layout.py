@@ -6,6 +6,9 @@ from ...rank.status import OTHER_DTYPE, OTHER_WAITS, STATUS_DTYPE, StatusBoard
 
 ALIGN = 64
 CHECK_S = 0.02          # how often a waiting or finished rank looks at the abort word and the other ranks
+# How long a finished rank polls for the others before it sleeps between polls, when every rank has a core: the
+# others are usually microseconds behind, and a sleep costs at least 100 us.
+FINISH_SPIN_S = 200e-6
 PULSE_S = 0.01          # how often a rank runs MPI progress (and looks at its own progress) while it computes
 BUSY_AFTER_S = 0.5      # a running rank without progress this long (at most half the hang timeout) is sampled
 RESAMPLE_S = 0.1        # and sampled again this often while it stays so

@@ -3,6 +3,7 @@ raises."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 import threading
@@ -33,6 +34,7 @@ from .layout import (
     CTL_PEEK_END,
     CTL_RESULT,
     CTL_RESULT_LEN,
+    FINISH_SPIN_S,
     RESULT_BYTES,
     STOP_WAIT_MAX_S,
     STOP_WAIT_MIN_S,
@@ -42,13 +44,15 @@ from .session import _Session
 from .watch import _Control, _Peek, _Pulse, _Serialized
 from .wire import merge_outputs, share_dfx, write_dfx
 
+_CPUS = os.cpu_count() or 1
+
 
 class _MpiRun:
     """One dispatch in this process: windows, this rank's tasks, the end of the run, the exchange."""
 
     def __init__(self, session: _Session, plan: DispatchPlan, host_arrays: list, hang_timeout: float, dfx,
                  arena: _Arena | None = None, kept: dict | None = None, last: bool = True, what: str = "",
-                 scalars: tuple = ()):
+                 scalars: tuple = (), control=None):
         self.session = session
         self.scalars = scalars  # the dispatch's scalar arguments (what its plan's ScalarArgs take)
         self.MPI = session.MPI
@@ -59,6 +63,7 @@ class _MpiRun:
         self.dfx = dfx
         self.hang_timeout = hang_timeout
         self.arena = arena  # a worker's window heap (kept, zeroed by the worker); None: one for this run
+        self.ctl_win = control  # a worker's control window (kept, zeroed by each run); None: one for this run
         self.kept = kept if kept is not None else {}
         self.last = last
         self.what = what or f"this call of '{plan.program}'"  # what a failure of this run fails, in its notes
@@ -79,7 +84,7 @@ class _MpiRun:
             except ConfigError as e:
                 return e
         try:
-            ctl = MPI.Win.Allocate(CTL_BYTES, 1, comm=comm)
+            ctl = self.ctl_win if self.ctl_win is not None else MPI.Win.Allocate(CTL_BYTES, 1, comm=comm)
         except MPI.Exception as e:
             if self.arena is None:
                 heap.Free()
@@ -126,7 +131,8 @@ class _MpiRun:
             self.memory = None
             if self.arena is None:
                 heap.Free()
-            ctl.Free()
+            if self.ctl_win is None:
+                ctl.Free()
         error = outcome(results)
         # A worker's dispatch writes its DFX files once, after its last segment (or its failure).
         shared = None
@@ -319,11 +325,15 @@ class _MpiRun:
         delay = 1e-4
         next_check = 0.0
         control = self.control
+        spin_end = time.monotonic() + (FINISH_SPIN_S if self.world <= _CPUS else 0.0)
         while True:
             with self.lock:  # the pulse thread calls MPI too
                 if req.Test():
                     break
             now = time.monotonic()
+            if now < spin_end:
+                os.sched_yield()
+                continue
             if now >= next_check:
                 next_check = now + CHECK_S
                 control.check_peers()
