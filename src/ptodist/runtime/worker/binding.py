@@ -188,15 +188,17 @@ def _staged(value, dtype, is_torch: bool, strides, lo: int, hi: int, first: int)
     return a
 
 
+def _torch_span(t, strides, itemsize: int) -> tuple[int, int]:
+    """The bytes ``[lo, hi)`` a (non-empty) torch tensor with byte ``strides`` spans."""
+    lo = t.data_ptr()
+    return lo, lo + sum((d - 1) * s for d, s in zip(t.shape, strides)) + itemsize
+
+
 def _span(a: _Arg) -> tuple[int, int]:
     """The bytes ``[lo, hi)`` a host argument's caller memory spans."""
     if a.stage is not None:
         return a.stage[:2]
-    v = a.value
-    if a.is_torch:
-        lo = v.data_ptr()
-        return lo, lo + sum((d - 1) * s for d, s in zip(a.shape, a.strides)) + a.dtype.get_byte()
-    return byte_bounds(v)
+    return _torch_span(a.value, a.strides, a.dtype.get_byte()) if a.is_torch else byte_bounds(a.value)
 
 
 def _c_strides(shape: tuple) -> tuple:
@@ -433,8 +435,7 @@ class SharedBinding:
             return _Arg(t, dtype, key[1], True, "host", hit[2], hit[3], hit[4])
         if t.numel() == 0:
             return _Arg(t, dtype, t.shape, True, "empty")
-        lo = t.data_ptr()
-        hi = lo + sum((d - 1) * s for d, s in zip(t.shape, strides)) + itemsize
+        lo, hi = _torch_span(t, strides, itemsize)
         stage = stage and stageable(lo, hi, strides)
         if t.is_shared():
             storage = t.untyped_storage()
@@ -528,7 +529,7 @@ class SharedBinding:
         """Map, rather than stage, an argument the last dispatch staged too (a tensor used again: mapped, it costs
         nothing more), and one whose memory a mapped argument of the dispatch shares (the two must see each
         other's writes)."""
-        again = self.staging.staged_last()
+        again = self.staging.last
         for a in d.args:
             if a is not None and a.stage is not None and a in again:
                 self._map_staged(a, d)

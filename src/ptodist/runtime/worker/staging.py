@@ -50,30 +50,20 @@ class Staging:
         self.map = None
         self.back: list = []  # the copies back of the command in flight: (dst, src, bytes) or (dst, src, None)
         self.layout = None  # the last layout (see _layout): other arguments shaped alike are staged alike
-        self.last = None  # the last command's staged arguments and their (copies in, views, copies back)
+        self.last: list = []  # the last command's staged arguments (compared by identity: an _Arg has no ==)
 
     def views(self, staged: list) -> list[HostView]:
         """Copy the staged arguments ``[(arg, writable), ...]`` in; return their views, in order."""
-        last = self.last
-        if last is not None and last[1] is self.map and len(last[0]) == len(staged) and \
-                all(x is a and xw == w for (x, xw), (a, w) in zip(last[0], staged)):
-            copies, views, back = last[2:]  # the same arguments as the last command's
-        else:
-            copies, views, back = self._place(staged)
-            self.last = (list(staged), self.map, copies, views, back)
+        copies, views, self.back = self._place(staged)
+        self.last = [a for a, _ in staged]
         for dst, src, n in copies:
             ctypes.memmove(dst, src, n)
-        self.back = back
         return views
 
     def idle(self) -> None:
         """A command with nothing staged: nothing to copy back after it, and the last staged arguments (the
         caller's tensors) no longer held."""
-        self.last, self.back = None, []
-
-    def staged_last(self) -> list:
-        """The arguments the last command staged (``in`` compares them by identity: an _Arg defines no ``==``)."""
-        return [a for a, _ in self.last[0]] if self.last is not None else []
+        self.last, self.back = [], []
 
     def _place(self, staged: list) -> tuple[list, list, list]:
         """``(copies in, views, copies back)`` of the staged arguments: where each lies in the area."""
@@ -88,7 +78,7 @@ class Staging:
             lo, _, first = a.stage
             g = 0 if len(groups) == 1 else next(i for i, (glo, ghi) in enumerate(groups) if glo <= lo < ghi)
             where.append((g, first - groups[g][0]))
-        # The same layout as the last command's (new tensors shaped alike, say): the same views.
+        # The same layout as the last command's (new tensors shaped alike, the same ones again): the same views.
         key = (tuple(hi - lo for lo, hi in groups),
                tuple((w, a.shape, a.strides, a.dtype, writable) for w, (a, writable) in zip(where, staged)))
         layout = self.layout
@@ -144,7 +134,7 @@ class Staging:
         self.map = self.binding.file_map(self.file)
 
     def close(self) -> None:
-        self.layout, self.last, self.back = None, None, []
+        self.layout, self.last, self.back = None, [], []
         if self.file is not None:
             self.binding.forget_file(self.file)
             self.file = self.map = None
