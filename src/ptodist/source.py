@@ -154,16 +154,20 @@ _fallback = threading.local()
 def user_location(skip: int = 1) -> Location | None:
     """Return the innermost calling frame that is not inside ptodist.
 
-    Code with no user frame on its stack (a builtin collective task that the host
-    orchestrator dispatched) reports the call site set by :func:`call_site`.
+    Code inside a :func:`call_site` block (a builtin collective task that the host orchestrator
+    dispatched) reports that call site: the only user frames on its stack, if any, are those a forked
+    rank process inherited from the driver (the line that called the program), not the collective's.
     """
+    loc = getattr(_fallback, "loc", None)
+    if loc is not None:
+        return loc
     frame = sys._getframe(skip)
     while frame is not None:
         fname = frame.f_code.co_filename
         if not is_internal(fname):
             return Location(fname, frame.f_lineno, frame.f_code.co_name)
         frame = frame.f_back
-    return getattr(_fallback, "loc", None)
+    return None
 
 
 class call_site:  # noqa: N801 - used as a function: ``with call_site(loc):``
