@@ -18,6 +18,7 @@
 #include <Python.h>
 #include <frameobject.h>
 #include <stdint.h>
+#include <string.h>
 #include <time.h>
 #include <errno.h>
 #include <limits.h>
@@ -119,30 +120,20 @@ static inline int satisfied(int32_t v, int cmp, int32_t expected) {
     return cmp == CMP_EQ ? v == expected : v >= expected;
 }
 
-/* wait(addr, sleepers, cmp, expected, spin_s, yield_s, timeout_s) -> (ok, value)
- * Spin for spin_s seconds, then poll with sched_yield() for yield_s more (when
- * ranks outnumber cores this hands the core to the rank that will notify, and
- * is far cheaper than a sleep and a wake-up), then sleep until the word
- * changes; at most timeout_s in all.  The caller loops on timeout. */
-static PyObject *py_wait(PyObject *self, PyObject *args) {
-    unsigned long long addr, sleepers_addr;
-    int cmp;
-    long long expected_ll;
-    double spin_s, yield_s, timeout_s;
-    if (!PyArg_ParseTuple(args, "KKiLddd", &addr, &sleepers_addr, &cmp, &expected_ll, &spin_s, &yield_s,
-                          &timeout_s))
-        return NULL;
-    int32_t *word = as_word(addr), *sleepers = as_word(sleepers_addr);
-    int32_t expected = (int32_t)expected_ll, v;
-    int ok = 0;
-    Py_BEGIN_ALLOW_THREADS
+/* Spin for spin_s seconds, then poll with sched_yield() for yield_s more (when ranks outnumber cores
+ * this hands the core to the rank that will notify, and is far cheaper than a sleep and a wake-up),
+ * then sleep until the word changes; at most timeout_s in all.  Returns whether the word satisfied
+ * the comparison, its last value in *seen.  Call without the GIL. */
+static int wait_word(int32_t *word, int32_t *sleepers, int cmp, int32_t expected, double spin_s, double yield_s,
+                     double timeout_s, int32_t *seen) {
     double start = now_s(), deadline = start + timeout_s, spin_end = start + spin_s;
     double yield_end = spin_end + yield_s;
+    int32_t v;
     for (;;) {
         v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
-        if (satisfied(v, cmp, expected)) { ok = 1; break; }
+        if (satisfied(v, cmp, expected)) { *seen = v; return 1; }
         double t = now_s();
-        if (t >= deadline) break;
+        if (t >= deadline) { *seen = v; return 0; }
         if (t < spin_end) {
             for (int i = 0; i < 64; i++) CPU_RELAX();
             continue;
@@ -159,17 +150,30 @@ static PyObject *py_wait(PyObject *self, PyObject *args) {
         }
         __atomic_fetch_sub(sleepers, 1, __ATOMIC_SEQ_CST);
     }
+}
+
+/* wait(addr, sleepers, cmp, expected, spin_s, yield_s, timeout_s) -> (ok, value): wait_word, from Python.
+ * The caller loops on timeout. */
+static PyObject *py_wait(PyObject *self, PyObject *args) {
+    unsigned long long addr, sleepers_addr;
+    int cmp;
+    long long expected_ll;
+    double spin_s, yield_s, timeout_s;
+    if (!PyArg_ParseTuple(args, "KKiLddd", &addr, &sleepers_addr, &cmp, &expected_ll, &spin_s, &yield_s,
+                          &timeout_s))
+        return NULL;
+    int32_t v;
+    int ok;
+    Py_BEGIN_ALLOW_THREADS
+    ok = wait_word(as_word(addr), as_word(sleepers_addr), cmp, (int32_t)expected_ll, spin_s, yield_s, timeout_s, &v);
     Py_END_ALLOW_THREADS
     return Py_BuildValue("(Oi)", ok ? Py_True : Py_False, v);
 }
 
 /* A futex mutex (0 free, 1 locked, 2 locked with sleepers) guarding atomic
- * tile accumulation, which has no single-instruction form for FP16/BF16. */
-static PyObject *py_lock(PyObject *self, PyObject *args) {
-    unsigned long long addr;
-    if (!PyArg_ParseTuple(args, "K", &addr)) return NULL;
-    int32_t *word = as_word(addr);
-    Py_BEGIN_ALLOW_THREADS
+ * tile accumulation, which has no single-instruction form for FP16/BF16.  lock_word may sleep: call it
+ * without the GIL. */
+static void lock_word(int32_t *word) {
     int32_t c = 0;
     if (!__atomic_compare_exchange_n(word, &c, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
         if (c != 2) c = __atomic_exchange_n(word, 2, __ATOMIC_ACQUIRE);
@@ -182,6 +186,22 @@ static PyObject *py_lock(PyObject *self, PyObject *args) {
             c = __atomic_exchange_n(word, 2, __ATOMIC_ACQUIRE);
         }
     }
+}
+
+static void unlock_word(int32_t *word) {
+    if (__atomic_fetch_sub(word, 1, __ATOMIC_RELEASE) != 1) {
+        __atomic_store_n(word, 0, __ATOMIC_RELEASE);
+#ifdef __linux__
+        syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
+#endif
+    }
+}
+
+static PyObject *py_lock(PyObject *self, PyObject *args) {
+    unsigned long long addr;
+    if (!PyArg_ParseTuple(args, "K", &addr)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    lock_word(as_word(addr));
     Py_END_ALLOW_THREADS
     Py_RETURN_NONE;
 }
@@ -189,13 +209,7 @@ static PyObject *py_lock(PyObject *self, PyObject *args) {
 static PyObject *py_unlock(PyObject *self, PyObject *args) {
     unsigned long long addr;
     if (!PyArg_ParseTuple(args, "K", &addr)) return NULL;
-    int32_t *word = as_word(addr);
-    if (__atomic_fetch_sub(word, 1, __ATOMIC_RELEASE) != 1) {
-        __atomic_store_n(word, 0, __ATOMIC_RELEASE);
-#ifdef __linux__
-        syscall(SYS_futex, word, FUTEX_WAKE, 1, NULL, NULL, 0);
-#endif
-    }
+    unlock_word(as_word(addr));
     Py_RETURN_NONE;
 }
 
@@ -292,6 +306,17 @@ static inline void wake_any_waiter(int32_t *slot) {
 /* notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot[, wake]) -> old: the atomic add
  * (or exchange) on a shared-memory cell, the wake-up of its sleepers and of the owner's wait for any cell
  * (`wake`: the owner's wake slot, 0 for none), the step and the ring entry. */
+static int32_t notify_cell(Ledger *self, int32_t *cell, int32_t *sleepers, int32_t value, int is_set,
+                           uint64_t word, int64_t buffer, int64_t owner, int64_t offset, int64_t slot, int32_t *wake) {
+    int32_t old = is_set ? __atomic_exchange_n(cell, value, __ATOMIC_SEQ_CST)
+                         : __atomic_fetch_add(cell, value, __ATOMIC_SEQ_CST);
+    publish(cell, sleepers);
+    if (wake != NULL) wake_any_waiter(wake);
+    ledger_step(self, word);
+    ledger_record(self, buffer, owner, offset, is_set, value, old, slot);
+    return old;
+}
+
 static PyObject *ledger_notify(Ledger *self, PyObject *const *args, Py_ssize_t n) {
     long long v[10];
     if (n != 9 && n != 10) {
@@ -303,15 +328,104 @@ static PyObject *ledger_notify(Ledger *self, PyObject *const *args, Py_ssize_t n
         if (i != 4 && !as_ll(args[i], &v[i])) return NULL;
     unsigned long long word = PyLong_AsUnsignedLongLong(args[4]);
     if (word == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    int32_t *cell = as_word((unsigned long long)v[0]);
-    int32_t value = (int32_t)v[2];
-    int32_t old = v[3] ? __atomic_exchange_n(cell, value, __ATOMIC_SEQ_CST)
-                       : __atomic_fetch_add(cell, value, __ATOMIC_SEQ_CST);
-    publish(cell, as_word((unsigned long long)v[1]));
-    if (v[9]) wake_any_waiter(as_word((unsigned long long)v[9]));
-    ledger_step(self, word);
-    ledger_record(self, v[5], v[6], v[7], (int)v[3], value, old, v[8]);
+    int32_t old = notify_cell(self, as_word((unsigned long long)v[0]), as_word((unsigned long long)v[1]),
+                              (int32_t)v[2], (int)v[3], word, v[5], v[6], v[7], v[8],
+                              v[9] ? as_word((unsigned long long)v[9]) : NULL);
     return PyLong_FromLong(old);
+}
+
+/* -- a recorded sequence of notifies, waits and copies, run in one call ------------------------
+ *
+ * A host orchestrator's collective runs the same operations on the same cells and regions every time
+ * it is called from one line with the same windows.  Its first run through the Python primitives is
+ * recorded (rank/schedule.py); later runs replay that record here: each operation does what its
+ * primitive does on shared memory - the same atomics, wake-ups, ledger steps and ring entries, the
+ * same element-wise add under the owner's lock - without a Python call per operation.  Every step is
+ * STEP_WORDS int64 words:
+ *   NOTIFY  cell, sleepers, value, is_set, wake (0: none), buffer, owner, offset, slot
+ *   WAIT    cell, sleepers, cmp, expected
+ *   COPY    dst, src, row bytes, rows, dst row stride, src row stride           (bytes)
+ *   ADD     dst, src, row elements, rows, dst row stride, src row stride, kind, lock (0: none)
+ * A wait not satisfied within timeout_s stops the run: the caller waits for it the primitive's way
+ * (publishing it for a hang report, answering an abort) and resumes at the next step. */
+
+#define STEP_WORDS 10
+enum { STEP_NOTIFY = 1, STEP_WAIT = 2, STEP_COPY = 3, STEP_ADD = 4 };
+enum { ADD_F32 = 1, ADD_F64 = 2, ADD_I32 = 3, ADD_I16 = 4, ADD_I8 = 5, ADD_I64 = 6 };
+
+/* numpy's `+=`: IEEE addition for floats, wrap-around for integers (done unsigned: no overflow in C). */
+#define ADD_ROW(T, U) do { T *d = (T *)dst; const T *s = (const T *)src; \
+        for (int64_t i = 0; i < count; i++) d[i] = (T)((U)d[i] + (U)s[i]); } while (0)
+
+static void add_row(int kind, char *dst, const char *src, int64_t count) {
+    switch (kind) {
+        case ADD_F32: ADD_ROW(float, float); break;
+        case ADD_F64: ADD_ROW(double, double); break;
+        case ADD_I32: ADD_ROW(int32_t, uint32_t); break;
+        case ADD_I16: ADD_ROW(int16_t, uint16_t); break;
+        case ADD_I8: ADD_ROW(int8_t, uint8_t); break;
+        case ADD_I64: ADD_ROW(int64_t, uint64_t); break;
+    }
+}
+
+/* run_steps(steps, count, start, spin_s, yield_s, timeout_s) -> the index of the wait that did not hold
+ * within timeout_s, or count once every step has run.  `steps`: the address of count * STEP_WORDS int64. */
+static PyObject *ledger_run_steps(Ledger *self, PyObject *args) {
+    unsigned long long addr;
+    long long count, start;
+    double spin_s, yield_s, timeout_s;
+    if (!PyArg_ParseTuple(args, "KLLddd", &addr, &count, &start, &spin_s, &yield_s, &timeout_s)) return NULL;
+    const int64_t *steps = (const int64_t *)(uintptr_t)addr;
+    long long i;
+    for (i = start; i < count; i++) {
+        const int64_t *s = steps + i * STEP_WORDS;
+        switch (s[0]) {
+            case STEP_NOTIFY:
+                notify_cell(self, as_word(s[1]), as_word(s[2]), (int32_t)s[3], (int)s[4], 0, s[6], s[7], s[8], s[9],
+                            s[5] ? as_word(s[5]) : NULL);
+                break;
+            case STEP_WAIT: {
+                int32_t *cell = as_word(s[1]);
+                int32_t v = __atomic_load_n(cell, __ATOMIC_SEQ_CST);
+                int ok = satisfied(v, (int)s[3], (int32_t)s[4]);
+                if (!ok) {
+                    Py_BEGIN_ALLOW_THREADS
+                    ok = wait_word(cell, as_word(s[2]), (int)s[3], (int32_t)s[4], spin_s, yield_s, timeout_s, &v);
+                    Py_END_ALLOW_THREADS
+                }
+                if (!ok) return PyLong_FromLongLong(i);
+                ledger_step(self, 0);
+                break;
+            }
+            case STEP_COPY: {
+                ledger_step(self, 0);
+                char *dst = (char *)(uintptr_t)s[1];
+                const char *src = (const char *)(uintptr_t)s[2];
+                for (int64_t r = 0; r < s[4]; r++)
+                    memmove(dst + r * s[5], src + r * s[6], (size_t)s[3]);
+                break;
+            }
+            case STEP_ADD: {
+                ledger_step(self, 0);
+                int32_t *lock = s[8] ? as_word(s[8]) : NULL, free_word = 0;  /* NULL: a rank's private memory */
+                if (lock != NULL
+                    && !__atomic_compare_exchange_n(lock, &free_word, 1, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+                    Py_BEGIN_ALLOW_THREADS
+                    lock_word(lock);
+                    Py_END_ALLOW_THREADS
+                }
+                for (int64_t r = 0; r < s[4]; r++)
+                    add_row((int)s[7], (char *)(uintptr_t)s[1] + r * s[5], (const char *)(uintptr_t)s[2] + r * s[6],
+                            s[3]);
+                if (lock != NULL) unlock_word(lock);
+                break;
+            }
+            default:
+                PyErr_Format(PyExc_ValueError, "run_steps: step %lld has no operation %lld", i, (long long)s[0]);
+                return NULL;
+        }
+    }
+    return PyLong_FromLongLong(i);
 }
 
 /* sent(buffer, owner, offset, is_set, value, old, slot): a ring entry for a notify made elsewhere (a
@@ -330,12 +444,20 @@ static PyObject *ledger_sent(Ledger *self, PyObject *const *args, Py_ssize_t n) 
 
 static PyObject *ledger_step_at(Ledger *self, PyObject *const *args, Py_ssize_t n);
 
+/* steps() -> the progress word: how many operations were counted so far. */
+static PyObject *ledger_steps(Ledger *self, PyObject *noargs) {
+    return PyLong_FromLongLong(__atomic_load_n(self->progress, __ATOMIC_RELAXED));
+}
+
 static PyMethodDef ledger_methods[] = {
     {"step", (PyCFunction)ledger_step_py, METH_O, "step(word): progress += 1; word != 0 is the last operation"},
+    {"steps", (PyCFunction)ledger_steps, METH_NOARGS, "steps() -> the progress word"},
     {"step_at", (PyCFunction)(void (*)(void))ledger_step_at, METH_FASTCALL,
      "step_at(cache, depth, code) -> None, or the frame (NotImplemented) whose call site is not cached yet"},
     {"notify", (PyCFunction)(void (*)(void))ledger_notify, METH_FASTCALL,
      "notify(addr, sleepers, value, is_set, word, buffer, owner, offset, slot[, wake]) -> old value"},
+    {"run_steps", (PyCFunction)ledger_run_steps, METH_VARARGS,
+     "run_steps(steps, count, start, spin_s, yield_s, timeout_s) -> index of the wait that did not hold, or count"},
     {"sent", (PyCFunction)(void (*)(void))ledger_sent, METH_FASTCALL,
      "sent(buffer, owner, offset, is_set, value, old, slot): record a notify made elsewhere"},
     {NULL, NULL, 0, NULL},

@@ -33,7 +33,7 @@ def run(call, me: int, n: int, host: bool) -> None:
     common.leave(signal, me, n)
 
 
-@collective(domain=(1, 2), build=_build, options=_options, run=run, source_role="input")
+@collective(domain=(1, 2), build=_build, options=_options, run=run, source_role="input", fixed_schedule=True)
 def all_to_all(input, target, signal):
     """``target[src]`` on rank r becomes ``input[r]`` on rank src.
 

@@ -81,7 +81,8 @@ def run(call, me: int, n: int, host: bool) -> None:
     common.leave(signal, me, n)
 
 
-@collective(domain=(1, 2), build=_build, options=_options, run=run, host_window_source=True)
+@collective(domain=(1, 2), build=_build, options=_options, run=run, host_window_source=True,
+            fixed_schedule=True)
 def allgather(local_data, target, signal):
     """``target[src]`` becomes rank ``src``'s ``local_data`` on every rank."""
     return context.current().collective("allgather", (local_data, target, signal), {})

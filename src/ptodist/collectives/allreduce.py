@@ -159,7 +159,7 @@ def ring(target, signal, op: ReduceOp, me: int, n: int) -> None:
 
 
 @collective(domain=(0, 1), build=_build, options=_options, run=run, modes=MODES, host_signal=_host_signal,
-            algorithm=lambda mode: "ring" if mode == "ring" else "direct")
+            algorithm=lambda mode: "ring" if mode == "ring" else "direct", fixed_schedule=True)
 def allreduce(target, signal=None, *, op=None, mode: str = "mesh", core_num: int = 1):
     """Every rank ends with the reduction (``op``, default Sum) of all ranks' ``target``.
 

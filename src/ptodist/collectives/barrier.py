@@ -16,7 +16,7 @@ def run(call, me: int, n: int, host: bool) -> None:
     common.barrier(call.signal, me, n)
 
 
-@collective(domain=(0,), build=_build, run=run)
+@collective(domain=(0,), build=_build, run=run, fixed_schedule=True)
 def barrier(signal):
     """All ranks arrive before any leaves; self-clearing (the same signal may be reused)."""
     return context.current().collective("barrier", (signal,), {})

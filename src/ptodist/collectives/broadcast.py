@@ -71,7 +71,7 @@ def run(call, me: int, n: int, host: bool) -> None:
     common.leave(signal, me, n)
 
 
-@collective(domain=(0, 1), build=_build, options=_options, run=run)
+@collective(domain=(0, 1), build=_build, options=_options, run=run, fixed_schedule=True)
 def broadcast(target, signal, *, root):
     """Every rank ends with rank ``root``'s ``target``; ``root`` is a Python int."""
     return context.current().collective("broadcast", (target, signal), {"root": root})

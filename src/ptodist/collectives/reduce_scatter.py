@@ -36,7 +36,7 @@ def run(call, me: int, n: int, host: bool) -> None:
     common.leave(signal, me, n)
 
 
-@collective(domain=(0, 1), build=_build, options=_options, run=run)
+@collective(domain=(0, 1), build=_build, options=_options, run=run, fixed_schedule=True)
 def reduce_scatter(target, signal, *, op=None):
     """``target`` holds one chunk per rank (row j for rank j); rank r ends with the sum of chunk r in row r."""
     return context.current().collective("reduce_scatter", (target, signal), {"op": op})

@@ -37,6 +37,9 @@ class Collective:
     # is the last of the domain arguments); None: the signal is required
     host_signal: Callable | None
     host_window_source: bool  # the host orchestrator's call takes its source as a window only (allgather)
+    # What a rank does in it depends on its arguments and options alone, never on data (all_to_all_v's counts are
+    # data): a host call may be recorded once and replayed (rank/replay.py)
+    fixed_schedule: bool
 
     @property
     def op_name(self) -> str:
@@ -55,13 +58,13 @@ REGISTRY: dict[str, Collective] = {}
 def collective(*, domain: tuple[int, ...], build: Callable, run: Callable, options: Callable | None = None,
                domain_kwargs: tuple[str, ...] = (), modes: tuple[str, ...] = (),
                algorithm: Callable | None = None, source_role: str = "local data", host_signal: Callable | None = None,
-               host_window_source: bool = False) -> Callable:
+               host_window_source: bool = False, fixed_schedule: bool = False) -> Callable:
     """Register the decorated entry point (named as the collective) with the rest of its declaration."""
     def register(entry: Callable) -> Callable:
         name = entry.__name__
         REGISTRY[name] = Collective(name, entry, tuple(domain), tuple(domain_kwargs), build, options, run,
                                     tuple(modes), algorithm or (lambda mode: run.__name__), source_role, host_signal,
-                                    host_window_source)
+                                    host_window_source, fixed_schedule)
         setattr(_pld_tensor, name, entry)
         return entry
     return register

@@ -16,6 +16,7 @@ from ..compiler.plan import BuiltinCall, domain_args
 from ..errors import ProgramValueError
 from ..source import call_site, user_location
 from .events import now_ns
+from .replay import Replay
 from .status import LAST_OP_CODES
 from .tensors import WindowTensor
 
@@ -29,10 +30,11 @@ class CollectiveState:
     site: tuple = (None, 0, None)  # while a collective runs: its call site, as _here gives it
     layouts: dict = field(default_factory=dict)  # window buffer id -> the collective layout it serves
     builtins: dict = field(default_factory=dict)  # the host orchestrator's collectives, checked: see _run_builtin
+    recording: object = None  # while a host collective's first run is recorded: its replay.Recording
     checked: dict = field(default_factory=dict)  # the kernels' collectives, checked: see collective()
 
 
-class CollectiveCalls:
+class CollectiveCalls(Replay):
     """The collective calls of :class:`~ptodist.rank.context.RankContext` (a part of it, with its state in
     ``self._coll``, a :class:`CollectiveState`)."""
 
@@ -47,16 +49,30 @@ class CollectiveCalls:
             group = self._call_group(b.describe(), args, kwargs, b.name, b.loc)
             call = coll_spec.check(b.name, args, kwargs, len(group), str(b.loc), host=True)
             coll_spec.check_layout(self._coll.layouts, call)
-            entry = self._coll.builtins[key] = (call, group, self._site_entry((b.loc.file, b.loc.line) if b.loc else None))
-        call, group, site = entry
+            site = self._site_entry((b.loc.file, b.loc.line) if b.loc else None)
+            # The last item: its replay (rank/replay.py) once recorded, None before, False when it has none.
+            fixed = collectives.REGISTRY[b.name].fixed_schedule
+            entry = self._coll.builtins[key] = [call, group, site, None if fixed else False]
+        call, group, site, _ = entry
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), site[0])
         with call_site(b.loc):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._run_collective(call, group, True, site),
-                            kind="collective", where=str(b.loc), info=info)
+            self._task_body(b.describe(), lambda: self._builtin_body(entry), kind="collective", where=str(b.loc),
+                            info=info)
+
+    def _builtin_body(self, entry: list) -> None:
+        """Run a host orchestrator's collective: its replay once recorded, where a record is kept and may be
+        replayed (no event log, no access checker watching); see rank/replay.py."""
+        call, group, site, replay = entry
+        if replay is False or self.events is not None or self.checking:
+            self._run_collective(call, group, True, site)
+        elif replay is None:
+            entry[3] = self._recorded(call, group, site)
+        else:
+            self._run_collective(call, group, True, site, replay)
 
     def collective(self, name, args, kwargs):
         if not self._kernel_depth and (self._open_actors or not self.graph.idle):
@@ -97,7 +113,7 @@ class CollectiveCalls:
         coll_spec.check_layout(self._coll.layouts, call)
         return call, group, self._site_entry((loc.file, loc.line) if loc is not None else None), args
 
-    def _run_collective(self, call, group: tuple, host: bool, site: tuple):
+    def _run_collective(self, call, group: tuple, host: bool, site: tuple, replay=None):
         # Signal operations inside a collective are its own, not hand-rolled uses of the window.
         # It runs over the comm domain of its windows: this rank's group rank among the group's ranks.
         # Its notifies are attributed to the program's line that called it (``site``: that line's site entry; for a
@@ -107,6 +123,9 @@ class CollectiveCalls:
             self._coll.site = site
         self._in_collective += 1
         try:
+            if replay is not None:  # its recorded operations, in one native call
+                self._replayed(replay)
+                return call.signal if call.target is None else call.target
             return collectives.run(call, group.index(self.rank), len(group), host=host)
         finally:
             self._in_collective -= 1

@@ -306,6 +306,8 @@ class MemoryCalls:
                 kind="read_only")
 
     def _store(self, op, tile, offsets, tensor, atomic):
+        if self._coll.recording is not None:  # a write a collective's record does not hold (rank/replay.py)
+            self._coll.recording.unfit = op
         t = self._tensor(op, tensor, "output_tensor")
         data = self._tile_data(op, tile, t)
         self._writable(op, t)
@@ -369,6 +371,8 @@ class MemoryCalls:
         return Scalar(value, t.dtype)
 
     def _write(self, op, tensor, offset, value):
+        if self._coll.recording is not None:
+            self._coll.recording.unfit = op
         t = self._tensor(op, tensor)
         self._writable(op, t)
         if t.dtype in dt.RAW_BITS:

@@ -177,6 +177,8 @@ class RmaCalls:
             return -1
         data = src_array[ssl]
         dst_array[dsl] = data
+        if self._coll.recording is not None:
+            self._coll.recording.moved(dst_array[dsl], data, False, None)
         return data.nbytes
 
     def _copy(self, op, dst, dst_array, owner, src, src_array, dst_offsets, src_offsets, shape, atomic, chunk_rows,
@@ -211,6 +213,8 @@ class RmaCalls:
             if self.checking:
                 self._touch(op, dst, dst_array[dsl], True)
             dst_array[dsl] = data
+        if self._coll.recording is not None:
+            self._coll.recording.moved(dst_array[dsl], data, atomic is AtomicType.Add, owner)
         return data.nbytes
 
     # -- pld.tensor.put_async, its session and its event -------------------------------------------------------

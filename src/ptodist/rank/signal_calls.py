@@ -94,6 +94,8 @@ class SignalCalls:
             slot, word = here[2], (_NOTIFY | here[1]) if here[0] is not None else 0
         start = now_ns() if self.events is not None else 0
         old = self.memory.notify(self._ledger, bid, p, byte, v, is_set, word, slot)
+        if self._coll.recording is not None:
+            self._coll.recording.notify(bid, p, byte, v, is_set, word, slot)
         if self.events is not None:
             new = v if is_set else old + v
             self._log("notify", op, start, buffer=w.buffer.name, buffer_id=w.buffer.id, owner=p,
@@ -138,6 +140,8 @@ class SignalCalls:
                     here = self._site_at(here, 1)
                 if here is not None:
                     self._last_op.value = _WAIT | here[1]
+        elif self._coll.recording is not None:
+            self._coll.recording.wait(w, byte, idx, expected, cmp)
         self._block_until(w, byte, idx, expected, cmp, None)
 
     def _defer_wait(self, op, signal, offsets, expected, cmp):
@@ -161,6 +165,8 @@ class SignalCalls:
         if not ok and self.graph.run_ready():  # the rank's ready tasks run while it would wait (as on a device)
             ok, seen = self.memory.cell_wait(w.buffer.id, byte, ge, expected, self.wait_slice_s)
         if not ok:
+            if self._coll.recording is not None:
+                self._coll.recording.slow = True  # its record may hold the operations of the tasks run meanwhile
             loc = loc or user_location(2)
             what = what or f"pld.system.wait on '{w.name}' (buffer '{w.buffer.name}') cell {[int(i) for i in idx]}"
         # While tasks' deferred waits are pending, what this wait needs may come only once one of them holds and

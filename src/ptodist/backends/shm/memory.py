@@ -20,6 +20,41 @@ _SEQ_WRAP = 1 << 30        # a wake slot's seq is reset before it comes near INT
 _CPUS = os.cpu_count() or 1
 
 
+_STEP_WORDS = 10  # int64 words per step of Ledger.run_steps
+_ADD_KINDS = {"<f4": 1, "<f8": 2, "<i4": 3, "<i2": 4, "|i1": 5, "<i8": 6}  # numpy dtype -> run_steps' add kind
+
+
+class CompiledSteps:
+    """A recorded collective as ``Ledger.run_steps`` takes it: ``count`` steps at ``addr``, and the views they
+    address (kept so that their memory stays mapped)."""
+
+    __slots__ = ("rows", "keep", "addr", "count")
+
+    def __init__(self, rows: np.ndarray, keep: list):
+        self.rows, self.keep = rows, keep
+        self.addr, self.count = rows.ctypes.data, len(rows)
+
+
+def _row_runs(dst: np.ndarray, src: np.ndarray) -> tuple[int, int, int, int] | None:
+    """How ``dst[...] = src`` moves as rows of contiguous elements: ``(elements per row, rows, dst row stride,
+    src row stride)`` in bytes for the strides; None when it is not that simple (shapes or dtypes differ, more
+    than one strided dimension, overlapping memory: numpy would go through a temporary)."""
+    if dst.shape != src.shape or dst.dtype != src.dtype or np.may_share_memory(dst, src):
+        return None
+    if dst.size == 0:
+        return 0, 0, 0, 0
+    item = dst.itemsize
+    dims = [(n, a, b) for n, a, b in zip(dst.shape, dst.strides, src.strides) if n != 1]
+    count = 1
+    while dims and dims[-1][1] == count * item and dims[-1][2] == count * item:
+        count *= dims.pop()[0]
+    if not dims:
+        return count, 1, 0, 0
+    if len(dims) == 1:
+        return count, dims[0][0], dims[0][1], dims[0][2]
+    return None
+
+
 def _align(n: int) -> int:
     return -(-n // ALIGN) * ALIGN
 
@@ -146,6 +181,43 @@ class ShmMemory:
 
     def locked(self, rank: int) -> _Lock:
         return _Lock(self.base + self.layout.locks + 4 * rank)
+
+    def compile_steps(self, steps: list) -> CompiledSteps | None:
+        """The recorded operations of a collective (``rank/replay.py``) as the native step list
+        ``Ledger.run_steps`` runs, or None when one of them has no native form (a region numpy would copy
+        through a temporary, a dtype without a native add)."""
+        rows = np.zeros((len(steps), _STEP_WORDS), np.int64)
+        keep = []  # the views whose memory the steps address
+        for i, step in enumerate(steps):
+            kind = step[0]
+            if kind == "notify":
+                _, buffer_id, rank, offset, value, is_set, slot = step
+                rows[i] = (1, self._at[buffer_id][rank] + offset, self.sleepers_addr, value, is_set, self._wake[rank],
+                           buffer_id, rank, offset, slot)
+            elif kind == "wait":
+                _, buffer_id, offset, ge, expected = step
+                rows[i, :5] = (2, self._at[buffer_id][self.rank] + offset, self.sleepers_addr, int(ge), expected)
+            else:  # "copy" (dst, src) or "add" (dst, src, owner: whose accumulate lock, None for none)
+                dst, src = step[1], step[2]
+                runs = _row_runs(dst, src)
+                if runs is None:
+                    return None
+                count, n, dst_stride, src_stride = runs
+                if kind == "copy":
+                    rows[i, :7] = (3, dst.ctypes.data, src.ctypes.data, count * dst.itemsize, n, dst_stride, src_stride)
+                else:
+                    add = _ADD_KINDS.get(dst.dtype.str)
+                    if add is None:
+                        return None
+                    lock = 0 if step[3] is None else self.base + self.layout.locks + 4 * step[3]
+                    rows[i, :9] = (4, dst.ctypes.data, src.ctypes.data, count, n, dst_stride, src_stride, add, lock)
+                keep += (dst, src)
+        return CompiledSteps(rows, keep)
+
+    def run_steps(self, ledger, steps: CompiledSteps, start: int) -> int:
+        """Run ``steps`` from ``start``; return the index of a wait that did not hold within a slice (the
+        caller waits for it the primitive's way), or the step count once all have run."""
+        return ledger.run_steps(steps.addr, steps.count, start, self.spin_s, self.yield_s, self._slice_s)
 
 
 class _Lock:

@@ -1,0 +1,188 @@
+"""A host orchestrator's collective called again and again: recorded on its first run, replayed natively after
+(rank/replay.py) where the record is the whole truth, and every call gives the same numbers and diagnosis as the
+primitives do on every backend.
+
+Each program runs K rounds; in round i every rank stages new data, the host calls one collective, and every rank
+copies the result out, so a replay that moved stale or wrong regions shows in a later round's numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import LOCAL_BACKENDS, marker_line
+
+import ptodist.language as pl
+import ptodist.language.distributed as pld
+from ptodist import DistributedConfig, HangError, RunConfig
+from ptodist.backends.shm.memory import ShmMemory, _row_runs
+
+N, K = 6, 3
+
+CASES = {  # name -> (dtype, host call (a, b, c, sig, n) -> the window read back, expected (x, n) per round)
+    "allreduce": (pl.FP32, lambda a, b, c, s, n: pld.tensor.allreduce(a, s),
+                  lambda x, n: np.broadcast_to(x.sum(0), x.shape)),
+    "allreduce_int32": (pl.INT32, lambda a, b, c, s, n: pld.tensor.allreduce(a, s),
+                        lambda x, n: np.broadcast_to(x.sum(0), x.shape)),
+    "allreduce_fp16": (pl.FP16, lambda a, b, c, s, n: pld.tensor.allreduce(a, s),
+                       lambda x, n: np.broadcast_to(x.sum(0), x.shape)),
+    "allreduce_max": (pl.FP32, lambda a, b, c, s, n: pld.tensor.allreduce(a, s, op=pld.ReduceOp.Max),
+                      lambda x, n: np.broadcast_to(x.max(0), x.shape)),
+    "broadcast": (pl.FP32, lambda a, b, c, s, n: pld.tensor.broadcast(a, s, root=1),
+                  lambda x, n: np.broadcast_to(x[1], x.shape)),
+    "reduce_scatter": (pl.FP32, lambda a, b, c, s, n: pld.tensor.reduce_scatter(a, s),
+                       lambda x, n: np.stack([np.where(np.arange(n)[:, None] == r, x.sum(0), x[r]) for r in range(n)])),
+    "all_to_all": (pl.FP32, lambda a, b, c, s, n: pld.tensor.all_to_all(a, b, s),
+                   lambda x, n: x.transpose(1, 0, 2)),
+    "allgather": (pl.FP32, lambda a, b, c, s, n: pld.tensor.allgather(c, b, s),
+                  lambda x, n: np.broadcast_to(x[:, 0], x.shape)),
+}
+
+
+def rounds_program(name: str, n: int):
+    """K rounds of collective ``name`` on ``n`` ranks; rank r's data ``x[i, r]`` is ``[n, N]``."""
+    dtype, call, _ = CASES[name]
+
+    @pl.jit.incore
+    def stage(x: pl.Tensor[[n, N], dtype], a: pl.InOut[pld.DistributedTensor[[n, N], dtype]],
+              c: pl.InOut[pld.DistributedTensor[[1, N], dtype]]):
+        pl.store(pl.load(x, [0, 0], [n, N]), [0, 0], a)
+        pl.store(pl.load(x, [0, 0], [1, N]), [0, 0], c)
+        return a
+
+    @pl.jit
+    def stage_on(x: pl.Tensor[[n, N], dtype], a: pl.InOut[pld.DistributedTensor[[n, N], dtype]],
+                 c: pl.InOut[pld.DistributedTensor[[1, N], dtype]]):
+        return stage(x, a, c)
+
+    @pl.jit.incore
+    def keep(y: pl.Out[pl.Tensor[[n, N], dtype]], res: pl.InOut[pld.DistributedTensor[[n, N], dtype]]):
+        pl.store(pl.load(res, [0, 0], [n, N]), [0, 0], y)
+        return y
+
+    @pl.jit
+    def keep_on(y: pl.Out[pl.Tensor[[n, N], dtype]], res: pl.InOut[pld.DistributedTensor[[n, N], dtype]]):
+        return keep(y, res)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[K, n, n, N], dtype], y: pl.Out[pl.Tensor[[K, n, n, N], dtype]]):
+        a = pld.window(pld.alloc_window_buffer([n, N], dtype=dtype), [n, N], dtype=dtype)
+        b = pld.window(pld.alloc_window_buffer([n, N], dtype=dtype), [n, N], dtype=dtype)
+        c = pld.window(pld.alloc_window_buffer([1, N], dtype=dtype), [1, N], dtype=dtype)
+        sig = pld.window(pld.alloc_window_buffer([n, 1], dtype=pl.INT32), [n, 1], dtype=pl.INT32)
+        for i in pl.range(K):
+            for r in pl.range(pld.world_size()):
+                stage_on(x[i, r], a, c, device=r)
+            res = call(a, b, c, sig, n)
+            for r in pl.range(pld.world_size()):
+                keep_on(y[i, r], res, device=r)
+        return y
+
+    return host
+
+
+def run_rounds(name: str, n: int, backend: str) -> tuple[np.ndarray, np.ndarray]:
+    """Run the rounds; return (what every rank read back, what numpy says)."""
+    dtype = CASES[name][0]
+    rng = np.random.default_rng(7)
+    x = rng.integers(-50, 50, (K, n, n, N)).astype(dtype.np_dtype)
+    y = np.zeros_like(x)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(n))), backend=backend)
+    rounds_program(name, n)(x, y, config=cfg)
+    return y, np.stack([CASES[name][2](x[i], n) for i in range(K)])
+
+
+@pytest.mark.parametrize("n", [2, 3])
+@pytest.mark.parametrize("name", list(CASES))
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_every_round_of_a_host_collective_gives_numpys_numbers(name, n, backend):
+    y, expected = run_rounds(name, n, backend)
+    np.testing.assert_array_equal(y, expected)
+
+
+@pytest.fixture
+def replays(monkeypatch, tmp_path):
+    """Count the replayed collectives of shm ranks (forked after the patch): a file line per replay."""
+    log = tmp_path / "replays"
+    run = ShmMemory.run_steps
+
+    def counted(self, ledger, steps, start):
+        if start == 0:
+            with open(log, "a") as f:
+                f.write(f"{self.rank}\n")
+        return run(self, ledger, steps, start)
+
+    monkeypatch.setattr(ShmMemory, "run_steps", counted)
+    return lambda: sorted(log.read_text().split()) if log.exists() else []
+
+
+@pytest.mark.parametrize(("name", "replayed"), [
+    ("allreduce", True), ("allreduce_int32", True), ("broadcast", True), ("reduce_scatter", True),
+    ("all_to_all", True), ("allgather", True),
+    ("allreduce_fp16", False),  # no native add for FP16: every call through the primitives
+    ("allreduce_max", False),   # a remote_load and a tile store: the record does not hold them
+])
+def test_a_collective_is_replayed_after_its_first_run_where_the_record_holds_it(name, replayed, replays):
+    y, expected = run_rounds(name, 2, "shm")
+    np.testing.assert_array_equal(y, expected)
+    assert replays() == (["0"] * (K - 1) + ["1"] * (K - 1) if replayed else [])
+
+
+def stalling_program(stall_round: int):
+    """Rank 1 waits for ever before round ``stall_round``'s allreduce, which rank 0 enters."""
+
+    @pl.jit.incore
+    def stall(h: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]], when: pl.Tensor[[1], pl.INT32]):
+        if pld.rank(pld.get_comm_ctx(h)) == 1 and pl.read(when, [0]) == 1:
+            pld.system.wait(h, [0, 0], 1, cmp=pld.WaitCmp.Ge)  # never notified
+        return h
+
+    @pl.jit
+    def stall_on(h: pl.InOut[pld.DistributedTensor[[2, 1], pl.INT32]], when: pl.Tensor[[1], pl.INT32]):
+        return stall(h, when)
+
+    @pl.jit.host
+    def host(when: pl.Tensor[[K, 1], pl.INT32]):
+        a = pld.window(pld.alloc_window_buffer([1, N], dtype=pl.FP32), [1, N], dtype=pl.FP32)
+        sig = pld.window(pld.alloc_window_buffer([2, 1], dtype=pl.INT32), [2, 1], dtype=pl.INT32)
+        h = pld.window(pld.alloc_window_buffer([2, 1], dtype=pl.INT32), [2, 1], dtype=pl.INT32)
+        for i in pl.range(K):
+            for r in pl.range(pld.world_size()):
+                stall_on(h, when[i], device=r)
+            pld.tensor.allreduce(a, sig)  # @the_allreduce
+        return when
+
+    when = np.zeros((K, 1), np.int32)
+    when[stall_round] = 1
+    return host, when
+
+
+@pytest.mark.parametrize("stall_round", [0, K - 1])  # the recorded run, a replayed one
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_a_hang_inside_a_host_collective_names_its_line_and_cell_on_every_backend(stall_round, backend):
+    host, when = stalling_program(stall_round)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=[0, 1]), backend=backend, hang_timeout_s=2.0)
+    with pytest.raises(HangError) as e:
+        host(when, config=cfg)
+    assert (f"rank 0 (device 0): blocked at {__file__}:{marker_line(__file__, 'the_allreduce')} in kernel "
+            "'pld.tensor.allreduce': pld.system.wait on 'sig' (buffer 'sig') cell [1, 0] holds 0, needs >= 1") \
+        in str(e.value)
+    # what rank 0 received in the rounds before: rank 1's tokens, from the allreduce's line
+    assert f"+1 from rank 1 at {__file__}:{marker_line(__file__, 'the_allreduce')}" in str(e.value) or stall_round == 0
+
+
+@pytest.mark.parametrize(("dst", "src", "runs"), [
+    (np.zeros((4, 8), np.float32), np.ones((4, 8), np.float32), (32, 1, 0, 0)),  # contiguous: one row
+    (np.zeros((4, 8), np.float32)[:, 2:6], np.ones((4, 4), np.float32), (4, 4, 32, 16)),  # a column block
+    (np.zeros((1, 8), np.float32), np.ones((1, 8), np.float32), (8, 1, 0, 0)),
+    (np.zeros((0, 8), np.float32), np.ones((0, 8), np.float32), (0, 0, 0, 0)),  # nothing moves
+])
+def test_a_region_moves_as_rows_of_contiguous_elements(dst, src, runs):
+    assert _row_runs(dst, src) == runs
+
+
+def test_a_region_numpy_would_move_through_a_temporary_has_no_native_form():
+    a = np.zeros((4, 8), np.float32)
+    assert _row_runs(a[:, 1:], a[:, :-1]) is None  # overlapping
+    assert _row_runs(np.zeros((2, 4, 4), np.float32)[:, :, :2], np.ones((2, 4, 2), np.float32)) is None  # 2 strided
+    assert _row_runs(np.zeros(4, np.float32), np.ones(4, np.float64)) is None  # dtypes differ
