@@ -131,12 +131,10 @@ class RankMemory(Protocol):
         """Hold rank ``rank``'s accumulate lock (atomic tile adds into its windows)."""
 
     def compile_steps(self, steps: list):
-        """A collective's recorded operations (``rank/replay.py``) in a form :meth:`run_steps` runs in one call,
-        or None where there is none (every call then runs through the primitives)."""
-
-    def run_steps(self, ledger, steps, start: int) -> int:
-        """Run compiled ``steps`` from ``start``, each as its primitive would; return the index of a wait that
-        did not hold within a slice (the caller waits for it the primitive's way), or the step count."""
+        """A collective's recorded operations (``rank/replay.py``) as an object whose ``run(ledger, start)``
+        runs them in one call, each as its primitive would, and returns the index of a wait that did not hold
+        within a slice (or the step count); None where there is no such form (every call then runs through
+        the primitives)."""
 
 
 def notify_cell(memory: RankMemory, ledger, buffer_id: int, rank: int, offset: int, value: int, is_set: int,

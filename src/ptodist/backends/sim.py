@@ -141,9 +141,6 @@ class SimMemory:
     def compile_steps(self, steps: list) -> None:
         return None  # the scheduler must see every operation: it may switch ranks at each
 
-    def run_steps(self, ledger, steps, start: int) -> int:
-        raise NotImplementedError("the sim backend compiles no steps")
-
 
 def _switching(name: str):
     """A method that lets the scheduler switch to another rank, then runs RankContext's ``name``."""

@@ -77,8 +77,8 @@ class Replay:
     def _replayed(self, replay) -> None:
         """Run a recorded collective natively; a wait that outlasts a slice is waited for the primitive's way."""
         steps, waits = replay
-        memory, ledger = self.memory, self._ledger
-        at = memory.run_steps(ledger, steps, 0)
+        ledger = self._ledger
+        at = steps.run(ledger, 0)
         while at < steps.count:
             self._block_until(*waits[at], None)
-            at = memory.run_steps(ledger, steps, at + 1)
+            at = steps.run(ledger, at + 1)

@@ -365,9 +365,6 @@ class MpiMemory:
     def compile_steps(self, steps: list) -> None:
         return None  # a peer's memory is reached through MPI RMA calls, one per operation
 
-    def run_steps(self, ledger, steps, start: int) -> int:
-        raise NotImplementedError("the mpi backend compiles no steps")
-
     @contextmanager
     def locked(self, rank: int):
         """Hold rank ``rank``'s accumulate lock: a compare-and-swap word in its control window."""

@@ -25,14 +25,19 @@ _ADD_KINDS = {"<f4": 1, "<f8": 2, "<i4": 3, "<i2": 4, "|i1": 5, "<i8": 6}  # num
 
 
 class CompiledSteps:
-    """A recorded collective as ``Ledger.run_steps`` takes it: ``count`` steps at ``addr``, and the views they
-    address (kept so that their memory stays mapped)."""
+    """A recorded collective as ``Ledger.run_steps`` takes it: ``count`` steps, the views they address (kept so
+    that their memory stays mapped), and how its waits wait (the memory's spin, yield and slice)."""
 
-    __slots__ = ("rows", "keep", "addr", "count")
+    __slots__ = ("rows", "keep", "addr", "count", "waits")
 
-    def __init__(self, rows: np.ndarray, keep: list):
-        self.rows, self.keep = rows, keep
+    def __init__(self, rows: np.ndarray, keep: list, waits: tuple[float, float, float]):
+        self.rows, self.keep, self.waits = rows, keep, waits
         self.addr, self.count = rows.ctypes.data, len(rows)
+
+    def run(self, ledger, start: int) -> int:
+        """Run the steps from ``start``; return the index of a wait that did not hold within a slice (the
+        caller waits for it the primitive's way), or ``count`` once all have run."""
+        return ledger.run_steps(self.addr, self.count, start, *self.waits)
 
 
 def _row_runs(dst: np.ndarray, src: np.ndarray) -> tuple[int, int, int, int] | None:
@@ -183,7 +188,7 @@ class ShmMemory:
         return _Lock(self.base + self.layout.locks + 4 * rank)
 
     def compile_steps(self, steps: list) -> CompiledSteps | None:
-        """The recorded operations of a collective (``rank/replay.py``) as the native step list
+        """The recorded operations of a collective (``rank/replay.py``) as the native steps
         ``Ledger.run_steps`` runs, or None when one of them has no native form (a region numpy would copy
         through a temporary, a dtype without a native add)."""
         rows = np.zeros((len(steps), _STEP_WORDS), np.int64)
@@ -212,12 +217,7 @@ class ShmMemory:
                     lock = 0 if step[3] is None else self.base + self.layout.locks + 4 * step[3]
                     rows[i, :9] = (4, dst.ctypes.data, src.ctypes.data, count, n, dst_stride, src_stride, add, lock)
                 keep += (dst, src)
-        return CompiledSteps(rows, keep)
-
-    def run_steps(self, ledger, steps: CompiledSteps, start: int) -> int:
-        """Run ``steps`` from ``start``; return the index of a wait that did not hold within a slice (the
-        caller waits for it the primitive's way), or the step count once all have run."""
-        return ledger.run_steps(steps.addr, steps.count, start, self.spin_s, self.yield_s, self._slice_s)
+        return CompiledSteps(rows, keep, (self.spin_s, self.yield_s, self._slice_s))
 
 
 class _Lock:
