@@ -17,7 +17,7 @@ from conftest import LOCAL_BACKENDS, marker_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, HangError, RunConfig
+from ptodist import DistributedConfig, HangError, RunConfig, shared_array
 from ptodist.backends.shm.memory import CompiledSteps, _row_runs
 
 N, K = 6, 3
@@ -130,6 +130,23 @@ def test_a_collective_is_replayed_after_its_first_run_where_the_record_holds_it(
     y, expected = run_rounds(name, 2, "shm")
     np.testing.assert_array_equal(y, expected)
     assert replays() == ([K - 1, K - 1] if replayed else [])  # each of the 2 ranks, every call but the first
+
+
+@pytest.mark.parametrize("name", ["allreduce", "all_to_all"])
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_a_prepared_program_gives_numpys_numbers_at_every_dispatch(name, backend):
+    # A worker's dispatch runs in a new rank context: its first call records again, with the dispatch's memory.
+    n, dtype = 2, CASES[name][0]
+    x, y = shared_array((K, n, n, N), dtype.np_dtype), shared_array((K, n, n, N), dtype.np_dtype)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(n))), backend=backend)
+    rng = np.random.default_rng(11)
+    with rounds_program(name, n).compile(x, y, config=cfg).prepare() as rt:
+        for dispatch in range(3):
+            x[...] = rng.integers(-50, 50, x.shape)
+            y[...] = 0
+            rt(x, y)
+            expected = np.stack([CASES[name][2](x[i], n) for i in range(K)])
+            np.testing.assert_array_equal(y, expected, err_msg=f"dispatch {dispatch}")
 
 
 def stalling_program(stall_round: int):
