@@ -184,8 +184,11 @@ class ShmMemory:
     def _between_slices(self) -> None:
         """Called between two slices of a wait (a group's rank checks for an abort here)."""
 
+    def _lock_addr(self, rank: int) -> int:
+        return self.base + self.layout.locks + 4 * rank
+
     def locked(self, rank: int) -> _Lock:
-        return _Lock(self.base + self.layout.locks + 4 * rank)
+        return _Lock(self._lock_addr(rank))
 
     def compile_steps(self, steps: list) -> CompiledSteps | None:
         """The recorded operations of a collective (``rank/replay.py``) as the native steps
@@ -214,7 +217,7 @@ class ShmMemory:
                     add = _ADD_KINDS.get(dst.dtype.str)
                     if add is None:
                         return None
-                    lock = 0 if step[3] is None else self.base + self.layout.locks + 4 * step[3]
+                    lock = 0 if step[3] is None else self._lock_addr(step[3])
                     rows[i, :9] = (4, dst.ctypes.data, src.ctypes.data, count, n, dst_stride, src_stride, add, lock)
                 keep += (dst, src)
         return CompiledSteps(rows, keep, (self.spin_s, self.yield_s, self._slice_s))
