@@ -81,15 +81,26 @@ _TORCH_NAMES = {
 }
 
 
+_FROM_TORCH: dict = {}  # torch dtype -> DataType or None, as met (every dispatch asks)
+_TO_TORCH: dict = {}    # DataType name -> torch dtype, as met
+
+
 def from_torch(torch_dtype) -> DataType | None:
     """Return the DataType for a torch dtype (by name, so torch is not imported here)."""
-    return _TORCH_NAMES.get(str(torch_dtype).removeprefix("torch."))
+    try:
+        return _FROM_TORCH[torch_dtype]
+    except KeyError:
+        found = _FROM_TORCH[torch_dtype] = _TORCH_NAMES.get(str(torch_dtype).removeprefix("torch."))
+        return found
 
 
 def to_torch(dtype: DataType):
-    import torch
+    found = _TO_TORCH.get(dtype.name)
+    if found is None:
+        import torch
 
-    return getattr(torch, {v.name: k for k, v in _TORCH_NAMES.items()}[dtype.name])
+        found = _TO_TORCH[dtype.name] = getattr(torch, {v.name: k for k, v in _TORCH_NAMES.items()}[dtype.name])
+    return found
 
 
 def convert(data: np.ndarray, source: DataType, target: DataType) -> np.ndarray:

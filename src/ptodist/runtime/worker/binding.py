@@ -22,7 +22,8 @@ from ...language import dtypes as dt
 from ...language.types import Direction
 from ..host_args import unsupported_dtype
 from .handles import DeviceTensor, StackedDeviceTensor, host_array
-from .memory import SharedFile, SharedMapping, shared_array, shared_mapping
+from .memory import SharedFile, SharedMapping, shared_mapping
+from .outputs import OutputPool
 from .staging import Staging, stageable
 
 try:
@@ -37,7 +38,7 @@ class _Arg:
     """A tensor argument of a dispatch, as the ranks will see it (the adapter ``_bind`` uses)."""
 
     __slots__ = ("value", "dtype", "shape", "is_torch", "kind", "map", "offset", "strides", "resident", "view",
-                 "stage")
+                 "stage", "views", "__weakref__")
 
     def __init__(self, value, dtype, shape, is_torch, kind, map_=None, offset=0, strides=None, resident=None):
         self.value = value
@@ -51,6 +52,7 @@ class _Arg:
         self.resident = resident  # the DeviceTensor / StackedDeviceTensor
         self.view = None          # its HostView, made at its first command (arguments bound alike reuse it)
         self.stage = None         # staged (shm: staging.py): the (lo, hi, first) addresses of its span, element 0
+        self.views = None         # shm: the views of a tensor bound before, by writability (kept with its binding)
 
 
 class _Map:
@@ -209,6 +211,10 @@ def _c_strides(shape: tuple) -> tuple:
     return tuple(reversed(out))
 
 
+def _where(compiled, name: str) -> str:
+    return f"{compiled.host.name}() parameter '{name}'"
+
+
 def _writable(d, i: int) -> bool:
     params = d.compiled.host.params
     return i >= len(params) or params[i].direction is not Direction.IN  # beyond the parameters: intermediates
@@ -222,9 +228,8 @@ class LocalBinding:
         self.engine = engine
 
     def adapt(self, value, name: str, compiled) -> _Arg:
-        where = f"{compiled.host.name}() parameter '{name}'"
         if isinstance(value, (DeviceTensor, StackedDeviceTensor)):
-            return _resident_arg(value, where, self.engine)
+            return _resident_arg(value, _where(compiled, name), self.engine)
         is_torch = type(value).__module__.startswith("torch")
         if not is_torch and not isinstance(value, np.ndarray):
             raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. Pass a "
@@ -313,6 +318,7 @@ class SharedBinding:
         self.sent_plans: set[int] = set()
         self.forget_plans = False
         self.staging = Staging(self)
+        self.outputs = OutputPool()  # the outputs and intermediates it makes, reused once the caller lets go
 
     # -- memory the ranks map --------------------------------------------------------------
     def _entry(self, key, owner, make) -> _Map:
@@ -384,21 +390,19 @@ class SharedBinding:
         file.close()
 
     # -- binding ----------------------------------------------------------------------------
-    # -- binding ----------------------------------------------------------------------------
     def adapt(self, value, name: str, compiled, stage: bool = True) -> _Arg:
         """``value`` (parameter ``name``) as the ranks will see it: mapped, or staged (``stage``: when it is small
         and its memory not mapped yet, see staging.py)."""
-        where = f"{compiled.host.name}() parameter '{name}'"
+        if type(value).__module__.startswith("torch"):  # the usual case first: every dispatch adapts its tensors
+            import torch
+
+            if isinstance(value, torch.Tensor):
+                return self._torch_arg(value, name, compiled, stage)
+        where = _where(compiled, name)
         if isinstance(value, (DeviceTensor, StackedDeviceTensor)):
             a = _resident_arg(value, where, self.engine)
             a.map = self.file_map(value._file)
             return a
-        module = type(value).__module__
-        if module.startswith("torch"):
-            import torch
-
-            if isinstance(value, torch.Tensor):
-                return self._torch_arg(value, name, where, stage)
         if isinstance(value, np.ndarray):
             dtype = dt.from_numpy(value.dtype)
             if dtype is None:
@@ -421,30 +425,36 @@ class SharedBinding:
         raise DispatchTypeError(f"parameter '{name}' is a tensor parameter; got {type(value).__name__}. Pass a torch "
                                 "tensor, a numpy array, or a DeviceTensor / StackedDeviceTensor of this worker.")
 
-    def _torch_arg(self, t, name: str, where: str, stage: bool) -> _Arg:
+    def _torch_arg(self, t, name: str, compiled, stage: bool) -> _Arg:
+        hit = self.tensors.get(id(t))
+        if hit is not None and hit[0]() is t:  # bound before: unchanged, and its memory still the ranks'
+            key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
+            if hit[1] == key and hit[2].token in self.by_token:
+                a = _Arg(t, hit[5], key[1], True, "host", hit[2], hit[3], hit[4])
+                a.views = hit[6]
+                return a
         dtype = dt.from_torch(t.dtype)
         if dtype is None:
             raise unsupported_dtype(name, t.dtype, True)
-        if t.device.type != "cpu":
+        if not t.is_cpu:
             raise DispatchTypeError(f"host tensor '{name}' is on {t.device}; pass a CPU tensor")
-        itemsize = dtype.get_byte()
-        strides = tuple(int(s) * itemsize for s in t.stride())
-        key = (t.data_ptr(), t.shape, t.stride(), dtype)
-        hit = self.tensors.get(id(t))
-        if hit is not None and hit[0]() is t and hit[1] == key and hit[2].token in self.by_token:
-            return _Arg(t, dtype, key[1], True, "host", hit[2], hit[3], hit[4])
         if t.numel() == 0:
             return _Arg(t, dtype, t.shape, True, "empty")
+        itemsize = dtype.get_byte()
+        stride = t.stride()
+        strides = tuple(s * itemsize for s in stride)
         lo, hi = _torch_span(t, strides, itemsize)
         stage = stage and stageable(lo, hi, strides)
-        if t.is_shared():
-            storage = t.untyped_storage()
-            if stage and not self._mapped(("torch", storage.data_ptr())):
+        storage = t.untyped_storage()
+        if storage.is_shared():
+            at = storage.data_ptr()
+            if stage and not self._mapped(("torch", at)):
                 return _staged(t, dtype, True, strides, lo, hi, lo)
             m = self.torch_map(storage)
-            offset = m.data_offset + t.data_ptr() - storage.data_ptr()
+            offset = m.data_offset + lo - at
             tensors, ident = self.tensors, id(t)
-            tensors[ident] = (weakref.ref(t, lambda _: tensors.pop(ident, None)), key, m, offset, strides)
+            tensors[ident] = (weakref.ref(t, lambda _: tensors.pop(ident, None)), (lo, t.shape, stride, t.dtype), m,
+                              offset, strides, dtype, {})
             return _Arg(t, dtype, t.shape, True, "host", m, offset, strides)
         mm = shared_mapping(lo, hi)  # e.g. torch.from_numpy(ptodist.shared_array(...))
         if mm is not None:
@@ -452,20 +462,16 @@ class SharedBinding:
                 return _staged(t, dtype, True, strides, lo, hi, lo)
             return _Arg(t, dtype, t.shape, True, "host", self.array_map(mm), lo - mm.address, strides)
         raise NotSharedError(
-            f"{where}: the torch tensor is not in shared memory, so the worker's rank processes cannot see it. "
-            f"Call {name}.share_memory_() on it (before or after prepare()), or copy it to the worker: "
-            f"rt.alloc_tensor(shape, dtype, init={name}) (or rt.copy_to) and pass the DeviceTensor.")
+            f"{_where(compiled, name)}: the torch tensor is not in shared memory, so the worker's rank processes "
+            f"cannot see it. Call {name}.share_memory_() on it (before or after prepare()), or copy it to the "
+            f"worker: rt.alloc_tensor(shape, dtype, init={name}) (or rt.copy_to) and pass the DeviceTensor.")
 
     def new_output(self, p, shape, like_torch: bool):
-        if like_torch:
-            import torch
+        pool = self.outputs
+        return (pool.torch_zeros if like_torch else pool.array_zeros)(tuple(shape), p.ttype.dtype)
 
-            return torch.zeros(shape, dtype=dt.to_torch(p.ttype.dtype)).share_memory_()
-        return shared_array(shape, p.ttype.dtype)
-
-    @staticmethod
-    def new_intermediate(shape, dtype):
-        return shared_array(shape, dtype)
+    def new_intermediate(self, shape, dtype):
+        return self.outputs.array_zeros(tuple(shape), dtype)
 
     def still_bound(self, arg: _Arg) -> bool:
         return arg.stage is not None or arg.map.token in self.by_token
@@ -496,8 +502,14 @@ class SharedBinding:
             view = a.view
             if view is None:
                 w = _writable(d, i)
-                view = a.view = HostView(a.shape, a.dtype.name, w) if a.kind == "empty" else \
-                    HostView(a.shape, a.dtype.name, w, a.map.token, a.offset, a.strides)
+                views = a.views
+                view = views.get(w) if views is not None else None
+                if view is None:
+                    view = HostView(a.shape, a.dtype.name, w) if a.kind == "empty" else \
+                        HostView(a.shape, a.dtype.name, w, a.map.token, a.offset, a.strides)
+                    if views is not None:
+                        views[w] = view
+                a.view = view
             hosts.append(view)
             if a.kind != "empty" and not a.map.sent:
                 maps.append(a.map)
@@ -529,9 +541,9 @@ class SharedBinding:
         """Map, rather than stage, an argument the last dispatch staged too (a tensor used again: mapped, it costs
         nothing more), and one whose memory a mapped argument of the dispatch shares (the two must see each
         other's writes)."""
-        again = self.staging.last
+        again = {id(a) for a in (ref() for ref in self.staging.last) if a is not None}
         for a in d.args:
-            if a is not None and a.stage is not None and a in again:
+            if a is not None and a.stage is not None and id(a) in again:
                 self._map_staged(a, d)
         mapped = [_span(a) for a in d.args if a is not None and a.kind == "host" and a.stage is None]
         for a in d.args:
@@ -540,7 +552,7 @@ class SharedBinding:
 
     def _map_staged(self, a: _Arg, d) -> None:
         m = self.adapt(a.value, "", d.compiled, stage=False)
-        a.map, a.offset, a.strides, a.stage, a.view = m.map, m.offset, m.strides, None, None
+        a.map, a.offset, a.strides, a.stage, a.view, a.views = m.map, m.offset, m.strides, None, None, m.views
 
     def returned(self) -> None:
         """The command in flight is over: what the ranks wrote to staged arguments goes to the caller's memory."""
@@ -559,6 +571,7 @@ class SharedBinding:
 
     def release(self) -> None:
         self.staging.close()
+        self.outputs.clear()
         for m in self.maps.values():
             if m.finalizer is not None:
                 m.finalizer.detach()

@@ -16,6 +16,7 @@ ranks wrote.
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 import numpy as np
 
@@ -41,21 +42,39 @@ def _c_strides(shape, itemsize: int) -> tuple:
     return tuple(reversed(out))
 
 
+def _groups(staged: list) -> tuple[list, list]:
+    """The runs of overlapping spans of the staged arguments (``[lo, hi]`` each, by address), and where each
+    argument lies: its run, and its element 0 from the run's start."""
+    groups: list[list[int]] = []
+    run = [0] * len(staged)
+    for lo, hi, k in sorted((a.stage[0], a.stage[1], k) for k, (a, _) in enumerate(staged)):
+        if groups and lo < groups[-1][1]:
+            if hi > groups[-1][1]:
+                groups[-1][1] = hi
+        else:
+            groups.append([lo, hi])
+        run[k] = len(groups) - 1
+    return groups, [(g, a.stage[2] - groups[g][0]) for g, (a, _) in zip(run, staged)]
+
+
 class Staging:
     """The staging area of one worker's shm binding, and the staged arguments of the command in flight."""
 
     def __init__(self, binding):
         self.binding = binding  # its file_map / forget_file: the area is memory the ranks map under a token
         self.file: SharedFile | None = None
+        self.base = 0  # the area's address here
         self.map = None
         self.back: list = []  # the copies back of the command in flight: (dst, src, bytes) or (dst, src, None)
         self.layout = None  # the last layout (see _layout): other arguments shaped alike are staged alike
-        self.last: list = []  # the last command's staged arguments (compared by identity: an _Arg has no ==)
+        # The last command's staged arguments, weakly (compared by identity: an _Arg has no ==): the worker
+        # must not keep the caller's tensors, nor an output it made, past their dispatch.
+        self.last: list = []
 
     def views(self, staged: list) -> list[HostView]:
         """Copy the staged arguments ``[(arg, writable), ...]`` in; return their views, in order."""
         copies, views, self.back = self._place(staged)
-        self.last = [a for a, _ in staged]
+        self.last = [weakref.ref(a) for a, _ in staged]
         for dst, src, n in copies:
             ctypes.memmove(dst, src, n)
         return views
@@ -67,25 +86,21 @@ class Staging:
 
     def _place(self, staged: list) -> tuple[list, list, list]:
         """``(copies in, views, copies back)`` of the staged arguments: where each lies in the area."""
-        groups: list[list[int]] = []  # [lo, hi] of each run of overlapping spans, by address
-        for lo, hi in sorted({a.stage[:2] for a, _ in staged}):
-            if groups and lo < groups[-1][1]:
-                groups[-1][1] = max(groups[-1][1], hi)
-            else:
-                groups.append([lo, hi])
-        where = []  # per argument: its group, and its element 0 from the group's start
-        for a, _ in staged:
-            lo, _, first = a.stage
-            g = 0 if len(groups) == 1 else next(i for i, (glo, ghi) in enumerate(groups) if glo <= lo < ghi)
-            where.append((g, first - groups[g][0]))
+        if len(staged) == 1:  # the usual case, kept short: every dispatch with a new small tensor places it
+            a, writable = staged[0]
+            lo, hi, first = a.stage
+            groups = ((lo, hi),)
+            key = ((hi - lo,), (((0, first - lo), a.shape, a.strides, a.dtype, writable),))
+        else:
+            groups, where = _groups(staged)
+            key = (tuple(hi - lo for lo, hi in groups),
+                   tuple((w, a.shape, a.strides, a.dtype, writable) for w, (a, writable) in zip(where, staged)))
         # The same layout as the last command's (new tensors shaped alike, the same ones again): the same views.
-        key = (tuple(hi - lo for lo, hi in groups),
-               tuple((w, a.shape, a.strides, a.dtype, writable) for w, (a, writable) in zip(where, staged)))
         layout = self.layout
         if layout is None or layout[0] != key or layout[1] is not self.map:
-            layout = self.layout = self._layout(staged, key, groups, where)
+            layout = self.layout = self._layout(staged, key, groups)
         _, _, at, views, back = layout
-        base = self.file.bytes.ctypes.data
+        base = self.base
         copies = [(base + off, lo, hi - lo) for (lo, hi), off in zip(groups, at)]
         copies_back = []
         for k, offset, nbytes in back:
@@ -99,7 +114,7 @@ class Staging:
                 copies_back.append((dst, np.ndarray(a.shape, npdt, self.file.bytes, offset, a.strides), None))
         return copies, views, copies_back
 
-    def _layout(self, staged: list, key: tuple, groups: list, where: list) -> tuple:
+    def _layout(self, staged: list, key: tuple, groups) -> tuple:
         """Where the staged arguments lie in the area: ``(key, map, group offsets, views, copies back)``."""
         at, total = [], 0
         for lo, hi in groups:
@@ -107,7 +122,7 @@ class Staging:
             total += -(-(hi - lo) // _ALIGN) * _ALIGN
         self._reserve(total)
         views, back = [], []
-        for k, ((a, writable), (g, rel)) in enumerate(zip(staged, where)):
+        for k, ((a, writable), (g, rel)) in enumerate(zip(staged, (w for w, _, _, _, _ in key[1]))):
             offset = at[g] + rel
             views.append(HostView(a.shape, a.dtype.name, writable, self.map.token, offset, a.strides))
             if writable:
@@ -131,6 +146,7 @@ class Staging:
         grown = max(size, 2 * self.file.size if self.file is not None else _FIRST_SIZE)
         self.close()  # the ranks drop the old area with the next command
         self.file = SharedFile(grown, "ptodist-staging")
+        self.base = self.file.bytes.ctypes.data
         self.map = self.binding.file_map(self.file)
 
     def close(self) -> None:
