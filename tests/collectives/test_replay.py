@@ -135,7 +135,7 @@ def test_a_collective_is_replayed_after_its_first_run_where_the_record_holds_it(
 @pytest.mark.parametrize("name", ["allreduce", "all_to_all"])
 @pytest.mark.parametrize("backend", LOCAL_BACKENDS)
 def test_a_prepared_program_gives_numpys_numbers_at_every_dispatch(name, backend):
-    # A worker's dispatch runs in a new rank context: its first call records again, with the dispatch's memory.
+    # A worker's dispatch runs in a new rank context; the same command again replays what the first one recorded.
     n, dtype = 2, CASES[name][0]
     x, y = shared_array((K, n, n, N), dtype.np_dtype), shared_array((K, n, n, N), dtype.np_dtype)
     cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(n))), backend=backend)
@@ -147,6 +147,72 @@ def test_a_prepared_program_gives_numpys_numbers_at_every_dispatch(name, backend
             rt(x, y)
             expected = np.stack([CASES[name][2](x[i], n) for i in range(K)])
             np.testing.assert_array_equal(y, expected, err_msg=f"dispatch {dispatch}")
+
+
+def test_a_prepared_worker_replays_from_its_second_dispatch_of_the_same_command(replays):
+    n = 2
+    x, y = shared_array((K, n, n, N), np.float32), shared_array((K, n, n, N), np.float32)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(n))), backend="shm")
+    with rounds_program("allreduce", n).compile(x, y, config=cfg).prepare() as rt:
+        for dispatch in range(6):
+            x[...] = dispatch + np.arange(N)
+            rt(x, y)
+            np.testing.assert_array_equal(y, np.broadcast_to(n * x[:, :1], y.shape), err_msg=f"dispatch {dispatch}")
+        y2 = shared_array(y.shape, np.float32)  # another command (other host memory): recorded again
+        rt(x, y2)
+        np.testing.assert_array_equal(y2, y)
+    counts = replays()
+    # The first dispatches send new memory (each a new command); from the third on the command repeats, and the
+    # dispatches after it replay every call, their first included.
+    assert len(counts) == n and counts[0] == counts[1] and counts[0] >= 6 * (K - 1) + 3 + (K - 1), counts
+
+
+def rooted_program(n: int):
+    """Broadcast from the root a scalar argument names, then read every rank's window back."""
+
+    @pl.jit.incore
+    def stage(x: pl.Tensor[[1, N], pl.FP32], a: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+        pl.store(pl.load(x, [0, 0], [1, N]), [0, 0], a)
+        return a
+
+    @pl.jit
+    def stage_on(x: pl.Tensor[[1, N], pl.FP32], a: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+        return stage(x, a)
+
+    @pl.jit.incore
+    def keep(y: pl.Out[pl.Tensor[[1, N], pl.FP32]], a: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+        pl.store(pl.load(a, [0, 0], [1, N]), [0, 0], y)
+        return y
+
+    @pl.jit
+    def keep_on(y: pl.Out[pl.Tensor[[1, N], pl.FP32]], a: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]]):
+        return keep(y, a)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[n, 1, N], pl.FP32], y: pl.Out[pl.Tensor[[n, 1, N], pl.FP32]], root: pl.Scalar[pl.INT32]):
+        a = pld.window(pld.alloc_window_buffer([1, N], dtype=pl.FP32), [1, N], dtype=pl.FP32)
+        sig = pld.window(pld.alloc_window_buffer([n, 1], dtype=pl.INT32), [n, 1], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            stage_on(x[r], a, device=r)
+        pld.tensor.broadcast(a, sig, root=root)
+        for r in pl.range(pld.world_size()):
+            keep_on(y[r], a, device=r)
+        return y
+
+    return host
+
+
+@pytest.mark.parametrize("backend", LOCAL_BACKENDS)
+def test_a_replay_kept_for_the_next_dispatch_is_one_of_its_scalar_arguments(backend):
+    n = 2
+    x, y = shared_array((n, 1, N), np.float32), shared_array((n, 1, N), np.float32)
+    x[...] = np.arange(n)[:, None, None] * 10 + np.arange(N)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(n))), backend=backend)
+    with rooted_program(n).compile(x, y, 0, config=cfg).prepare() as rt:
+        for root in [0, 1, 1] * 8:  # the same command but its root: each root's own record
+            y[...] = -1
+            rt(x, y, root)
+            np.testing.assert_array_equal(y, np.broadcast_to(x[root], y.shape), err_msg=f"root {root}")
 
 
 def stalling_program(stall_round: int):

@@ -73,6 +73,11 @@ def test_a_reused_output_is_zeroed_again_whatever_the_caller_wrote_into_it():
         assert len(seen) == 1, "a dropped output's memory is made the next output (nothing else holds it)"
 
 
+def holding(y, hold: str):
+    """What of output ``y`` the caller keeps."""
+    return {"tensor": y, "view": y[1], "numpy": y.numpy(), "storage": y.untyped_storage(), "nothing": None}[hold]
+
+
 @pytest.mark.parametrize("hold", ["tensor", "view", "numpy", "storage", "nothing"])
 def test_memory_the_caller_still_refers_to_is_never_handed_out_again(hold):
     x = torch.ones(2, 1, 4).share_memory_()
@@ -80,8 +85,7 @@ def test_memory_the_caller_still_refers_to_is_never_handed_out_again(hold):
         y = rt(x)
         y.fill_(5.0)
         ptr = y.data_ptr()
-        kept = {"tensor": lambda: y, "view": lambda: y[1], "numpy": lambda: y.numpy(),
-                "storage": lambda: y.untyped_storage(), "nothing": lambda: None}[hold]()
+        kept = holding(y, hold)
         del y
         gc.collect()
         others = [rt(x) for _ in range(5)]  # every one of them new memory while ``kept`` holds y's

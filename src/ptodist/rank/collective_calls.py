@@ -32,6 +32,7 @@ class CollectiveState:
     builtins: dict = field(default_factory=dict)  # the host orchestrator's collectives, checked: see _run_builtin
     recording: object = None  # while a host collective's first run is recorded: its replay.Recording
     checked: dict = field(default_factory=dict)  # the kernels' collectives, checked: see collective()
+    replays: dict = field(default_factory=dict)  # the host collectives' replays, by call and scalar arguments
 
 
 class CollectiveCalls(Replay):
@@ -52,7 +53,7 @@ class CollectiveCalls(Replay):
             site = self._site_entry((b.loc.file, b.loc.line) if b.loc else None)
             # The last item: its replay (rank/replay.py) once recorded, None before, False when it has none.
             fixed = collectives.REGISTRY[b.name].fixed_schedule
-            entry = self._coll.builtins[key] = [call, group, site, None if fixed else False]
+            entry = self._coll.builtins[key] = [call, group, site, self._kept_replay(key) if fixed else False]
         call, group, site, _ = entry
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), site[0])
@@ -60,10 +61,10 @@ class CollectiveCalls(Replay):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._builtin_body(entry), kind="collective", where=str(b.loc),
+            self._task_body(b.describe(), lambda: self._builtin_body(key, entry), kind="collective", where=str(b.loc),
                             info=info)
 
-    def _builtin_body(self, entry: list) -> None:
+    def _builtin_body(self, key, entry: list) -> None:
         """Run a host orchestrator's collective: its replay once recorded, where a record is kept and may be
         replayed (no event log, no access checker watching); see rank/replay.py."""
         call, group, site, replay = entry
@@ -71,6 +72,7 @@ class CollectiveCalls(Replay):
             self._run_collective(call, group, True, site)
         elif replay is None:
             entry[3] = self._recorded(call, group, site)
+            self._keep_replay(key, entry[3])
         else:
             self._run_collective(call, group, True, site, replay)
 

@@ -82,7 +82,7 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
     _OPS: dict  # op name -> unbound method; filled in below the class
 
     def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2,
-                 events: EventLog | None = None, checked_args: dict | None = None):
+                 events: EventLog | None = None, checked_args: dict | None = None, replays: dict | None = None):
         # What the operations read on their hot path is an attribute of the context itself (one lookup); what
         # one concern alone keeps is in that concern's state object (_sites, _run, _coll, _access, _tasks).
         self.plan = plan
@@ -108,7 +108,9 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
         self._run = RunState(checked_args if checked_args is not None else {})
         self.hand_signals: dict = {}    # window buffer id -> (shape, line) of the program's own notify/wait
         self._in_collective = 0
-        self._coll = CollectiveState()  # the collectives' checked calls and layouts, the running one's call site
+        # The collectives' checked calls and layouts, the running one's call site; the host collectives' replays,
+        # which a long-lived rank passes on to the next dispatch of the same command (rank/replay.py).
+        self._coll = CollectiveState(replays=replays if replays is not None else {})
         # The event log, when a diagnostic output asked for one; every hook below is skipped when None.
         self.events = events
         # Under `ptodist check` the log also takes every window access (for the happens-before checker).

@@ -15,8 +15,11 @@ A record is replayed only where it is the whole truth:
   depends on the call's arguments and options, never on data (all_to_all_v's counts are data);
 * every operation of the run stepped the rank's progress word once and was recorded, and none was of a kind
   the record cannot hold (a ``remote_load``, a tile store): otherwise the call is never replayed;
-* no event log or access checker watches the rank (they see each primitive as it runs), and the record stays
-  with the rank context that made it, whose windows' memory it addresses.
+* no event log or access checker watches the rank (they see each primitive as it runs), and the record
+  addresses the memory it runs on: it stays with the rank context that made it, whose windows and host
+  views it recorded, and a long-lived rank passes it on only to the next dispatches of the same command
+  (the same window heap and host views), kept by call and the dispatch's scalar arguments (which a call's
+  arguments may be made of).
 
 A first run whose wait outlasted a slice is not kept (the rank may have run other tasks meanwhile): the next
 call records again.
@@ -25,6 +28,8 @@ call records again.
 from __future__ import annotations
 
 from ..language.distributed.types import WaitCmp
+
+KEPT_REPLAYS = 256  # replays a rank keeps for the next dispatches of one command
 
 
 class Recording:
@@ -73,6 +78,26 @@ class Replay:
             return False
         steps = self.memory.compile_steps(rec.steps)
         return False if steps is None else (steps, rec.waits)
+
+    def _kept_replay(self, key):
+        """The replay an earlier dispatch of the same command kept for call ``key`` with these scalar arguments
+        (None: none; False: never replayed)."""
+        try:
+            return self._coll.replays.get((key, self.scalars))
+        except TypeError:  # a scalar argument that is not hashable: nothing kept for it
+            return None
+
+    def _keep_replay(self, key, replay) -> None:
+        """Keep what recording call ``key`` found (a replay, or False) for the next dispatches of this command."""
+        if replay is None:
+            return
+        replays = self._coll.replays
+        if len(replays) >= KEPT_REPLAYS:  # a scalar that changes every dispatch (a step counter): start afresh
+            replays.clear()
+        try:
+            replays[(key, self.scalars)] = replay
+        except TypeError:
+            pass
 
     def _replayed(self, replay) -> None:
         """Run a recorded collective natively; a wait that outlasts a slice is waited for the primitive's way."""
