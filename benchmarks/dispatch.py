@@ -13,6 +13,8 @@ cost of getting work to P processes and learning that it is done:
 * **new host tensors**: a second table with a program that has an output: in place
   ``rt(x, y)``, inputs only ``y = rt(x)`` (the worker makes the output every dispatch) and
   fresh ``rt(x_new, y_new)`` (new shared tensors every dispatch, dropped after it).
+* **a host collective**: a third table: the in-place program with one 4 KiB host allreduce
+  added (on its own worker), and what the allreduce adds to a dispatch.
 * **gloo barrier**: P processes in ``torch.distributed`` (gloo over loopback) doing
   ``dist.barrier()``; a barrier is the smallest round trip that involves every rank.
 * **prepared on mpi**: the prepared ``rt(x)`` under ``mpirun -n P`` (the ``mpi`` backend: every
