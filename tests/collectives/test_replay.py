@@ -17,8 +17,9 @@ from conftest import LOCAL_BACKENDS, marker_line
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
-from ptodist import DistributedConfig, HangError, RunConfig, shared_array
+from ptodist import DistributedConfig, HangError, RankError, RunConfig, shared_array
 from ptodist.backends.shm.memory import CompiledSteps, _row_runs
+from ptodist.errors import SignalLayoutError
 
 N, K = 6, 3
 
@@ -213,6 +214,38 @@ def test_a_replay_kept_for_the_next_dispatch_is_one_of_its_scalar_arguments(back
             y[...] = -1
             rt(x, y, root)
             np.testing.assert_array_equal(y, np.broadcast_to(x[root], y.shape), err_msg=f"root {root}")
+
+
+def test_a_host_collective_kept_across_dispatches_still_claims_its_signal_layout_in_each():
+    n = 2
+
+    @pl.jit.incore
+    def reduce(a: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]], h: pl.InOut[pld.DistributedTensor[[n, 2], pl.INT32]]):
+        return pld.tensor.allreduce(a, h)  # @second_layout
+
+    @pl.jit
+    def reduce_on(a: pl.InOut[pld.DistributedTensor[[1, N], pl.FP32]],
+                  h: pl.InOut[pld.DistributedTensor[[n, 2], pl.INT32]]):
+        return reduce(a, h)
+
+    @pl.jit.host
+    def host(x: pl.Tensor[[n, 1, N], pl.FP32]):
+        buf = pld.alloc_window_buffer([2 * n], dtype=pl.INT32)
+        a = pld.window(pld.alloc_window_buffer([1, N], dtype=pl.FP32), [1, N], dtype=pl.FP32)
+        pld.tensor.barrier(pld.window(buf, [n, 1], dtype=pl.INT32))
+        h = pld.window(buf, [n, 2], dtype=pl.INT32)
+        for r in pl.range(pld.world_size()):
+            reduce_on(a, h, device=r)
+
+    x = shared_array((n, 1, N), np.float32)
+    cfg = RunConfig(distributed_config=DistributedConfig(device_ids=list(range(n))), backend="shm")
+    with host.compile(x, config=cfg).prepare() as rt:
+        for dispatch in range(5):  # the barrier's checks are kept from the third dispatch on (the same command)
+            with pytest.raises(RankError) as info:
+                rt(x)
+            assert isinstance(info.value.original, SignalLayoutError), f"dispatch {dispatch}"
+            assert (f"pld.tensor.allreduce at {__file__}:{marker_line(__file__, 'second_layout')}: signal window buffer" in
+                    str(info.value.original)), str(info.value.original)
 
 
 def stalling_program(stall_round: int):

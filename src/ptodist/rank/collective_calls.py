@@ -32,7 +32,9 @@ class CollectiveState:
     builtins: dict = field(default_factory=dict)  # the host orchestrator's collectives, checked: see _run_builtin
     recording: object = None  # while a host collective's first run is recorded: its replay.Recording
     checked: dict = field(default_factory=dict)  # the kernels' collectives, checked: see collective()
-    replays: dict = field(default_factory=dict)  # the host collectives' replays, by call and scalar arguments
+    # The host collectives' entries (see _run_builtin) the same command's earlier dispatches made, by call and
+    # scalar arguments (which a call's arguments may be made of): shared with them, replays included.
+    carried: dict = field(default_factory=dict)
 
 
 class CollectiveCalls(Replay):
@@ -44,16 +46,7 @@ class CollectiveCalls(Replay):
         key = b.key
         entry = self._coll.builtins.get(key)
         if entry is None:
-            args = tuple(self._materialize(a, None) for a in b.args)
-            kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
-            # It runs over its windows' comm domain: checked against, and run on, that group's ranks.
-            group = self._call_group(b.describe(), args, kwargs, b.name, b.loc)
-            call = coll_spec.check(b.name, args, kwargs, len(group), str(b.loc), host=True)
-            coll_spec.check_layout(self._coll.layouts, call)
-            site = self._site_entry((b.loc.file, b.loc.line) if b.loc else None)
-            # The last item: its replay (rank/replay.py) once recorded, None before, False when it has none.
-            fixed = collectives.REGISTRY[b.name].fixed_schedule
-            entry = self._coll.builtins[key] = [call, group, site, self._kept_replay(key) if fixed else False]
+            entry = self._coll.builtins[key] = self._carried(key) or self._check_builtin(b, key)
         call, group, site, _ = entry
         coll_spec.check_hand_rolled(self.hand_signals, call)
         self._mark(LAST_OP_CODES.get(f"pld.tensor.{b.name}", 0), site[0])
@@ -61,10 +54,24 @@ class CollectiveCalls(Replay):
             info = [self._tensor_info(role, "inout", t) for role, t in
                     (("source", call.source), ("target", call.target), ("signal", call.signal)) if t is not None] \
                 if self.events is not None else None
-            self._task_body(b.describe(), lambda: self._builtin_body(key, entry), kind="collective", where=str(b.loc),
+            self._task_body(b.describe(), lambda: self._builtin_body(entry), kind="collective", where=str(b.loc),
                             info=info)
 
-    def _builtin_body(self, key, entry: list) -> None:
+    def _check_builtin(self, b: BuiltinCall, key) -> list:
+        """``[call, comm domain, site entry, replay]`` of a host collective, checked; the replay (rank/replay.py)
+        None until recorded, False when it has none."""
+        args = tuple(self._materialize(a, None) for a in b.args)
+        kwargs = {k: self._materialize(v, None) for k, v in b.kwargs.items()}  # e.g. all_to_all_v's counts
+        # It runs over its windows' comm domain: checked against, and run on, that group's ranks.
+        group = self._call_group(b.describe(), args, kwargs, b.name, b.loc)
+        call = coll_spec.check(b.name, args, kwargs, len(group), str(b.loc), host=True)
+        coll_spec.check_layout(self._coll.layouts, call)
+        site = self._site_entry((b.loc.file, b.loc.line) if b.loc else None)
+        entry = [call, group, site, None if collectives.REGISTRY[b.name].fixed_schedule else False]
+        self._carry(key, entry)
+        return entry
+
+    def _builtin_body(self, entry: list) -> None:
         """Run a host orchestrator's collective: its replay once recorded, where a record is kept and may be
         replayed (no event log, no access checker watching); see rank/replay.py."""
         call, group, site, replay = entry
@@ -72,7 +79,6 @@ class CollectiveCalls(Replay):
             self._run_collective(call, group, True, site)
         elif replay is None:
             entry[3] = self._recorded(call, group, site)
-            self._keep_replay(key, entry[3])
         else:
             self._run_collective(call, group, True, site, replay)
 

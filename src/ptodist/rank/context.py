@@ -75,6 +75,15 @@ class RunState:
     async_open: list = field(default_factory=list)  # the pld.tensor.put_async events not waited yet
 
 
+@dataclass
+class CommandKept:
+    """What a long-lived rank's dispatches of one command share (the same plan, window heap and host views, so
+    the same memory): the window views made from it, and the host collectives checked, with their replays."""
+
+    windows: dict = field(default_factory=dict)   # RunState.windows
+    builtins: dict = field(default_factory=dict)  # CollectiveState.carried
+
+
 class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, CollectiveCalls, Sites, context.Context):
     """The context of one running rank."""
 
@@ -82,7 +91,7 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
     _OPS: dict  # op name -> unbound method; filled in below the class
 
     def __init__(self, plan: DispatchPlan, rank: int, memory, host_arrays: list, wait_slice_s: float = 0.2,
-                 events: EventLog | None = None, checked_args: dict | None = None, replays: dict | None = None):
+                 events: EventLog | None = None, checked_args: dict | None = None, kept: CommandKept | None = None):
         # What the operations read on their hot path is an attribute of the context itself (one lookup); what
         # one concern alone keeps is in that concern's state object (_sites, _run, _coll, _access, _tasks).
         self.plan = plan
@@ -105,12 +114,13 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
         self._deferred: list | None = None
         # Kernel argument signatures that passed the checks -> the kernel's parameters (_run_kernel); a
         # long-lived rank passes one dict to every dispatch's context.
-        self._run = RunState(checked_args if checked_args is not None else {})
+        kept = kept if kept is not None else CommandKept()
+        self._run = RunState(checked_args if checked_args is not None else {}, kept.windows)
         self.hand_signals: dict = {}    # window buffer id -> (shape, line) of the program's own notify/wait
         self._in_collective = 0
-        # The collectives' checked calls and layouts, the running one's call site; the host collectives' replays,
-        # which a long-lived rank passes on to the next dispatch of the same command (rank/replay.py).
-        self._coll = CollectiveState(replays=replays if replays is not None else {})
+        # The collectives' checked calls and layouts, the running one's call site; the host collectives' checked
+        # calls and replays the same command's earlier dispatches made (rank/replay.py).
+        self._coll = CollectiveState(carried=kept.builtins)
         # The event log, when a diagnostic output asked for one; every hook below is skipped when None.
         self.events = events
         # Under `ptodist check` the log also takes every window access (for the happens-before checker).
@@ -153,6 +163,7 @@ class RankContext(TaskCalls, MemoryCalls, SignalCalls, Waiting, RmaCalls, Collec
         self._sites.slot = memory.status.site_slot
         self.host_arrays = host_arrays
         self._run.windows = {}
+        self._coll.builtins, self._coll.carried = {}, {}  # their arguments were made from the previous memory
         self._access.spans = None
         self._access.polled = {}
 

@@ -27,9 +27,10 @@ call records again.
 
 from __future__ import annotations
 
+from ..collectives import spec as coll_spec
 from ..language.distributed.types import WaitCmp
 
-KEPT_REPLAYS = 256  # replays a rank keeps for the next dispatches of one command
+KEPT_ENTRIES = 256  # host collectives a rank keeps for the next dispatches of one command
 
 
 class Recording:
@@ -79,23 +80,25 @@ class Replay:
         steps = self.memory.compile_steps(rec.steps)
         return False if steps is None else (steps, rec.waits)
 
-    def _kept_replay(self, key):
-        """The replay an earlier dispatch of the same command kept for call ``key`` with these scalar arguments
-        (None: none; False: never replayed)."""
+    def _carried(self, key) -> list | None:
+        """The entry of host collective ``key`` an earlier dispatch of the same command made with these scalar
+        arguments (its checks passed with the same arguments; its replay, once recorded, addresses the same
+        memory), its layout registered in this dispatch; None when there is none."""
         try:
-            return self._coll.replays.get((key, self.scalars))
+            entry = self._coll.carried.get((key, self.scalars))
         except TypeError:  # a scalar argument that is not hashable: nothing kept for it
             return None
+        if entry is not None:
+            coll_spec.check_layout(self._coll.layouts, entry[0])
+        return entry
 
-    def _keep_replay(self, key, replay) -> None:
-        """Keep what recording call ``key`` found (a replay, or False) for the next dispatches of this command."""
-        if replay is None:
-            return
-        replays = self._coll.replays
-        if len(replays) >= KEPT_REPLAYS:  # a scalar that changes every dispatch (a step counter): start afresh
-            replays.clear()
+    def _carry(self, key, entry: list) -> None:
+        """Share ``entry`` with the next dispatches of this command."""
+        carried = self._coll.carried
+        if len(carried) >= KEPT_ENTRIES:  # a scalar that changes every dispatch (a step counter): start afresh
+            carried.clear()
         try:
-            replays[(key, self.scalars)] = replay
+            carried[(key, self.scalars)] = entry
         except TypeError:
             pass
 

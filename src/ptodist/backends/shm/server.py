@@ -24,7 +24,7 @@ from ...errors import PtodistInternalError, RankFailure
 from ...language import dtypes as dt
 from ...rank import death
 from ...rank.body import RankStopped, run_rank
-from ...rank.context import RankContext
+from ...rank.context import CommandKept, RankContext
 from ...rank.events import EventLog
 from ...rank.status import DONE, FAILED, install_line_sampler
 from .. import resources
@@ -109,8 +109,7 @@ class _RankState:
         # running it made (its memory and host views): the same payload again reuses them.
         self.last_payload: bytes | None = None
         self.last_command: _Wire | None = None
-        # (memory, hosts, replays) of last_command: replays, the host collectives' records its dispatches share
-        self.last_bound: tuple | None = None
+        self.last_bound: tuple | None = None  # (memory, hosts, CommandKept) of last_command
         self.next_ctx: RankContext | None = None  # a fresh context for last_command, made while idle
         self.checked_args: dict = {}  # kernel argument signatures that passed their checks (RankContext)
 
@@ -257,20 +256,20 @@ def _run_command(state: _RankState, number: int, command: _Wire) -> tuple[int, R
         status.clear_history(rank)
         ctx, state.next_ctx = state.next_ctx, None
         if command is state.last_command and state.last_bound is not None:
-            memory, hosts, replays = state.last_bound
+            memory, hosts, kept = state.last_bound
         else:
             memory, hosts = _bind(state, plan, command)
-            replays = {}
+            kept = CommandKept()
             ctx = None
             if command is state.last_command:
-                state.last_bound = (memory, hosts, replays)
+                state.last_bound = (memory, hosts, kept)
         dfx = command.dfx
         log = None
         if dfx is not None:
             log = EventLog(rank, plan.device_ids[rank], dfx.dispatch, dump_args=dfx.dump_args)
             ctx = None
         if ctx is None:
-            ctx = RankContext(plan, rank, memory, hosts, events=log, checked_args=state.checked_args, replays=replays)
+            ctx = RankContext(plan, rank, memory, hosts, events=log, checked_args=state.checked_args, kept=kept)
         ctx.scalars = pickle.loads(command.scalars) if command.scalars else ()
         state.dispatch = (number, ctx, log, dfx)
     dispatch_id, ctx, log, dfx = state.dispatch
@@ -300,9 +299,9 @@ def _prepare_next(state: _RankState) -> None:
     if command is None or state.last_bound is None or command.segment != 0 or command.dfx is not None:
         return
     try:
-        memory, hosts, replays = state.last_bound
+        memory, hosts, kept = state.last_bound
         state.next_ctx = RankContext(state.plans[command.plan_id][0], state.rank, memory, hosts,
-                                     checked_args=state.checked_args, replays=replays)
+                                     checked_args=state.checked_args, kept=kept)
     except Exception:  # noqa: BLE001 - the command makes its context itself, as any other
         state.next_ctx = None
 
