@@ -13,6 +13,7 @@ import gc
 import numpy as np
 import pytest
 import torch
+from test_staging import plus_one
 
 import ptodist.language as pl
 import ptodist.language.distributed as pld
@@ -37,22 +38,6 @@ def untouched_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl
 def leave(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
     for r in pl.range(pld.world_size()):
         untouched_rank(x[r], y[r], device=r)
-
-
-@pl.jit.incore
-def add_one(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-    pl.store(pl.add(pl.load(x, [0, 0], [1, 4]), 1.0), [0, 0], y)
-
-
-@pl.jit
-def add_one_rank(x: pl.Tensor[[1, 4], pl.FP32], y: pl.Out[pl.Tensor[[1, 4], pl.FP32]]):
-    add_one(x, y)
-
-
-@pl.jit.host
-def plus_one(x: pl.Tensor[[NR, 1, 4], pl.FP32], y: pl.Out[pl.Tensor[[NR, 1, 4], pl.FP32]]):
-    for r in pl.range(pld.world_size()):
-        add_one_rank(x[r], y[r], device=r)
 
 
 def prepared(program, x):
