@@ -9,10 +9,9 @@ once nothing of the caller's refers to it any more: no tensor, view, numpy array
 Whether memory is free is read from reference counts, never guessed: a torch output's storage counts
 every tensor and view over it (``torch._C._storage_Use_Count``) and its storage object counts the
 Python references to it; a numpy output's array counts every view of it (each view's ``base`` chain
-ends there) and its mapping the rest.  The pool holds one
-reference of each kind and compares with the counts it saw when nothing else held the memory.  The
-caller gets a new tensor object over the memory, never the one the pool holds, so that a kept output
-is always counted.
+ends there) and its mapping the rest.  The pool holds one reference of each kind and compares with the
+counts it saw when nothing else held the memory.  The caller gets a new tensor object over the memory,
+never the one the pool holds, so that a kept output is always counted.
 
 The memory is ordinary shared memory (``tensor.is_shared()``; a ``shared_array`` mapping for numpy),
 usable anywhere a tensor the caller shared is.  What the pool keeps is bounded (:data:`KEPT_PER_SHAPE`
