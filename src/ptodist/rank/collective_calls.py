@@ -21,6 +21,7 @@ from .status import LAST_OP_CODES
 from .tensors import WindowTensor
 
 _call_site = _atomics.call_site
+KEPT_ENTRIES = 256  # host collectives a rank keeps for the next dispatches of one command
 
 
 @dataclass
@@ -70,6 +71,28 @@ class CollectiveCalls(Replay):
         entry = [call, group, site, None if collectives.REGISTRY[b.name].fixed_schedule else False]
         self._carry(key, entry)
         return entry
+
+    def _carried(self, key) -> list | None:
+        """The entry of host collective ``key`` an earlier dispatch of the same command made with these scalar
+        arguments (its checks passed with the same arguments; its replay, once recorded, addresses the same
+        memory), its layout registered in this dispatch; None when there is none."""
+        try:
+            entry = self._coll.carried.get((key, self.scalars))
+        except TypeError:  # a scalar argument that is not hashable: nothing kept for it
+            return None
+        if entry is not None:
+            coll_spec.check_layout(self._coll.layouts, entry[0])
+        return entry
+
+    def _carry(self, key, entry: list) -> None:
+        """Share ``entry`` with the next dispatches of this command."""
+        carried = self._coll.carried
+        if len(carried) >= KEPT_ENTRIES:  # a scalar that changes every dispatch (a step counter): start afresh
+            carried.clear()
+        try:
+            carried[(key, self.scalars)] = entry
+        except TypeError:
+            pass
 
     def _builtin_body(self, entry: list) -> None:
         """Run a host orchestrator's collective: its replay once recorded, where a record is kept and may be

@@ -27,10 +27,7 @@ call records again.
 
 from __future__ import annotations
 
-from ..collectives import spec as coll_spec
 from ..language.distributed.types import WaitCmp
-
-KEPT_ENTRIES = 256  # host collectives a rank keeps for the next dispatches of one command
 
 
 class Recording:
@@ -79,28 +76,6 @@ class Replay:
             return False
         steps = self.memory.compile_steps(rec.steps)
         return False if steps is None else (steps, rec.waits)
-
-    def _carried(self, key) -> list | None:
-        """The entry of host collective ``key`` an earlier dispatch of the same command made with these scalar
-        arguments (its checks passed with the same arguments; its replay, once recorded, addresses the same
-        memory), its layout registered in this dispatch; None when there is none."""
-        try:
-            entry = self._coll.carried.get((key, self.scalars))
-        except TypeError:  # a scalar argument that is not hashable: nothing kept for it
-            return None
-        if entry is not None:
-            coll_spec.check_layout(self._coll.layouts, entry[0])
-        return entry
-
-    def _carry(self, key, entry: list) -> None:
-        """Share ``entry`` with the next dispatches of this command."""
-        carried = self._coll.carried
-        if len(carried) >= KEPT_ENTRIES:  # a scalar that changes every dispatch (a step counter): start afresh
-            carried.clear()
-        try:
-            carried[(key, self.scalars)] = entry
-        except TypeError:
-            pass
 
     def _replayed(self, replay) -> None:
         """Run a recorded collective natively; a wait that outlasts a slice is waited for the primitive's way."""

@@ -55,6 +55,17 @@ class _Arg:
         self.views = None         # shm: the views of a tensor bound before, by writability (kept with its binding)
 
 
+class _Known:
+    """A torch tensor a SharedBinding mapped: what it bound to, and the key that says it is unchanged."""
+
+    __slots__ = ("ref", "key", "map", "offset", "strides", "dtype", "views")
+
+    def __init__(self, ref, key: tuple, map_, offset: int, strides: tuple, dtype):
+        self.ref, self.key = ref, key  # weakly the tensor; (data_ptr, shape, stride, torch dtype)
+        self.map, self.offset, self.strides, self.dtype = map_, offset, strides, dtype
+        self.views: dict = {}  # its HostViews by writability, made at its first commands
+
+
 class _Map:
     """Memory the ranks map under ``token``: a torch storage, a shared array, a resident tensor, a heap."""
 
@@ -310,8 +321,7 @@ class SharedBinding:
         self.engine = engine
         self.maps: dict = {}         # key -> _Map
         self.by_token: dict = {}     # token -> key
-        self.tensors: dict = {}      # id(torch tensor) -> (weakref, (data_ptr, shape, stride, dtype), map, offset,
-        #                              strides): what binding one costs is paid once per tensor
+        self.tensors: dict = {}      # id(torch tensor) -> its _Known: what binding one costs is paid once
         self.tokens = itertools.count(1)
         self.forgotten: deque = deque()  # tokens whose memory is gone (appended from finalizers too)
         self.drops: list[int] = []
@@ -426,12 +436,12 @@ class SharedBinding:
                                 "tensor, a numpy array, or a DeviceTensor / StackedDeviceTensor of this worker.")
 
     def _torch_arg(self, t, name: str, compiled, stage: bool) -> _Arg:
-        hit = self.tensors.get(id(t))
-        if hit is not None and hit[0]() is t:  # bound before: unchanged, and its memory still the ranks'
+        known = self.tensors.get(id(t))
+        if known is not None and known.ref() is t:  # bound before: unchanged, and its memory still the ranks'
             key = (t.data_ptr(), t.shape, t.stride(), t.dtype)
-            if hit[1] == key and hit[2].token in self.by_token:
-                a = _Arg(t, hit[5], key[1], True, "host", hit[2], hit[3], hit[4])
-                a.views = hit[6]
+            if known.key == key and known.map.token in self.by_token:
+                a = _Arg(t, known.dtype, key[1], True, "host", known.map, known.offset, known.strides)
+                a.views = known.views
                 return a
         dtype = dt.from_torch(t.dtype)
         if dtype is None:
@@ -453,8 +463,8 @@ class SharedBinding:
             m = self.torch_map(storage)
             offset = m.data_offset + lo - at
             tensors, ident = self.tensors, id(t)
-            tensors[ident] = (weakref.ref(t, lambda _: tensors.pop(ident, None)), (lo, t.shape, stride, t.dtype), m,
-                              offset, strides, dtype, {})
+            tensors[ident] = _Known(weakref.ref(t, lambda _: tensors.pop(ident, None)), (lo, t.shape, stride, t.dtype),
+                                    m, offset, strides, dtype)
             return _Arg(t, dtype, t.shape, True, "host", m, offset, strides)
         mm = shared_mapping(lo, hi)  # e.g. torch.from_numpy(ptodist.shared_array(...))
         if mm is not None:

@@ -21,6 +21,7 @@ beyond that is the caller's alone, freed with its last reference as before.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections import OrderedDict
 
@@ -31,6 +32,7 @@ KEPT_PER_SHAPE = 4       # outputs of one shape and dtype kept for reuse: two in
 KEPT_BYTES = 64 << 20    # bytes kept in all
 
 
+@functools.cache
 def _use_count():
     """torch's count of the references to a storage (None when this torch lacks it: nothing is reused)."""
     import torch
@@ -57,15 +59,12 @@ class _Kept:
     def _counts(self) -> tuple:
         if self.probe is not None:
             storage, cdata = self.probe
-            return _USE_COUNT(cdata), sys.getrefcount(storage)
+            return _use_count()(cdata), sys.getrefcount(storage)
         return sys.getrefcount(self.held), sys.getrefcount(self.held.base)  # the arrays over it, its mapping
 
     def idle(self) -> bool:
         """Whether nothing but the pool refers to the memory."""
         return self._counts() == self.counts
-
-
-_USE_COUNT = None
 
 
 class OutputPool:
@@ -79,11 +78,8 @@ class OutputPool:
         """A zeroed shared torch tensor of ``shape`` and pl ``dtype`` (a new tensor object: the caller's)."""
         import torch
 
-        global _USE_COUNT
         tdtype = dt.to_torch(dtype)
-        if _USE_COUNT is None:
-            _USE_COUNT = _use_count() or False
-        if not _USE_COUNT or 0 in shape:
+        if _use_count() is None or 0 in shape:
             return torch.zeros(shape, dtype=tdtype).share_memory_()
         key = ("torch", shape, tdtype)
         k = self._idle(key)
