@@ -338,7 +338,7 @@ static PyObject *ledger_notify(Ledger *self, PyObject *const *args, Py_ssize_t n
  *
  * A host orchestrator's collective runs the same operations on the same cells and regions every time
  * it is called from one line with the same windows.  Its first run through the Python primitives is
- * recorded (rank/schedule.py); later runs replay that record here: each operation does what its
+ * recorded (rank/replay.py); later runs replay that record here: each operation does what its
  * primitive does on shared memory - the same atomics, wake-ups, ledger steps and ring entries, the
  * same element-wise add under the owner's lock - without a Python call per operation.  Every step is
  * STEP_WORDS int64 words:

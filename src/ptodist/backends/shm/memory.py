@@ -18,6 +18,7 @@ WAKE_BYTES = 64            # a rank's wake slot (armed, seq, seq sleepers), a ca
 _SEQ_WRAP = 1 << 30        # a wake slot's seq is reset before it comes near INT32's end
 
 _CPUS = os.cpu_count() or 1
+_SPIN_S = 300e-6  # how long a waiting rank spins before it sleeps, when every rank has a core
 
 
 _STEP_WORDS = 10  # int64 words per step of Ledger.run_steps
@@ -104,10 +105,13 @@ class ShmMemory:
         # (a notify or wait computes one every time).
         self._at = [[self._heap_base + heap.base + r * heap.stride + off for r in range(world)] for off in heap.offsets]
         self.status = status
-        # Waiting ranks spin briefly when cores are free; when ranks outnumber cores they yield the core
-        # for a while (the notifier may be waiting for it), then sleep.
+        # Waiting ranks spin when cores are free; when ranks outnumber cores they yield the core for a while
+        # (the notifier may be waiting for it), then sleep.  The spin outlasts a wake-up (30-170 us on a
+        # 2-core VM): with a shorter one, two ranks in step fell into sleeping just before each other's
+        # notify, and stayed there, every wait paying a wake-up (a 4 KiB allreduce at 120 us a call
+        # instead of 6, for hundreds of calls; benchmarks/README.md, Small messages).
         if world <= _CPUS:
-            self.spin_s, self.yield_s = 50e-6, 0.0
+            self.spin_s, self.yield_s = _SPIN_S, 0.0
         else:
             self.spin_s, self.yield_s = 2e-6, 200e-6
 
