@@ -10,6 +10,7 @@ assertion depends on how long something took.
 
 from __future__ import annotations
 
+import json
 import os
 import select
 import signal
@@ -245,6 +246,60 @@ def test_waiting_ranks_sleep_in_the_kernel(no_leaks):
     out = pl_compile(make_waiter(nr), nr, config=cfg(nr, hang_timeout_s=30))(np.zeros((nr, 1, 1), np.int32))
     assert out[0, 0, 0] == nr - 1, "rank 0 saw every waiter asleep at once"
     assert (out[1:, 0, 0] == 1).all(), "every waiter was woken"
+
+
+# -- where ranks run ------------------------------------------------------------------------
+
+PLACEMENT = textwrap.dedent("""
+    import json, os, sys
+    cpus = [int(c) for c in sys.argv[1].split(",")]
+    os.sched_setaffinity(0, cpus)  # before ptodist is imported: it reads the CPUs it may use once
+    import numpy as np
+    import ptodist.language as pl
+    import ptodist.language.distributed as pld
+    from ptodist import DistributedConfig, context, ir
+
+    @pl.jit.incore
+    def where(out: pl.Out[pl.Tensor[[1, 2], pl.INT32]]):
+        allowed = sorted(os.sched_getaffinity(0))
+        pl.write(out, [0, 0], sum(1 << cpus.index(c) for c in allowed))  # bit i: may run on cpus[i]
+        pl.write(out, [0, 1], 1 if context.current().memory.yield_s == 0 else 0)  # waits by spinning
+        return out
+
+    @pl.jit
+    def chip(out: pl.Out[pl.Tensor[[1, 2], pl.INT32]]):
+        return where(out)
+
+    @pl.jit.host
+    def host(out: pl.Out[pl.Tensor[[pl.dynamic("NR"), 1, 2], pl.INT32]]):
+        for r in pl.range(pld.world_size()):
+            chip(out[r], device=r)
+        return out
+
+    result = {}
+    for nr in (len(cpus), len(cpus) + 1):
+        compiled = ir.compile(host, distributed_config=DistributedConfig(device_ids=list(range(nr))))
+        result[nr] = compiled(np.zeros((nr, 1, 2), np.int32))[:, 0, :].tolist()
+    print(json.dumps(result))
+""")
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_ranks_are_spread_over_the_cpus_only_when_they_outnumber_them(tmp_path, k):
+    # k CPUs allowed (as under taskset or a container's cpuset, which os.cpu_count() does not see): k ranks
+    # run where the scheduler puts them and spin while they wait; k + 1 are pinned round-robin, rank r to
+    # CPU r mod k, and wait by yielding their CPU.
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < k:
+        pytest.skip(f"needs CPU affinity and {k} CPUs")
+    cpus = sorted(os.sched_getaffinity(0))[:k]
+    script = tmp_path / "placement.py"
+    script.write_text(PLACEMENT)
+    proc = subprocess.run([sys.executable, str(script), ",".join(map(str, cpus))], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result == {str(k): [[(1 << k) - 1, 1]] * k,
+                      str(k + 1): [[1 << (r % k), 0] for r in range(k + 1)]}
 
 
 # -- process hygiene under signals ------------------------------------------------------

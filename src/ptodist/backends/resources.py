@@ -197,6 +197,30 @@ def _find_blas() -> list[tuple]:
     return calls
 
 
+def usable_cpus() -> list[int]:
+    """The CPUs this process may run on, in order: its affinity (``taskset``, a container's cpuset), which
+    ``os.cpu_count()`` ignores."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # a platform without CPU affinity
+        return list(range(os.cpu_count() or 1))
+
+
+def pin_rank(rank: int, world: int) -> None:
+    """In a rank process, when the ranks outnumber the CPUs: keep rank r on CPU r mod n of them.
+
+    Left free, the scheduler now and then stacks three of four ranks on one of two CPUs and leaves them
+    there for a while: on a 2-core machine a 1 MiB all_to_all at P = 4 then took 250-300 µs a call instead
+    of 160-190, a 4 KiB allreduce 32 µs instead of 22, in stretches of hundreds of calls.  Pinned, every CPU
+    holds its share of the ranks all the time.  When every rank has a CPU nothing is pinned: the scheduler's
+    placement is as good, and it can move a rank away from other work.
+    """
+    cpus = usable_cpus()
+    if world > len(cpus) and hasattr(os, "sched_setaffinity"):
+        with contextlib.suppress(OSError):  # the CPU set changed meanwhile: the scheduler places the rank
+            os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
+
+
 def one_blas_thread() -> None:
     """In a rank process: make the BLAS numpy loaded (OpenBLAS) and torch's intra-op pool use one thread.
 

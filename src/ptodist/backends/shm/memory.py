@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
@@ -12,12 +11,13 @@ import numpy as np
 from ... import _atomics
 from ...compiler.plan import DispatchPlan
 from ...rank.status import StatusBoard
+from .. import resources
 
 ALIGN = 64
 WAKE_BYTES = 64            # a rank's wake slot (armed, seq, seq sleepers), a cache line of its own
 _SEQ_WRAP = 1 << 30        # a wake slot's seq is reset before it comes near INT32's end
 
-_CPUS = os.cpu_count() or 1
+_CPUS = len(resources.usable_cpus())  # the CPUs the ranks may run on (they inherit the driver's affinity)
 _SPIN_S = 300e-6  # how long a waiting rank spins before it sleeps, when every rank has a core
 
 

@@ -135,6 +135,7 @@ def _serve(group: RankGroup, rank: int, sock: socket.socket, parent: int) -> Non
         signal.signal(signal.SIGUSR1, on_abort)
         install_line_sampler(group.status, rank)
         resources.one_blas_thread()
+        resources.pin_rank(rank, group.world)
         _rank_started(rank)
         group.words("up")[rank] = 1
         _atomics.fetch_add(group.addr(group.layout.started), group.driver_sleepers, 1)
