@@ -106,10 +106,10 @@ class ShmMemory:
         self._at = [[self._heap_base + heap.base + r * heap.stride + off for r in range(world)] for off in heap.offsets]
         self.status = status
         # Waiting ranks spin when cores are free; when ranks outnumber cores they yield the core for a while
-        # (the notifier may be waiting for it), then sleep.  The spin outlasts a wake-up (30-170 us on a
+        # (the notifier may be waiting for it), then sleep.  The spin outlasts a wake-up (30-170 µs on a
         # 2-core VM): with a shorter one, two ranks in step fell into sleeping just before each other's
-        # notify, and stayed there, every wait paying a wake-up (a 4 KiB allreduce at 120 us a call
-        # instead of 6, for hundreds of calls; benchmarks/README.md, Small messages).
+        # notify, and stayed there, every wait paying a wake-up (a 4 KiB allreduce at 120 µs a call
+        # instead of 6, for hundreds of calls; benchmarks/README.md, "The waits' rhythm").
         if world <= _CPUS:
             self.spin_s, self.yield_s = _SPIN_S, 0.0
         else:
