@@ -26,6 +26,7 @@ from ptodist import DistributedConfig, HangError, RankError, RunConfig
 from ptodist.backends import resources, shm
 from ptodist.check import findings
 from ptodist.errors import KernelValueError, ResourceError
+from ptodist.rank.status import current_line
 
 NR = pl.dynamic("NR")
 HERE = os.path.abspath(__file__)
@@ -101,6 +102,22 @@ def test_a_spinning_rank_on_sim_is_a_hang_named_with_its_line():
     with pytest.raises(HangError) as info:
         stuck_program("spin")(np.zeros((2, 1, 4), np.float32), config=cfg(hang_timeout_s=1, backend="sim"))
     assert_busy_hang(info.value, "spin")
+
+
+def test_a_busy_rank_sampled_inside_a_library_is_named_by_its_program_line():
+    # A spin loop's pl.read runs numpy: a sample can land in numpy's frame (it did, now and then, in the test
+    # above). The line a busy rank is reported at is the program's, whatever library it is inside.
+    samples = []
+
+    def called_back(v):
+        inner = sys._getframe(1)  # the frame that called back: numpy's own Python code, as a sample can find
+        samples.append((inner.f_code.co_filename, current_line(inner)))
+        return v
+
+    np.vectorize(called_back)(np.zeros(1))  # program line
+    assert "numpy" in samples[0][0]
+    assert samples[0][1] == f"{HERE}:{line_of('program line')} in " \
+                            "test_a_busy_rank_sampled_inside_a_library_is_named_by_its_program_line"
 
 
 @pl.jit.incore

@@ -18,7 +18,7 @@ import numpy as np
 
 from .. import _atomics
 from ..collectives.registry import REGISTRY as COLLECTIVES
-from ..source import is_internal
+from ..source import is_internal, is_library
 
 # The signal that asks a rank process for its current line.
 SAMPLE_SIGNAL = signal.SIGUSR2
@@ -295,17 +295,24 @@ def waited_cells(row, others) -> list[tuple[int, int, int, int]]:
 def current_line(frame) -> str:
     """The innermost line of the user's program on ``frame``'s stack, as ``file:line in function``.
 
-    A stack with no user frame (ptodist's own code, e.g. a host collective) names its innermost frame.
+    Library frames are passed over as ptodist's are: a rank sampled inside numpy, under a ``pl.read`` of its
+    spin loop, is running the loop's line.  A stack with no program frame names its innermost frame outside
+    ptodist (a library the rank called), else its innermost frame (ptodist's own code, e.g. a host collective).
     """
-    inner = frame
+    inner, library = frame, None
     while frame is not None:
-        code = frame.f_code
-        if not is_internal(code.co_filename):
-            return f"{code.co_filename}:{frame.f_lineno} in {code.co_name}"
+        name = frame.f_code.co_filename
+        if not is_internal(name):
+            if not is_library(name):
+                return _line(frame)
+            library = library or frame
         frame = frame.f_back
-    if inner is None:
-        return ""
-    return f"{inner.f_code.co_filename}:{inner.f_lineno} in {inner.f_code.co_name}"
+    pick = library or inner
+    return "" if pick is None else _line(pick)
+
+
+def _line(frame) -> str:
+    return f"{frame.f_code.co_filename}:{frame.f_lineno} in {frame.f_code.co_name}"
 
 
 def install_line_sampler(board: StatusBoard, rank: int) -> None:
