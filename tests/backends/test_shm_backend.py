@@ -26,6 +26,7 @@ from conftest import children, on_every_rank
 import ptodist.language as pl
 import ptodist.language.distributed as pld
 from ptodist import DistributedConfig, HangError, RankError, RunConfig
+from ptodist.backends import resources
 from ptodist.backends.shm import close_kept_groups
 from ptodist.errors import ConfigError
 
@@ -300,6 +301,25 @@ def test_ranks_are_spread_over_the_cpus_only_when_they_outnumber_them(tmp_path, 
     result = json.loads(proc.stdout.strip().splitlines()[-1])
     assert result == {str(k): [[(1 << k) - 1, 1]] * k,
                       str(k + 1): [[1 << (r % k), 0] for r in range(k + 1)]}
+
+
+@pl.jit.incore
+def threads_after_matmul(out: pl.Out[pl.Tensor[[1, 2], pl.FP32]]):
+    a = np.arange(128 * 128, dtype=np.float64).reshape(128, 128) / 1e4
+    pl.write(out, [0, 0], float(np.abs(a @ a - np.einsum("ij,jk->ik", a, a)).max()))  # BLAS against no BLAS
+    pl.write(out, [0, 1], len(os.listdir("/proc/self/task")))  # threads of this rank process
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task") or not resources._blas_calls(),
+                    reason="needs /proc and an OpenBLAS in this process")
+def test_a_rank_runs_blas_on_its_own_thread_and_keeps_no_blas_thread(no_leaks):
+    # Setting OpenBLAS to one thread in a forked rank starts its thread pool, whose worker then spins for
+    # work for about 0.1 s, taking the CPU from the ranks (every dispatch of a new group took 4 ms on 2 cores):
+    # a rank shuts the pool down again, and its matrix products still run, on the rank's own thread.
+    out = pl_compile(on_every_rank(threads_after_matmul), 2)(np.zeros((2, 1, 2), np.float32))
+    assert (out[:, 0, 0] < 1e-9).all()
+    assert (out[:, 0, 1] == 1).all(), out[:, 0, 1]
 
 
 # -- process hygiene under signals ------------------------------------------------------

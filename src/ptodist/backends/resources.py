@@ -163,7 +163,8 @@ _blas_found: tuple = (-1, [])  # (len(sys.modules) when looked, what was found):
 
 
 def _blas_calls() -> list[tuple]:
-    """``(get_num_threads, set_num_threads)`` of every OpenBLAS already loaded into this process."""
+    """``(get_num_threads, set_num_threads, blas_thread_shutdown_ or None)`` of every OpenBLAS already loaded
+    into this process."""
     global _blas_found
     if _blas_found[0] != len(sys.modules):  # reading /proc/self/maps costs a millisecond with torch loaded
         _blas_found = (len(sys.modules), _find_blas())
@@ -189,7 +190,7 @@ def _find_blas() -> list[tuple]:
                 get = getattr(lib, f"{prefix}_get_num_threads{suffix}", None)
                 put = getattr(lib, f"{prefix}_set_num_threads{suffix}", None)
                 if get is not None and put is not None:
-                    calls.append((get, put))
+                    calls.append((get, put, getattr(lib, "blas_thread_shutdown_", None)))
                     break
             else:
                 continue
@@ -230,9 +231,16 @@ def one_blas_thread() -> None:
     a parallel torch op before forking leaves the child an OpenMP pool whose threads do not exist, and the
     rank's first parallel op would wait for them forever. Only libraries already loaded are touched;
     nothing is loaded for this.
+
+    Setting OpenBLAS's thread count starts its thread pool (a fork leaves the child none), whose worker then
+    spins for work for about 0.1 s, taking the CPU from the rank: on a 2-core machine every dispatch of a new
+    rank group took 4 ms instead of 0.1-0.3 ms for that long.  With one thread OpenBLAS needs no pool, so it
+    is shut down again at once.
     """
-    for _get, put in _blas_calls():
+    for _get, put, shutdown in _blas_calls():
         put(1)
+        if shutdown is not None:
+            shutdown()
     torch = sys.modules.get("torch")
     if torch is not None and hasattr(torch, "set_num_threads"):
         torch.set_num_threads(1)
@@ -242,11 +250,11 @@ def one_blas_thread() -> None:
 def blas_on_one_thread():
     """While the block runs (ranks as threads of this process: ``sim``), one BLAS thread; then what it was."""
     calls = _blas_calls()
-    before = [get() for get, _put in calls]
-    for _get, put in calls:
+    before = [get() for get, _put, _shutdown in calls]
+    for _get, put, _shutdown in calls:
         put(1)
     try:
         yield
     finally:
-        for (_get, put), n in zip(calls, before):
+        for (_get, put, _shutdown), n in zip(calls, before):
             put(n)
