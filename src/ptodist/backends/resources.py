@@ -176,7 +176,9 @@ def _find_blas() -> list[tuple]:
 
     try:
         with open("/proc/self/maps") as f:
-            paths = {line.split()[-1] for line in f if ".so" in line and "openblas" in line.lower()}
+            # address perms offset dev inode path: the path is the rest of the line (it may hold spaces)
+            paths = {parts[5] for line in f if ".so" in line and "openblas" in line.lower()
+                     if len(parts := line.rstrip("\n").split(maxsplit=5)) == 6}
     except OSError:
         return []
     calls = []
